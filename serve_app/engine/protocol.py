@@ -1,0 +1,86 @@
+"""What the engine takes and gives: plain dataclasses, no HTTP and no Ray.
+
+Request models in ``serve_app.api`` convert themselves to ``SamplingParams``; deployments hand
+those to an ``Engine`` and turn the ``GenerationChunk`` stream into wire objects.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. Defaults are the neutral values (greedy, no penalty, no cutoff).
+
+    - ``temperature`` 0 means greedy (argmax); otherwise logits are divided by it.
+    - ``top_p`` nucleus cutoff in (0, 1]; ``top_k`` -1 means no cutoff.
+    - ``frequency_penalty`` / ``presence_penalty``: OpenAI semantics over the *generated* tokens:
+      ``logit -= count * frequency_penalty + (count > 0) * presence_penalty``.
+    - ``repetition_penalty``: the CTRL/HF multiplicative rule over prompt *and* generated tokens:
+      a seen token's logit is divided by the penalty when positive, multiplied when negative.
+    - ``stop``: strings that end generation; the returned text never contains one.
+    - ``seed``: makes sampling reproducible per request when given.
+    """
+
+    max_tokens: int = 512
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class GenerationChunk:
+    """One step's worth of output for one request.
+
+    ``text`` is the new text since the previous chunk: whole UTF-8 characters only, and never
+    any part of a stop sequence. The last chunk of a request has ``finish_reason`` set.
+    Token counts are running totals, so the last chunk carries the request's usage.
+    """
+
+    text: str
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+class Engine(abc.ABC):
+    """A text generator that serves many requests at once (continuous batching)."""
+
+    @abc.abstractmethod
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Stream chunks for one request; the caller's cancellation aborts it."""
+
+    @abc.abstractmethod
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its slot at the next step (no-op when unknown/finished)."""
+
+    @abc.abstractmethod
+    def check_health(self) -> None:
+        """Raise when the engine can no longer serve (its step loop died)."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Stop the step loop and release the model."""

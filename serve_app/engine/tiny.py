@@ -1,0 +1,102 @@
+"""A tiny randomly initialised Qwen2 model with a real byte-level BPE tokenizer.
+
+Built in about a second with no download, it runs the exact code paths of the real model
+(same architecture, same special tokens, same chat template), so contract tests are fast.
+Its answers are random text; behaviour tests use the embedded model instead.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+]
+
+# The Qwen2.5 chat template, reduced to what the service uses (system/user/assistant/tool).
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if loop.first and message['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+_CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "for i in range(10):\n    print(i)\n",
+    "The answer is true. The answer is false. yes no True False 0 1 2 3 4 5 6 7 8 9",
+    "import os\nimport sys\n\nif __name__ == '__main__':\n    main()\n",
+    '{"key": "value", "list": [1, 2, 3]}',
+]
+
+
+def build_tiny_model(path: str | Path, *, vocab_size: int = 600, seed: int = 0) -> Path:
+    """Write a tiny Qwen2 model and tokenizer to ``path`` (reused when already there)."""
+    path = Path(path)
+    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
+        return path
+    import torch
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=_train_tokenizer(vocab_size),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = [
+        tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+    ]
+    model.save_pretrained(path)
+    (path / "tiny.json").write_text(json.dumps({"seed": seed, "vocab_size": vocab_size}))
+    return path
+
+
+def _train_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    return tokenizer
