@@ -115,6 +115,22 @@ class UnprocessableRequestError(ServiceError):
     error_type = "invalid_request_error"
     code = "invalid_value"
 
+    @classmethod
+    def from_invalid(cls, error: InvalidRequestError) -> UnprocessableRequestError:
+        """The decision endpoint answers 422 where the others answer 400 (api-spec.md 7.1)."""
+        converted = cls(error.message, param=error.param, headers=error.headers)
+        converted.code = error.code
+        return converted
+
+    def __reduce__(self):
+        return (_rebuild_unprocessable, (self.message, self.param, self.headers, self.code))
+
+
+def _rebuild_unprocessable(message, param, headers, code) -> UnprocessableRequestError:
+    error = UnprocessableRequestError(message, param=param, headers=headers)
+    error.code = code
+    return error
+
 
 class RateLimitError(ServiceError):
     status_code = 429

@@ -1,0 +1,40 @@
+# Two commands for a fresh machine (see README.md):
+#   make run    install everything, prepare the embedded model, serve configs/local.yaml
+#   make test   install everything, run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+export SERVE_APP_DATA_DIR ?= $(CURDIR)/data
+export RAY_AUTH_MODE ?= disabled
+
+.PHONY: install model run test test-fast lint format bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	rm -f $(VENV)/.installed-* && touch $@
+
+model: install
+	$(PY) -m serve_app.engine.embedded qwen2.5-coder-0.5b
+
+run: model
+	$(VENV)/bin/serve run configs/local.yaml
+
+test: model
+	$(PY) -m pytest -q -ra
+
+test-fast: install
+	$(PY) -m pytest -q -ra -m "not embedded and not ray"
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
+
+clean:
+	rm -rf $(VENV) data .pytest_cache

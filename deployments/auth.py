@@ -1,0 +1,54 @@
+"""The auth/quota deployment: keys, accounts, limits and the usage ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from serve_app.auth.service import AuthService, Grant
+from serve_app.auth.store import open_store
+from serve_app.config import AppConfig
+
+logger = logging.getLogger(__name__)
+
+
+class AuthDeployment:
+    def __init__(self, config: AppConfig) -> None:
+        store = open_store(config.auth.store, config.auth_db)
+        self.service = AuthService(
+            store,
+            known_models={model.id for model in config.models},
+            cache_ttl_s=config.auth.cache_ttl_s,
+        )
+        if config.auth.bootstrap_local_key:
+            self.service.bootstrap_local()
+
+    async def authorize(self, api_key: str | None, model: str | None, endpoint: str) -> Grant:
+        # SQLite calls are short but may wait on a lock held by another replica: off the loop.
+        return await asyncio.to_thread(self.service.authorize, api_key, model, endpoint)
+
+    async def record_usage(
+        self, grant: Grant, model: str, endpoint: str, input_tokens: int, output_tokens: int,
+        status: int,
+    ) -> None:
+        await asyncio.to_thread(
+            self.service.record_usage, grant, model, endpoint, input_tokens, output_tokens, status
+        )
+
+    async def allowed_models(self, grant: Grant) -> set[str] | None:
+        return self.service.allowed_models(grant)
+
+    @staticmethod
+    def get_deployment_options(config: AppConfig) -> dict[str, Any]:
+        return {
+            "name": "AuthService",
+            "max_ongoing_requests": 512,
+            "max_queued_requests": 1024,
+            "autoscaling_config": {
+                "min_replicas": 1,
+                "max_replicas": 4,
+                "target_ongoing_requests": 128,
+            },
+            "ray_actor_options": {"num_cpus": 0.1},
+        }

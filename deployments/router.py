@@ -1,0 +1,32 @@
+"""The ingress: HTTP in, typed errors out; everything else goes through handles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+from serve_app.config import AppConfig
+from serve_app.http.app import Backends, build_router_app
+
+
+class Router:
+    def __init__(self, config: AppConfig, auth: Any, scorer: Any, edit: Any, fim: Any) -> None:
+        self.app = build_router_app(config, Backends(auth=auth, scorer=scorer, edit=edit, fim=fim))
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return self.app
+
+    @staticmethod
+    def get_deployment_options(config: AppConfig) -> dict[str, Any]:
+        return {
+            "name": "Router",
+            "max_ongoing_requests": 256,
+            "max_queued_requests": 512,
+            "autoscaling_config": {
+                "min_replicas": 1,
+                "max_replicas": 4,
+                "target_ongoing_requests": 64,
+            },
+            "ray_actor_options": {"num_cpus": 0.25},
+        }

@@ -1,0 +1,76 @@
+"""Wire models shared by every endpoint: base classes, usage and the error body."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# JSON text values the contract allows wherever a question carries free-form content.
+JsonText = str | dict[str, Any] | list[Any]
+
+
+class RequestModel(BaseModel):
+    """Base of request bodies: unknown fields are ignored, as OpenAI-style clients send extras."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class ResponseModel(BaseModel):
+    """Base of response bodies: exactly the listed fields, nothing else."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class CompletionUsage(ResponseModel):
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+    reasoning_tokens: int = Field(default=0, ge=0)
+    cached_input_tokens: int = Field(default=0, ge=0)
+
+    @classmethod
+    def from_counts(cls, prompt: int, completion: int, cached: int = 0) -> CompletionUsage:
+        return cls(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            cached_input_tokens=cached,
+        )
+
+
+class StreamOptions(RequestModel):
+    include_usage: bool = False
+
+
+class ErrorInfo(ResponseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(ResponseModel):
+    error: ErrorInfo
+
+
+class ValidationErrorItem(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+    input: Any = None
+    ctx: dict[str, Any] | None = None
+
+
+class HTTPValidationError(BaseModel):
+    detail: list[ValidationErrorItem]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,97 @@
+"""POST /v1/fim/completions: fill-in-the-middle, JSON or SSE (api-spec.md 4.3, api-notes.md)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from serve_app.api.common import CompletionUsage, RequestModel, ResponseModel, StreamOptions
+from serve_app.engine.protocol import SamplingParams
+
+DEFAULT_FIM_STOP = ("\n\n", "\n \n")
+
+
+class FimCompletionRequest(RequestModel):
+    model: str = Field(min_length=1)
+    prompt: str
+    suffix: str | None = None
+    max_tokens: int = Field(default=512, ge=1, le=8192)
+    temperature: float | None = Field(
+        default=None, ge=0.0, le=2.0, description="Defaults to the model's default (0 = greedy)."
+    )
+    top_p: float = Field(default=1.0, ge=0.0, le=1.0)
+    top_k: int = Field(default=-1, description="-1 (no cutoff) or 1..1000.")
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=1.5, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    stop: list[str] | str | None = Field(
+        default=None, description='Stop sequences; default ["\\n\\n", "\\n \\n"].'
+    )
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    seed: int | None = None
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_range(cls, top_k: int) -> int:
+        if top_k != -1 and not 1 <= top_k <= 1000:
+            raise ValueError("top_k must be -1 (no cutoff) or between 1 and 1000")
+        return top_k
+
+    @property
+    def stop_sequences(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return DEFAULT_FIM_STOP
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop
+        return tuple(stop for stop in stops if stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def to_sampling_params(self, default_temperature: float = 0.0) -> SamplingParams:
+        temperature = default_temperature if self.temperature is None else self.temperature
+        return SamplingParams(
+            max_tokens=self.max_tokens,
+            temperature=temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            repetition_penalty=self.repetition_penalty,
+            stop=self.stop_sequences,
+            seed=self.seed,
+        )
+
+
+class FimChoice(ResponseModel):
+    index: int
+    text: str
+    finish_reason: Literal["stop", "length"]
+
+
+class FimCompletion(ResponseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[FimChoice]
+    usage: CompletionUsage
+
+
+class FimChunkChoice(ResponseModel):
+    index: int
+    text: str
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class FimCompletionChunk(ResponseModel):
+    """One SSE event; the usage chunk has no choices (``stream_options.include_usage``)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[FimChunkChoice]
+    usage: CompletionUsage | None = None

@@ -1,0 +1,56 @@
+"""Model listings: GET /v1/models and the per-endpoint listings (api-spec.md 2.5, 4.4-4.6)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from serve_app.api.common import ResponseModel
+
+Endpoint = Literal["chat.completions", "edit.completions", "fim.completions"]
+
+
+class Pricing(ResponseModel):
+    """Prices per token as decimal strings, so no float rounding reaches a bill."""
+
+    prompt: str = "0"
+    completion: str = "0"
+    input_cache_reads: str = "0"
+    input_cache_writes: str = "0"
+
+
+class OpenRouterRef(ResponseModel):
+    slug: str
+
+
+class Datacenter(ResponseModel):
+    country_code: str
+
+
+class ModelCard(ResponseModel):
+    id: str
+    name: str
+    created: int
+    description: str
+    input_modalities: list[str] = Field(default_factory=lambda: ["text"])
+    output_modalities: list[str] = Field(default_factory=lambda: ["text"])
+    context_length: int
+    max_output_length: int
+    pricing: Pricing
+    supported_sampling_parameters: list[str]
+    supported_features: list[str]
+    openrouter: OpenRouterRef
+    datacenters: list[Datacenter]
+
+
+class EndpointModelCard(ModelCard):
+    supported_endpoints: list[Endpoint]
+
+
+class ModelList(ResponseModel):
+    data: list[ModelCard]
+
+
+class EndpointModelList(ResponseModel):
+    data: list[EndpointModelCard]

@@ -1,0 +1,39 @@
+"""The application builder: one typed config in, one Ray Serve deployment graph out.
+
+    Router (ingress) ──► AuthService
+          ├────────────► DecisionScorer
+          ├────────────► EditModel (edit + chat)
+          └────────────► FimModel
+
+Used from YAML as ``import_path: serve_app.app:build_app`` with ``args:`` (an ``AppConfig``);
+per-deployment options in the Serve config (``deployments:`` by name) override the defaults
+each deployment class gives in ``get_deployment_options``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+
+from deployments.auth import AuthDeployment
+from deployments.edit_model import EditModel
+from deployments.fim_model import FimModel
+from deployments.router import Router
+from deployments.scorer import DecisionScorer
+from serve_app.config import AppConfig
+
+
+def deploy(cls: type, config: AppConfig, **overrides: Any):
+    return serve.deployment(cls, **{**cls.get_deployment_options(config), **overrides})
+
+
+def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
+    config = args if isinstance(args, AppConfig) else AppConfig.model_validate(args or {})
+    auth = deploy(AuthDeployment, config).bind(config)
+    scorer = deploy(DecisionScorer, config).bind(config)
+    edit = deploy(EditModel, config).bind(config)
+    fim = deploy(FimModel, config).bind(config)
+    ingress = serve.ingress()(Router)
+    return deploy(ingress, config).bind(config, auth, scorer, edit, fim)

@@ -1,0 +1,161 @@
+"""The application's typed configuration: the ``args:`` of a Serve config file.
+
+``configs/local.yaml`` and ``configs/prod.yaml`` carry an ``args:`` block that validates into
+``AppConfig``; everything has a default, so ``AppConfig()`` is the embedded-model laptop setup.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from serve_app.api.models import (
+    Datacenter,
+    Endpoint,
+    EndpointModelCard,
+    ModelCard,
+    OpenRouterRef,
+    Pricing,
+)
+
+DEFAULT_MODEL_ID = "qwen2.5-coder-0.5b"
+
+
+def default_data_dir() -> str:
+    """An absolute path: replicas do not run in the directory ``serve run`` was started from."""
+    configured = os.environ.get("SERVE_APP_DATA_DIR")
+    base = Path(configured) if configured else Path.home() / ".local" / "share" / "serve-app"
+    return str(base.expanduser().resolve())
+
+
+class StrictConfig(BaseModel):
+    """Config blocks reject unknown keys: a typo in YAML fails at start, not silently."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(StrictConfig):
+    """One hosted model: where its weights come from and how the listings describe it."""
+
+    id: str = DEFAULT_MODEL_ID
+    source: str = Field(
+        default="embedded:qwen2.5-coder-0.5b",
+        description="embedded:<name>, tiny, a Hugging Face model id, or a local folder.",
+    )
+    name: str = "Qwen2.5-Coder 0.5B Instruct"
+    description: str = "Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), embedded; runs on a laptop CPU."
+    created: int = 1730419200
+    context_length: int = Field(default=32768, ge=16)
+    max_output_length: int = Field(default=8192, ge=1)
+    dtype: str = "auto"
+    device: str = "auto"
+    default_temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    pricing: Pricing = Field(default_factory=Pricing)
+    supported_sampling_parameters: list[str] = Field(
+        default_factory=lambda: ["temperature", "top_p", "top_k", "stop", "seed"]
+        + ["frequency_penalty", "presence_penalty", "repetition_penalty"]
+    )
+    supported_features: list[str] = Field(default_factory=list)
+    openrouter_slug: str | None = None
+    datacenters: list[str] = Field(default_factory=lambda: ["US"])
+
+    def card(self, endpoints: list[Endpoint] | None = None) -> ModelCard | EndpointModelCard:
+        fields = {
+            "id": self.id,
+            "name": self.name,
+            "created": self.created,
+            "description": self.description,
+            "context_length": self.context_length,
+            "max_output_length": self.max_output_length,
+            "pricing": self.pricing,
+            "supported_sampling_parameters": self.supported_sampling_parameters,
+            "supported_features": self.supported_features,
+            "openrouter": OpenRouterRef(slug=self.openrouter_slug or self.id),
+            "datacenters": [Datacenter(country_code=code) for code in self.datacenters],
+        }
+        if endpoints is None:
+            return ModelCard(**fields)
+        return EndpointModelCard(**fields, supported_endpoints=endpoints)
+
+
+class EngineOptions(StrictConfig):
+    """Engine knobs shared by the generating deployments (see serve_app.engine.engine)."""
+
+    max_batch_size: int = Field(default=8, ge=1)
+    prefill_chunk_tokens: int = Field(default=256, ge=16)
+    prefix_cache_mb: int = Field(default=512, ge=0)
+    max_waiting: int = Field(default=64, ge=1)
+    torch_threads: int | None = Field(
+        default=None, ge=1, description="Intra-op threads per replica; default: the CPU allotment."
+    )
+
+
+class Roles(StrictConfig):
+    """Which model each model deployment serves. Chat is served by the edit deployment."""
+
+    fim: str = DEFAULT_MODEL_ID
+    edit: str = DEFAULT_MODEL_ID
+    decisions: str = DEFAULT_MODEL_ID
+    chat: bool = Field(default=True, description="Serve chat completions on the edit model.")
+
+
+class AuthOptions(StrictConfig):
+    store: Literal["sqlite", "postgres"] = "sqlite"
+    db: str | None = Field(
+        default=None,
+        description="SQLite path or PostgreSQL DSN; default $SERVE_APP_DATA_DIR/auth.sqlite3.",
+    )
+    cache_ttl_s: float = Field(default=0.5, ge=0.0, le=1.0)
+    bootstrap_local_key: bool = Field(
+        default=True, description="Create a local account and key on an empty store."
+    )
+
+
+class Limits(StrictConfig):
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    max_questions: int = Field(default=64, ge=1)
+    request_timeout_s: float = Field(default=300.0, gt=0)
+    decision_timeout_s: float = Field(default=120.0, gt=0)
+
+
+class AppConfig(StrictConfig):
+    models: list[ModelConfig] = Field(default_factory=lambda: [ModelConfig()], min_length=1)
+    roles: Roles = Field(default_factory=Roles)
+    engine: EngineOptions = Field(default_factory=EngineOptions)
+    auth: AuthOptions = Field(default_factory=AuthOptions)
+    limits: Limits = Field(default_factory=Limits)
+    cache_dir: str | None = Field(
+        default=None, description="Where converted models live; default ~/.cache/serve-app/models."
+    )
+    data_dir: str = Field(
+        default_factory=lambda: default_data_dir(),
+        description="Where the auth store lives (SQLite); default $SERVE_APP_DATA_DIR.",
+    )
+
+    @model_validator(mode="after")
+    def _roles_name_known_models(self) -> AppConfig:
+        known = {model.id for model in self.models}
+        for role in ("fim", "edit", "decisions"):
+            if getattr(self.roles, role) not in known:
+                raise ValueError(f"roles.{role} names an unknown model {getattr(self.roles, role)!r}")
+        return self
+
+    def model(self, model_id: str) -> ModelConfig:
+        return next(model for model in self.models if model.id == model_id)
+
+    def endpoints_of(self, model_id: str) -> list[Endpoint]:
+        endpoints: list[Endpoint] = []
+        if self.roles.chat and model_id == self.roles.edit:
+            endpoints.append("chat.completions")
+        if model_id == self.roles.edit:
+            endpoints.append("edit.completions")
+        if model_id == self.roles.fim:
+            endpoints.append("fim.completions")
+        return endpoints
+
+    @property
+    def auth_db(self) -> str:
+        return self.auth.db or str(Path(self.data_dir) / "auth.sqlite3")

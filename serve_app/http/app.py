@@ -1,0 +1,311 @@
+"""The HTTP face of the service: a FastAPI app built from deployment handles.
+
+Routes stay thin: validate (pydantic), authorize through the auth deployment, dispatch to the
+model deployment, and record usage. The app is a plain object built from ``Backends``, so the
+router deployment wraps it and fast tests drive it with the same handles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from serve_app import __version__
+from serve_app.api.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
+from serve_app.api.common import ErrorResponse, HTTPValidationError
+from serve_app.api.decisions import DecisionRequest, DecisionResponse
+from serve_app.api.edit import EditCompletion, EditCompletionRequest
+from serve_app.api.fim import FimCompletion, FimCompletionChunk, FimCompletionRequest
+from serve_app.api.models import EndpointModelList, ModelList
+from serve_app.config import AppConfig
+from serve_app.errors import (
+    InvalidRequestError,
+    ModelNotFoundError,
+    ServiceError,
+    UnprocessableRequestError,
+    UpstreamBadResponseError,
+)
+from serve_app.http.errors import as_service_error, install_error_handlers
+from serve_app.http.middleware import BodySizeLimit, RequestId
+from serve_app.http.sse import open_event_stream, sse_event
+
+logger = logging.getLogger(__name__)
+
+bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <API_KEY>")
+
+COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 402, 404, 413, 429, 500, 503, 504)
+}
+DECISION_ERRORS: dict[int | str, dict[str, Any]] = {
+    **{code: {"model": ErrorResponse} for code in (401, 402, 404, 413, 429, 500, 502, 503, 504)},
+    422: {"model": HTTPValidationError | ErrorResponse},
+}
+LISTING_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (401, 500)
+}
+SSE_RESPONSE = {"description": "text/event-stream of chunks, ending with `data: [DONE]`."}
+
+
+@dataclass
+class Backends:
+    """Handles to the other deployments of the graph (Ray DeploymentHandles in production)."""
+
+    auth: Any
+    scorer: Any
+    edit: Any
+    fim: Any
+
+
+def build_router_app(config: AppConfig, backends: Backends) -> FastAPI:
+    app = FastAPI(
+        title="Language-Model Decision, Code-Edit and Fill-in-the-Middle API",
+        version="1.0.0",
+        summary=f"serve-app {__version__}",
+    )
+    routes = Routes(config, backends)
+    routes.register(app)
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_body_bytes)
+    app.add_middleware(RequestId)
+    return app
+
+
+class Routes:
+    def __init__(self, config: AppConfig, backends: Backends) -> None:
+        self.config = config
+        self.backends = backends
+
+    def register(self, app: FastAPI) -> None:
+        post, get = app.post, app.get
+        post(
+            "/v1/decisions", response_model=DecisionResponse, responses=DECISION_ERRORS
+        )(self.decisions)
+        post(
+            "/v1/edit/completions", response_model=EditCompletion, responses=COMMON_ERRORS
+        )(self.edit)
+        post(
+            "/v1/fim/completions",
+            response_model=FimCompletion,
+            responses={**COMMON_ERRORS, 200: {"content": {"text/event-stream": SSE_RESPONSE}}},
+        )(self.fim)
+        post(
+            "/v1/chat/completions",
+            response_model=ChatCompletion,
+            responses={**COMMON_ERRORS, 200: {"content": {"text/event-stream": SSE_RESPONSE}}},
+        )(self.chat)
+        get("/v1/models", response_model=ModelList, responses=LISTING_ERRORS)(self.list_models)
+        for endpoint in ("chat", "fim", "edit"):
+            get(
+                f"/v1/{endpoint}/completions/models",
+                response_model=EndpointModelList,
+                responses=LISTING_ERRORS,
+                name=f"list_{endpoint}_models",
+            )(self._listing(f"{endpoint}.completions"))
+        get("/health", include_in_schema=False)(self.health)
+
+    # --- auth and usage -------------------------------------------------------------------
+
+    async def authorize(
+        self, credentials: HTTPAuthorizationCredentials | None, model: str | None, endpoint: str
+    ) -> Any:
+        key = credentials.credentials if credentials else None
+        return await self.backends.auth.authorize.remote(key, model, endpoint)
+
+    async def record(self, grant: Any, model: str, endpoint: str, usage: Any, status: int) -> None:
+        """Write the ledger row; a failure here is logged, never turned into a client error."""
+        input_tokens = getattr(usage, "input_tokens", None)
+        if input_tokens is None:
+            input_tokens = getattr(usage, "prompt_tokens", 0)
+        output_tokens = getattr(usage, "output_tokens", None)
+        if output_tokens is None:
+            output_tokens = getattr(usage, "completion_tokens", 0)
+        try:
+            await self.backends.auth.record_usage.remote(
+                grant, model, endpoint, input_tokens, output_tokens, status
+            )
+        except Exception:
+            logger.exception("could not record usage for %s", endpoint)
+
+    async def call(self, grant: Any, model: str, endpoint: str, method: Any, *args: Any) -> Any:
+        """Run one model call under the request timeout and record its usage either way."""
+        timeout = (
+            self.config.limits.decision_timeout_s
+            if endpoint == "decisions"
+            else self.config.limits.request_timeout_s
+        )
+        try:
+            result = await asyncio.wait_for(_await(method.remote(*args)), timeout)
+        except Exception as exc:
+            error = as_service_error(exc)
+            await self.record(grant, model, endpoint, None, error.status_code)
+            raise error from None
+        await self.record(grant, model, endpoint, getattr(result, "usage", None), 200)
+        return result
+
+    def require_role(self, model: str, role: str) -> None:
+        if model != getattr(self.config.roles, role):
+            raise ModelNotFoundError(model)
+
+    # --- endpoints --------------------------------------------------------------------------
+
+    async def decisions(
+        self,
+        body: DecisionRequest,
+        response: Response,
+        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
+    ) -> DecisionResponse:
+        grant = await self.authorize(credentials, body.model, "decisions")
+        _apply_headers(response, grant)
+        self.require_role(body.model, "decisions")
+        if len(body.questions) > self.config.limits.max_questions:
+            raise UnprocessableRequestError(
+                f"At most {self.config.limits.max_questions} questions per request.",
+                param="questions",
+            )
+        try:
+            result = await self.call(
+                grant, body.model, "decisions", self.backends.scorer.decide, body
+            )
+        except InvalidRequestError as exc:
+            raise UnprocessableRequestError.from_invalid(exc) from None
+        return _checked(result, DecisionResponse)
+
+    async def edit(
+        self,
+        body: EditCompletionRequest,
+        response: Response,
+        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
+    ) -> EditCompletion:
+        grant = await self.authorize(credentials, body.model, "edit.completions")
+        _apply_headers(response, grant)
+        self.require_role(body.model, "edit")
+        result = await self.call(grant, body.model, "edit.completions", self.backends.edit.edit, body)
+        return _checked(result, EditCompletion)
+
+    async def fim(
+        self,
+        body: FimCompletionRequest,
+        response: Response,
+        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
+    ) -> Any:
+        grant = await self.authorize(credentials, body.model, "fim.completions")
+        _apply_headers(response, grant)
+        self.require_role(body.model, "fim")
+        if body.stream:
+            stream = self.backends.fim.options(stream=True).stream.remote(body)
+            return await self.stream(grant, body.model, "fim.completions", stream, body.include_usage)
+        result = await self.call(grant, body.model, "fim.completions", self.backends.fim.complete, body)
+        return _checked(result, FimCompletion)
+
+    async def chat(
+        self,
+        body: ChatCompletionRequest,
+        response: Response,
+        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
+    ) -> Any:
+        grant = await self.authorize(credentials, body.model, "chat.completions")
+        _apply_headers(response, grant)
+        if not self.config.roles.chat:
+            raise ModelNotFoundError(body.model)
+        self.require_role(body.model, "edit")
+        if body.stream:
+            stream = self.backends.edit.options(stream=True).chat_stream.remote(body)
+            return await self.stream(
+                grant, body.model, "chat.completions", stream, body.include_usage
+            )
+        result = await self.call(grant, body.model, "chat.completions", self.backends.edit.chat, body)
+        return _checked(result, ChatCompletion)
+
+    async def stream(
+        self, grant: Any, model: str, endpoint: str, chunks: Any, include_usage: bool
+    ) -> Response:
+        """SSE answer; the model deployment always ends with a usage chunk (no choices)."""
+
+        def render(chunk: FimCompletionChunk | ChatCompletionChunk) -> str | None:
+            is_usage_chunk = not chunk.choices
+            if is_usage_chunk and not include_usage:
+                return None
+            return sse_event(chunk.model_dump(exclude=None if is_usage_chunk else {"usage"}))
+
+        async def on_finish(last: Any) -> None:
+            usage = getattr(last, "usage", None) if last is not None else None
+            await self.record(grant, model, endpoint, usage, 200 if usage else 500)
+
+        try:
+            return await open_event_stream(
+                _cancel_on_close(chunks), render, on_finish, headers=_rate_headers(grant)
+            )
+        except Exception as exc:
+            error = as_service_error(exc)
+            await self.record(grant, model, endpoint, None, error.status_code)
+            raise error from None
+
+    async def list_models(
+        self, response: Response, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
+    ) -> ModelList:
+        grant = await self.authorize(credentials, None, "models")
+        _apply_headers(response, grant)
+        allowed = await self.backends.auth.allowed_models.remote(grant)
+        cards = [m.card() for m in self.config.models if allowed is None or m.id in allowed]
+        return ModelList(data=cards)
+
+    def _listing(self, endpoint: str):
+        async def list_endpoint_models(
+            response: Response,
+            credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
+        ) -> EndpointModelList:
+            grant = await self.authorize(credentials, None, "models")
+            _apply_headers(response, grant)
+            allowed = await self.backends.auth.allowed_models.remote(grant)
+            cards = []
+            for model in self.config.models:
+                endpoints = self.config.endpoints_of(model.id)
+                if endpoint in endpoints and (allowed is None or model.id in allowed):
+                    cards.append(model.card(endpoints))
+            return EndpointModelList(data=cards)
+
+        return list_endpoint_models
+
+    async def health(self, request: Request) -> dict[str, str]:
+        return {"status": "ok"}
+
+
+async def _await(response: Any) -> Any:
+    return await response
+
+
+def _checked(result: Any, expected: type) -> Any:
+    """A model deployment that answers the wrong shape is a 502, not a 500 or a bad 200."""
+    if isinstance(result, ServiceError):
+        raise result
+    if not isinstance(result, expected):
+        logger.error("upstream returned %s, expected %s", type(result).__name__, expected.__name__)
+        raise UpstreamBadResponseError()
+    return result
+
+
+def _rate_headers(grant: Any) -> dict[str, str]:
+    return dict(getattr(grant, "headers", None) or {})
+
+
+def _apply_headers(response: Response, grant: Any) -> None:
+    response.headers.update(_rate_headers(grant))
+
+
+async def _cancel_on_close(chunks: Any) -> AsyncIterator[Any]:
+    """Iterate a streaming handle; when the client goes away, cancel the upstream request so
+    the engine frees the slot at its next step."""
+    finished = False
+    try:
+        async for chunk in chunks:
+            yield chunk
+        finished = True
+    finally:
+        if not finished and hasattr(chunks, "cancel"):
+            chunks.cancel()

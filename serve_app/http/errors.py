@@ -1,0 +1,123 @@
+"""The one place where exceptions become HTTP answers in the contract's shape.
+
+Every handler is registered by ``install_error_handlers``; nothing else in the project builds
+an error body. Server failures answer a fixed message: no traceback, no internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serve_app.api.common import ErrorInfo, ErrorResponse
+from serve_app.errors import (
+    InvalidRequestError,
+    NotFoundError,
+    ServerError,
+    ServiceError,
+    UpstreamBadResponseError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
+
+logger = logging.getLogger(__name__)
+
+# Paths whose validation failures answer FastAPI's 422 HTTPValidationError (api-spec.md 7.1);
+# every other endpoint answers 400 invalid_request_error naming the parameter (api-notes.md).
+VALIDATION_422_PATHS = frozenset({"/v1/decisions"})
+
+
+def error_body(exc: ServiceError) -> ErrorResponse:
+    return ErrorResponse(
+        error=ErrorInfo(message=exc.message, type=exc.error_type, param=exc.param, code=exc.code)
+    )
+
+
+def error_response(exc: ServiceError) -> JSONResponse:
+    return JSONResponse(
+        error_body(exc).model_dump(), status_code=exc.status_code, headers=exc.headers or None
+    )
+
+
+def as_service_error(exc: BaseException) -> ServiceError:
+    """Classify any exception, including Ray's, into a typed service error."""
+    from ray import exceptions as ray_errors
+    from ray.serve import exceptions as serve_errors
+
+    if isinstance(exc, ray_errors.RayTaskError) and isinstance(exc.cause, BaseException):
+        exc = exc.cause
+    if isinstance(exc, ServiceError):
+        return exc
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError):
+        return UpstreamTimeoutError()
+    if isinstance(exc, serve_errors.BackPressureError | serve_errors.DeploymentUnavailableError):
+        return UpstreamUnavailableError()
+    if isinstance(exc, ray_errors.RayActorError | serve_errors.ReplicaUnavailableError):
+        return UpstreamUnavailableError("The model replica serving this request stopped. Retry.")
+    if isinstance(exc, ray_errors.RayError):
+        return UpstreamBadResponseError()
+    return ServerError()
+
+
+def validation_param(errors: list[dict]) -> str | None:
+    """The top-level request field a validation failure is about (``param`` of the wire)."""
+    for error in errors:
+        loc = [part for part in error.get("loc", ()) if part != "body"]
+        if loc:
+            return str(loc[0])
+    return None
+
+
+def validation_message(errors: list[dict]) -> str:
+    first = errors[0] if errors else {}
+    loc = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+    message = str(first.get("msg", "Invalid request."))
+    message = message.removeprefix("Value error, ")
+    return f"{loc}: {message}" if loc else message
+
+
+async def _on_service_error(request: Request, exc: ServiceError) -> JSONResponse:
+    if exc.status_code >= 500:
+        logger.warning("request failed: %s %s", type(exc).__name__, exc.message)
+    return error_response(exc)
+
+
+async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = list(exc.errors())
+    if request.url.path in VALIDATION_422_PATHS:
+        return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
+    invalid = InvalidRequestError(validation_message(errors), param=validation_param(errors))
+    return error_response(invalid)
+
+
+async def _on_http_exception(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if exc.status_code == 404:
+        return error_response(NotFoundError(f"Unknown path: {request.url.path}"))
+    if exc.status_code == 405:
+        return error_response(
+            InvalidRequestError(f"Method {request.method} is not allowed on {request.url.path}.")
+        )
+    error = ServiceError(str(exc.detail))
+    error.status_code = exc.status_code
+    error.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    return error_response(error)
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    classified = as_service_error(exc)
+    if isinstance(classified, ServerError):
+        logger.exception("unexpected error on %s", request.url.path, exc_info=exc)
+    return error_response(classified)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ServiceError, _on_service_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_exception)
+    app.add_exception_handler(Exception, _on_unexpected)

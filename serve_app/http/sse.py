@@ -1,0 +1,78 @@
+"""Server-sent events: peek first, then stream, then ``[DONE]``.
+
+The first item is awaited before the HTTP status is sent, so an error that happens before any
+output (context too long, model unavailable) still gets its real status and JSON body. An error
+after that point can only travel inside the stream: it becomes one ``error`` event and the
+stream ends (llama.cpp's server does the same).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from serve_app.http.errors import as_service_error, error_body
+
+logger = logging.getLogger(__name__)
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse_event(payload: BaseModel | dict[str, Any]) -> str:
+    if isinstance(payload, BaseModel):
+        data = payload.model_dump_json(exclude_none=False)
+    else:
+        data = json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+async def open_event_stream(
+    chunks: AsyncIterator[Any],
+    render: Callable[[Any], str | None],
+    on_finish: Callable[[Any | None], Awaitable[None]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> StreamingResponse:
+    """Await the first chunk (errors raise here), then stream the rest as SSE.
+
+    ``render`` turns a chunk into an event string, or None to skip it (the internal usage chunk
+    when the client did not ask for usage). ``on_finish`` gets the last chunk seen.
+    """
+    first = await anext(chunks)
+
+    async def events() -> AsyncIterator[str]:
+        last = first
+        try:
+            if (event := render(first)) is not None:
+                yield event
+            async for chunk in chunks:
+                last = chunk
+                if (event := render(chunk)) is not None:
+                    yield event
+        except Exception as exc:  # mid-stream: the status line is already sent
+            error = as_service_error(exc)
+            logger.warning("stream failed after the first chunk: %s", type(exc).__name__)
+            yield sse_event(error_body(error))
+            last = None
+        finally:
+            if on_finish is not None:
+                await _quietly(on_finish(last))
+        yield DONE
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
+    )
+
+
+async def _quietly(awaitable: Awaitable[None]) -> None:
+    """Run end-of-stream bookkeeping without letting it break the stream's shutdown."""
+    try:
+        await awaitable
+    except BaseException:  # includes CancelledError when the client has gone
+        logger.debug("end-of-stream hook did not complete", exc_info=True)

@@ -1,0 +1,75 @@
+"""Chat completions through the model's chat template (OpenAI shapes)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from serve_app.api.chat import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    ChatResponseMessage,
+)
+from serve_app.api.common import new_id, now
+from serve_app.engine.protocol import GenerationRequest
+from serve_app.errors import InvalidRequestError
+from serve_app.serving.generation import Generator, usage_of
+
+DEFAULT_CHAT_MAX_TOKENS = 1024
+
+
+class ChatService:
+    def __init__(self, generator: Generator) -> None:
+        self.generator = generator
+
+    def _request(self, body: ChatCompletionRequest) -> GenerationRequest:
+        if body.json_mode is not None:
+            raise InvalidRequestError(
+                "response_format json_object/json_schema is not supported yet.",
+                param="response_format",
+            )
+        messages = [message.to_template() for message in body.messages]
+        prompt_ids = self.generator.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        max_tokens = min(DEFAULT_CHAT_MAX_TOKENS, self.generator.model.max_output_length)
+        params = body.to_sampling_params(default_max_tokens=max_tokens)
+        return self.generator.request(list(prompt_ids), params, prompt_param="messages")
+
+    async def complete(self, body: ChatCompletionRequest) -> ChatCompletion:
+        text, last = await self.generator.complete(self._request(body))
+        choice = ChatChoice(
+            index=0,
+            message=ChatResponseMessage(content=text),
+            finish_reason=last.finish_reason or "stop",
+        )
+        return ChatCompletion(
+            id=new_id("chatcmpl"),
+            created=now(),
+            model=body.model,
+            choices=[choice],
+            usage=usage_of(last),
+        )
+
+    async def stream(self, body: ChatCompletionRequest) -> AsyncIterator[ChatCompletionChunk]:
+        """Role delta, content deltas, the finish chunk, then always a usage chunk."""
+        request = self._request(body)
+        completion_id, created = new_id("chatcmpl"), now()
+
+        def chunk(choices: list[ChatChunkChoice], usage=None) -> ChatCompletionChunk:
+            return ChatCompletionChunk(
+                id=completion_id, created=created, model=body.model, choices=choices, usage=usage
+            )
+
+        yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(role="assistant", content=""))])
+        last = None
+        async for piece in self.generator.stream(request):
+            last = piece
+            if piece.text or piece.finish_reason:
+                delta = ChatDelta(content=piece.text) if piece.text else ChatDelta()
+                yield chunk([ChatChunkChoice(index=0, delta=delta, finish_reason=piece.finish_reason)])
+        if last is not None:
+            yield chunk([], usage_of(last))

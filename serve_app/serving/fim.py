@@ -1,0 +1,60 @@
+"""FIM completions: prompt from the model's FIM tokens, then plain generation."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from serve_app.api.common import new_id, now
+from serve_app.api.fim import (
+    FimChoice,
+    FimChunkChoice,
+    FimCompletion,
+    FimCompletionChunk,
+    FimCompletionRequest,
+)
+from serve_app.engine.prompts.fim import build_fim_prompt, fim_format_for
+from serve_app.engine.protocol import GenerationRequest
+from serve_app.serving.generation import Generator, usage_of
+
+
+class FimService:
+    def __init__(self, generator: Generator) -> None:
+        self.generator = generator
+        loaded = generator.loaded
+        self.format = fim_format_for(loaded.tokenizer, loaded.model_type)
+
+    def _request(self, body: FimCompletionRequest) -> GenerationRequest:
+        prompt_ids = build_fim_prompt(
+            self.format, self.generator.tokenizer, body.prompt, body.suffix or ""
+        )
+        params = body.to_sampling_params(self.generator.model.default_temperature)
+        return self.generator.request(prompt_ids, params, prompt_param="prompt")
+
+    async def complete(self, body: FimCompletionRequest) -> FimCompletion:
+        text, last = await self.generator.complete(self._request(body))
+        return FimCompletion(
+            id=new_id("cmpl"),
+            created=now(),
+            model=body.model,
+            choices=[FimChoice(index=0, text=text, finish_reason=last.finish_reason or "stop")],
+            usage=usage_of(last),
+        )
+
+    async def stream(self, body: FimCompletionRequest) -> AsyncIterator[FimCompletionChunk]:
+        """Content chunks, then always one usage chunk (the router drops it unless asked)."""
+        request = self._request(body)
+        completion_id, created = new_id("cmpl"), now()
+
+        def chunk(choices: list[FimChunkChoice], usage=None) -> FimCompletionChunk:
+            return FimCompletionChunk(
+                id=completion_id, created=created, model=body.model, choices=choices, usage=usage
+            )
+
+        last = None
+        async for piece in self.generator.stream(request):
+            last = piece
+            if piece.text or piece.finish_reason:
+                choice = FimChunkChoice(index=0, text=piece.text, finish_reason=piece.finish_reason)
+                yield chunk([choice])
+        if last is not None:
+            yield chunk([], usage_of(last))

@@ -1,0 +1,87 @@
+"""What every generating service shares: limits, engine start-up and usage."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import AsyncIterator
+
+from serve_app.api.common import CompletionUsage
+from serve_app.config import AppConfig, ModelConfig
+from serve_app.engine.engine import EngineConfig, LLMEngine, generate_text
+from serve_app.engine.loader import LoadedModel, load_model
+from serve_app.engine.protocol import GenerationChunk, GenerationRequest, SamplingParams
+from serve_app.errors import ContextLengthExceededError, InvalidRequestError
+
+
+def load_configured_model(
+    config: AppConfig, model: ModelConfig, cpus: float | None = None
+) -> LoadedModel:
+    """Load ``model`` as configured: the one way a deployment gets weights.
+
+    torch's thread pool is sized from the replica's CPU allotment unless the config says
+    otherwise, so replicas sharing a machine don't oversubscribe its cores.
+    """
+    threads = config.engine.torch_threads or (max(1, math.ceil(cpus)) if cpus else None)
+    return load_model(
+        model.source,
+        dtype=model.dtype,
+        device=model.device,
+        cache_dir=config.cache_dir,
+        threads=threads,
+    )
+
+
+def start_engine(config: AppConfig, model: ModelConfig, cpus: float | None = None) -> LLMEngine:
+    """Load ``model`` and start its generation engine."""
+    loaded = load_configured_model(config, model, cpus)
+    engine_config = EngineConfig(
+        max_batch_size=config.engine.max_batch_size,
+        prefill_chunk_tokens=config.engine.prefill_chunk_tokens,
+        context_length=model.context_length,
+        prefix_cache_bytes=config.engine.prefix_cache_mb * 1024 * 1024,
+        max_waiting=config.engine.max_waiting,
+    )
+    return LLMEngine(loaded, engine_config)
+
+
+class Generator:
+    """A model's engine plus the checks every generation request gets."""
+
+    def __init__(self, engine: LLMEngine, model: ModelConfig) -> None:
+        self.engine = engine
+        self.model = model
+
+    @property
+    def loaded(self) -> LoadedModel:
+        return self.engine.loaded
+
+    @property
+    def tokenizer(self):
+        return self.engine.loaded.tokenizer
+
+    def request(
+        self, prompt_ids: list[int], params: SamplingParams, prompt_param: str
+    ) -> GenerationRequest:
+        """Check the limits of the contract, then shape an engine request."""
+        if params.max_tokens > self.model.max_output_length:
+            raise InvalidRequestError(
+                f"max_tokens is {params.max_tokens}; this model produces at most "
+                f"{self.model.max_output_length} tokens.",
+                param="max_tokens",
+            )
+        if len(prompt_ids) + params.max_tokens > self.model.context_length:
+            raise ContextLengthExceededError.for_limit(self.model.context_length, prompt_param)
+        return GenerationRequest(uuid.uuid4().hex, prompt_ids, params)
+
+    def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        return self.engine.generate(request)
+
+    async def complete(self, request: GenerationRequest) -> tuple[str, GenerationChunk]:
+        return await generate_text(self.engine, request)
+
+
+def usage_of(chunk: GenerationChunk) -> CompletionUsage:
+    return CompletionUsage.from_counts(
+        chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens
+    )

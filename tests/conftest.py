@@ -1,0 +1,68 @@
+"""Shared fixtures: a tiny-model config, the router app in-process, and the real Serve graph.
+
+The in-process app is the real FastAPI router wired to the real deployment classes through
+Ray Serve's local testing mode (real handles, no cluster), so contract tests run in seconds.
+``tests/test_serve_graph.py`` starts the real graph from configs/local.yaml.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from serve_app.config import AppConfig, EngineOptions, Limits, ModelConfig, Roles
+
+TEST_KEY = "sk-sa-test-0123456789abcdefghijklmnop"
+TINY_ID = "tiny-qwen2"
+AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.fixture(scope="session")
+def tiny_source(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from serve_app.engine.tiny import build_tiny_model
+
+    return "tiny:" + str(build_tiny_model(tmp_path_factory.mktemp("tiny-model")))
+
+
+def tiny_config(tiny_source: str, data_dir: Path, **overrides) -> AppConfig:
+    """The whole service on the tiny model: small context so limits are cheap to reach."""
+    fields = {
+        "models": [
+            ModelConfig(
+                id=TINY_ID,
+                source=tiny_source,
+                name="Tiny Qwen2 (random weights)",
+                description="A tiny random model for tests.",
+                context_length=4096,
+                max_output_length=8192,
+                openrouter_slug="test/tiny-qwen2",
+                datacenters=["US", "DE"],
+            )
+        ],
+        "roles": Roles(fim=TINY_ID, edit=TINY_ID, decisions=TINY_ID),
+        "engine": EngineOptions(torch_threads=1, max_batch_size=4, prefill_chunk_tokens=64),
+        "limits": Limits(max_body_bytes=1_000_000, max_questions=32),
+        "data_dir": str(data_dir),
+    }
+    return AppConfig(**{**fields, **overrides})
+
+
+@pytest.fixture(scope="session")
+def app_config(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> AppConfig:
+    return tiny_config(tiny_source, tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="session")
+def client(app_config: AppConfig) -> Iterator:
+    from fastapi.testclient import TestClient
+
+    from serve_app.testing import local_router_app
+
+    os.environ["SERVE_APP_API_KEY"] = TEST_KEY
+    with TestClient(local_router_app(app_config), raise_server_exceptions=False) as test_client:
+        yield test_client

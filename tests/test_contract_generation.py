@@ -1,0 +1,216 @@
+"""Edit, FIM and chat over HTTP: validation bounds, error bodies, JSON and SSE shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT
+from tests.conftest import AUTH, TINY_ID
+
+FIM = {"model": TINY_ID, "prompt": "def add(a, b):\n    return", "suffix": "\n", "max_tokens": 4}
+EDIT = {
+    "model": TINY_ID,
+    "messages": [{"role": "user", "content": EXAMPLE_EDIT_CONTENT}],
+    "max_tokens": 4,
+}
+CHAT = {"model": TINY_ID, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+
+
+def assert_invalid(response, param: str, code: str | None = None) -> dict:
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    if code:
+        assert error["code"] == code
+    return error
+
+
+def sse_events(response) -> list[str]:
+    return [line[len("data: ") :] for line in response.text.splitlines() if line.startswith("data: ")]
+
+
+# --- FIM ----------------------------------------------------------------------------------
+
+
+def test_fim_completion_shape(client):
+    response = client.post("/v1/fim/completions", json=FIM, headers=AUTH)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert set(body) == {"id", "object", "created", "model", "choices", "usage"}
+    assert body["object"] == "text_completion" and body["model"] == TINY_ID
+    (choice,) = body["choices"]
+    assert set(choice) == {"index", "text", "finish_reason"}
+    assert choice["finish_reason"] in {"stop", "length"}
+    usage = body["usage"]
+    assert set(usage) == {
+        "prompt_tokens", "completion_tokens", "total_tokens", "reasoning_tokens",
+        "cached_input_tokens",
+    }
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert 1 <= usage["completion_tokens"] <= 4
+
+
+def test_fim_stream_shape_with_usage(client):
+    body = {**FIM, "stream": True, "stream_options": {"include_usage": True}}
+    response = client.post("/v1/fim/completions", json=body, headers=AUTH)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    *content, usage_chunk = chunks
+    assert content and all(chunk["object"] == "text_completion" for chunk in chunks)
+    assert all("usage" not in chunk for chunk in content)
+    assert [c["choices"][0]["finish_reason"] for c in content][-1] in {"stop", "length"}
+    assert all(c["choices"][0]["finish_reason"] is None for c in content[:-1])
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] >= 1
+
+
+def test_fim_stream_without_usage_has_no_usage_chunk(client):
+    response = client.post("/v1/fim/completions", json={**FIM, "stream": True}, headers=AUTH)
+    events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    assert all(json.loads(event)["choices"] for event in events[:-1])
+
+
+@pytest.mark.parametrize(
+    "field, value, ok",
+    [
+        ("top_k", -1, True), ("top_k", 0, False), ("top_k", 1, True), ("top_k", 1000, True),
+        ("top_k", 1001, False), ("top_k", -2, False),
+        ("repetition_penalty", 0, False), ("repetition_penalty", 0.5, True),
+        ("max_tokens", 0, False), ("max_tokens", 1, True), ("max_tokens", 8193, False),
+        ("top_p", 1.0, True), ("top_p", 1.01, False),
+        ("frequency_penalty", 2.0, True), ("frequency_penalty", 2.01, False),
+        ("presence_penalty", -2.0, True), ("presence_penalty", -2.01, False),
+        ("temperature", 2.01, False),
+    ],
+)
+def test_fim_parameter_bounds(client, field, value, ok):
+    response = client.post("/v1/fim/completions", json={**FIM, field: value}, headers=AUTH)
+    if ok:
+        assert response.status_code == 200, response.text
+    else:
+        assert_invalid(response, field)
+
+
+def test_fim_max_tokens_8192_passes_validation_and_meets_the_context(client):
+    response = client.post("/v1/fim/completions", json={**FIM, "max_tokens": 8192}, headers=AUTH)
+    # The schema accepts 8192; the tiny model's 4096-token context then refuses it.
+    assert_invalid(response, "prompt", "context_length_exceeded")
+    assert "maximum context length for this model of 4096" in response.json()["error"]["message"]
+
+
+def test_fim_prompt_over_the_context(client):
+    body = {**FIM, "prompt": "x = 1\n" * 3000}
+    assert_invalid(
+        client.post("/v1/fim/completions", json=body, headers=AUTH),
+        "prompt",
+        "context_length_exceeded",
+    )
+
+
+def test_fim_requires_prompt(client):
+    body = {k: v for k, v in FIM.items() if k != "prompt"}
+    assert_invalid(client.post("/v1/fim/completions", json=body, headers=AUTH), "prompt")
+
+
+def test_fim_unknown_model(client):
+    response = client.post("/v1/fim/completions", json={**FIM, "model": "nope"}, headers=AUTH)
+    assert response.status_code == 404
+    assert response.json()["error"] == {
+        "message": response.json()["error"]["message"],
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
+
+
+# --- edit ---------------------------------------------------------------------------------
+
+
+def test_edit_completion_shape(client):
+    response = client.post("/v1/edit/completions", json=EDIT, headers=AUTH)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert set(body) == {"id", "object", "created", "model", "choices", "usage"}
+    assert body["object"] == "edit.completion"
+    (choice,) = body["choices"]
+    assert choice["message"]["role"] == "assistant"
+    content = choice["message"]["content"]
+    assert "<|" not in content and "```" not in content
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [],
+        [{"role": "user", "content": EXAMPLE_EDIT_CONTENT}] * 2,
+        [{"role": "assistant", "content": EXAMPLE_EDIT_CONTENT}],
+        [{"role": "user", "content": [{"type": "text", "text": "x"}]}],
+        [{"role": "user", "content": "no tags at all"}],
+        [{"role": "user", "content": EXAMPLE_EDIT_CONTENT.replace("<|cursor|>", "")}],
+    ],
+    ids=["none", "two", "assistant", "parts", "no-tags", "no-cursor"],
+)
+def test_edit_rejects_bad_messages(client, messages):
+    response = client.post("/v1/edit/completions", json={**EDIT, "messages": messages}, headers=AUTH)
+    error = assert_invalid(response, "messages")
+    assert error["message"]
+
+
+@pytest.mark.parametrize(
+    "field, value, ok",
+    [
+        ("max_tokens", 0, False), ("max_tokens", 1, True), ("max_tokens", 8193, False),
+        ("temperature", 2.0, True), ("temperature", 2.01, False), ("temperature", -0.01, False),
+        ("top_p", 0.0, True), ("top_p", 1.01, False),
+        ("presence_penalty", 2.0, True), ("presence_penalty", 2.01, False),
+        ("stream", True, False),
+    ],
+)
+def test_edit_parameter_bounds(client, field, value, ok):
+    response = client.post("/v1/edit/completions", json={**EDIT, field: value}, headers=AUTH)
+    if ok:
+        assert response.status_code == 200, response.text
+    else:
+        assert_invalid(response, field)
+
+
+# --- chat ---------------------------------------------------------------------------------
+
+
+def test_chat_completion_shape(client):
+    response = client.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert body["choices"][0]["finish_reason"] in {"stop", "length"}
+    assert body["usage"]["prompt_tokens"] > 0
+
+
+def test_chat_stream_shape(client):
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    events = sse_events(client.post("/v1/chat/completions", json=body, headers=AUTH))
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-2]["choices"][0]["finish_reason"] in {"stop", "length"}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] > 0
+
+
+def test_chat_accepts_diffusion_extensions(client):
+    body = {**CHAT, "diffusing": True, "realtime": True, "reasoning_effort": "low",
+            "reasoning_summary": True}
+    assert client.post("/v1/chat/completions", json=body, headers=AUTH).status_code == 200
+
+
+def test_chat_rejects_tools_clearly(client):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    response = client.post("/v1/chat/completions", json={**CHAT, "tools": tools}, headers=AUTH)
+    assert "not supported" in assert_invalid(response, "tools")["message"]
