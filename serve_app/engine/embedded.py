@@ -319,6 +319,8 @@ def _build(spec: EmbeddedModel, folder: Path) -> None:
         convert_gguf(gguf_path, staging)
         gguf_path.unlink()  # reassemblable from the packages: not worth 0.5-1 GB of disk
         _write_marker(staging, spec)
+        for path in staging.iterdir():  # safetensors writes 0600; replicas may run as others
+            path.chmod(0o644)
         if folder.exists():  # an older or foreign conversion: replace it
             shutil.rmtree(folder)
         os.replace(staging, folder)
@@ -353,32 +355,44 @@ def _write_marker(folder: Path, spec: EmbeddedModel) -> None:
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> None:
     """Load a GGUF file with ``transformers`` and save it as a float32 safetensors folder."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
-    step = time.monotonic()
-    logger.info("converting: reading tokenizer from %s", gguf_path.name)
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    _fix_tokenizer(tokenizer)
-    logger.info("converting: dequantizing weights to float32 (about a minute)")
-    model = AutoModelForCausalLM.from_pretrained(
+    with _step("reading the tokenizer from the GGUF"):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        _fix_tokenizer(tokenizer)
+    with _step("dequantizing the weights to float32 (the long step, about a minute)"):
+        model = _load_dense_model(gguf_path)
+    with _step("saving safetensors, tokenizer and generation config"):
+        # save_pretrained refuses a model still tied to the GGUF quantizer; its weights are dense.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        _fix_generation_config(model, tokenizer)
+        tokenizer.model_max_length = int(model.config.max_position_embeddings)
+        model.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+
+
+def _load_dense_model(gguf_path: Path) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    return AutoModelForCausalLM.from_pretrained(
         gguf_path.parent,
         gguf_file=gguf_path.name,
         dtype=torch.float32,
-        # Dense weights, even where a GGUF matmul kernel is installed: we save safetensors.
+        # Dense weights even where a GGUF matmul kernel is installed: we save safetensors.
         quantization_config=GgufConfig(dequantize=True),
     )
-    logger.info("converting: weights loaded in %.1fs; saving safetensors", time.monotonic() - step)
-    step = time.monotonic()
-    # save_pretrained refuses a model still tied to the GGUF quantizer; the weights are dense.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    _fix_generation_config(model, tokenizer)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    logger.info("converting: saved in %.1fs", time.monotonic() - step)
+
+
+@contextlib.contextmanager
+def _step(what: str) -> Iterator[None]:
+    started = time.monotonic()
+    logger.info("converting: %s...", what)
+    yield
+    logger.info("converting: %s: done in %.1fs", what, time.monotonic() - started)
 
 
 def _fix_tokenizer(tokenizer: Any) -> None:
