@@ -1,0 +1,80 @@
+"""Shared bits of the benchmarks: a bounded HTTP client against a running service."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--url", default=os.environ.get("SERVE_APP_URL", DEFAULT_URL))
+    parser.add_argument("--key", default=os.environ.get("SERVE_APP_API_KEY"))
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b")
+    return parser
+
+
+@dataclass
+class StreamResult:
+    ttft_s: float
+    total_s: float
+    completion_tokens: int
+    cached_tokens: int = 0
+    text: str = ""
+    events: list[str] = field(default_factory=list)
+
+
+async def stream_fim(session: aiohttp.ClientSession, url: str, body: dict) -> StreamResult:
+    """One streamed FIM request: time to first content byte, total time, usage."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    ttft = None
+    usage: dict = {}
+    text = []
+    async with session.post(f"{url}/v1/fim/completions", json=body) as response:
+        response.raise_for_status()
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices", []):
+                if choice["text"] and ttft is None:
+                    ttft = time.perf_counter() - start
+                text.append(choice["text"])
+    total = time.perf_counter() - start
+    return StreamResult(
+        ttft_s=ttft if ttft is not None else total,
+        total_s=total,
+        completion_tokens=usage.get("completion_tokens", 0),
+        cached_tokens=usage.get("cached_input_tokens", 0),
+        text="".join(text),
+    )
+
+
+def session(key: str | None, timeout_s: float = 600) -> aiohttp.ClientSession:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s))
+
+
+def percentile(values: list[float], q: float) -> float:
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [" | ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
+    lines.insert(1, "-|-".join("-" * width for width in widths))
+    return "\n".join("| " + line + " |" for line in lines)

@@ -1,0 +1,50 @@
+"""The shipped config files are valid: Serve's schema, our AppConfig, the cluster launcher."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from serve_app.config import AppConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOYMENTS = {"Router", "AuthService", "DecisionScorer", "EditModel", "FimModel"}
+
+
+@pytest.mark.parametrize("name", ["local.yaml", "prod.yaml"])
+def test_serve_config_is_valid(name):
+    from ray.serve.schema import ServeDeploySchema
+
+    document = yaml.safe_load((ROOT / "configs" / name).read_text())
+    ServeDeploySchema.model_validate(document)
+    (application,) = document["applications"]
+    assert application["import_path"] == "serve_app.app:build_app"
+    config = AppConfig.model_validate(application["args"])
+    overridden = {deployment["name"] for deployment in application["deployments"]}
+    assert overridden == DEPLOYMENTS
+    for deployment in application["deployments"]:
+        assert "autoscaling_config" in deployment and "ray_actor_options" in deployment
+    if name == "prod.yaml":
+        assert all(model.dtype == "bfloat16" for model in config.models)
+        models = [d for d in application["deployments"] if d["name"] not in {"Router", "AuthService"}]
+        assert all(d["ray_actor_options"]["num_gpus"] == 1 for d in models)
+    else:
+        total_cpus = sum(d["ray_actor_options"]["num_cpus"] for d in application["deployments"])
+        assert total_cpus <= 2.0, "the local graph must schedule on a 2-core machine"
+
+
+def test_cluster_launcher_file_is_valid():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    document = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    validate_config(prepare_config(document))
+    assert document["available_node_types"]["gpu_worker"]["resources"]["GPU"] == 1
+
+
+def test_unknown_config_keys_fail_loudly():
+    with pytest.raises(ValueError):
+        AppConfig.model_validate({"engine": {"max_batchsize": 4}})
+    with pytest.raises(ValueError, match="unknown model"):
+        AppConfig.model_validate({"roles": {"fim": "missing"}})
