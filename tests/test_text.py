@@ -87,6 +87,24 @@ def test_decodes_a_bounded_window(tokenizer: Any) -> None:
     assert max(sizes) <= 10
 
 
+def test_run_of_invalid_bytes_keeps_a_bounded_window(tokenizer: Any) -> None:
+    """A model stuck on stray continuation bytes must not make each step decode everything."""
+    lead, continuation = tokenizer.encode("\u0080")  # UTF-8 C2 80, one byte token each
+    char = tokenizer.encode("日")
+    ids = [continuation] * 60 + char + [lead] * 30 + char[:2] + [continuation] * 30 + char
+    sizes: list[int] = []
+
+    class Recording:
+        def decode(self, ids: list[int], **kwargs: Any) -> str:
+            sizes.append(len(ids))
+            return tokenizer.decode(ids, **kwargs)
+
+    pieces = stream(Recording(), ids)
+    assert "".join(pieces) == tokenizer.decode(ids)
+    assert max(sizes) <= 20
+    assert sum(1 for piece in pieces if piece) > 10  # released along the way, not at the end
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.one_of(
@@ -108,7 +126,8 @@ def test_text_round_trip_property(tokenizer: Any, text: str) -> None:
 def test_arbitrary_token_ids_property(tokenizer: Any, data: st.DataObject) -> None:
     """Even a model emitting invalid byte sequences streams exactly the full decode."""
     ids = data.draw(st.lists(st.integers(0, len(tokenizer) - 1), max_size=30))
-    pieces = stream(tokenizer, ids)
+    max_pending = data.draw(st.sampled_from([1, 2, 8]))  # small values force early releases
+    pieces = stream(tokenizer, ids, max_pending=max_pending)
     full = tokenizer.decode(ids)
     assert "".join(pieces) == full
     if REPLACEMENT_CHAR not in full:

@@ -25,7 +25,8 @@ class IncrementalDetokenizer:
     Each step decodes just that window, so the cost per token does not grow with the output.
     While the window's text ends in U+FFFD a character is still incomplete, so it waits.
 
-    ``prompt_ids`` seeds the context with the prompt's last tokens (nothing of it is emitted).
+    ``prompt_ids`` seeds the context with the prompt's last ``context_tokens`` tokens (none of
+    it is emitted); ``max_pending`` bounds how long a run of invalid bytes is held back.
     """
 
     def __init__(
@@ -35,8 +36,10 @@ class IncrementalDetokenizer:
         prompt_ids: Sequence[int] = (),
         skip_special_tokens: bool = False,
         context_tokens: int = 5,
+        max_pending: int = 8,
     ) -> None:
         self.tokenizer = tokenizer
+        self.max_pending = max_pending
         self.skip_special_tokens = skip_special_tokens
         self.ids: list[int] = list(prompt_ids[-context_tokens:]) if context_tokens else []
         self.prefix_offset = 0
@@ -56,20 +59,42 @@ class IncrementalDetokenizer:
         """Add one token; return the text it completes (often "", e.g. mid-character)."""
         self.ids.append(int(token_id))
         text = self._decode(self.ids[self.prefix_offset :])
-        if len(text) <= len(self._prefix_text) or text.endswith(REPLACEMENT_CHAR):
+        if len(text) <= len(self._prefix_text):
             return ""
-        return self._advance(text)
+        if not text.endswith(REPLACEMENT_CHAR):
+            return self._advance(text, len(self.ids))
+        if len(self.ids) - self.read_offset > self.max_pending:
+            return self._release_invalid_bytes()
+        return ""
 
     def flush(self) -> str:
         """Emit whatever is pending at the end, incomplete bytes included (as U+FFFD)."""
         if self.read_offset == len(self.ids):
             return ""
         text = self._decode(self.ids[self.prefix_offset :])
-        return self._advance(text) if len(text) > len(self._prefix_text) else ""
+        return self._advance(text, len(self.ids)) if len(text) > len(self._prefix_text) else ""
 
-    def _advance(self, text: str) -> str:
+    def _release_invalid_bytes(self) -> str:
+        """Emit up to the last token boundary that no later byte can change.
+
+        A text that keeps ending in U+FFFD over many tokens is a run of invalid bytes (a
+        character needs at most four), which would otherwise grow the window without bound.
+        A boundary is final when decoding both sides apart gives the same text as together:
+        then the byte after it does not continue a character started before it.
+        """
+        whole = self._decode(self.ids[self.prefix_offset :])
+        for split in range(len(self.ids) - 1, self.read_offset, -1):
+            head = self._decode(self.ids[self.prefix_offset : split])
+            if head + self._decode(self.ids[split:]) == whole and len(head) > len(
+                self._prefix_text
+            ):
+                return self._advance(head, split)
+        return ""
+
+    def _advance(self, text: str, read_to: int) -> str:
+        """Emit ``text`` (the decode of ``ids[prefix_offset:read_to]``) past what was emitted."""
         delta = text[len(self._prefix_text) :]
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        self.prefix_offset, self.read_offset = self.read_offset, read_to
         self._prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
         return delta
 
