@@ -1,0 +1,140 @@
+"""The decode batch: one left-padded KV cache shared by every decoding request.
+
+Layout (the one HF ``generate`` uses for batched decoding): per layer, keys and values of shape
+``[B, kv_heads, T, head_dim]``, each row right-aligned, so row ``b`` holds its ``n_b`` real
+positions in columns ``T - n_b .. T - 1`` and zeros before them. A ``[B, T]`` mask marks the
+real columns. Every decode step appends one column for all rows (``DynamicCache.update``), and
+feeds explicit ``position_ids`` (``n_b`` per row) so RoPE sees each row's true positions.
+
+The tensors are rebuilt only when membership changes: a joining request's KV is left-padded
+and concatenated along the batch axis (the batch itself is left-padded when the newcomer is
+longer); leaving rows are dropped with ``index_select`` and then the leading columns that are
+padding in every remaining row are trimmed, so a long request that leaves does not keep the
+others paying for its length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from serve_app.engine.prefix_cache import KV
+
+
+def cache_from_kv(kv: KV) -> DynamicCache:
+    """A ``DynamicCache`` holding the given tensors as-is (no copy, unlike its constructor).
+
+    Layers are plain ``DynamicLayer``s: the engine's models use full attention everywhere.
+    """
+    cache = DynamicCache()
+    for keys, values in kv:
+        layer = DynamicLayer()
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+        cache.layers.append(layer)
+    return cache
+
+
+def kv_from_cache(cache: DynamicCache) -> KV:
+    return tuple((layer.keys, layer.values) for layer in cache.layers)
+
+
+def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
+    """Prepend ``n`` zero positions on the sequence axis (dim -2 of [B, H, T, D])."""
+    return F.pad(t, (0, 0, n, 0)) if n else t
+
+
+class DecodeBatch:
+    """The decoding requests and their shared, left-padded KV cache.
+
+    ``rows[b]`` is the request (any object with ``num_computed`` and ``last_token_id``) whose
+    KV is row ``b``; ``num_computed`` is its count of real positions.
+    """
+
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        self.device = torch.device(device)
+        self.rows: list[Any] = []
+        self.cache: DynamicCache | None = None
+        self.mask: torch.Tensor | None = None  # [B, T] long, 1 = real position
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def width(self) -> int:
+        """T: the padded sequence length of the batch's KV."""
+        return 0 if self.mask is None else self.mask.shape[1]
+
+    def add(self, rows: Sequence[Any], kvs: Sequence[KV]) -> None:
+        """Join requests whose prefill finished; ``kvs[i]`` holds ``rows[i]``'s positions."""
+        if not rows:
+            return
+        lengths = [kv[0][0].shape[-2] for kv in kvs]
+        width = max([self.width, *lengths])
+        parts_kv: list[KV] = []
+        parts_mask: list[torch.Tensor] = []
+        if self.rows:
+            parts_kv.append(kv_from_cache(self.cache))
+            parts_mask.append(F.pad(self.mask, (width - self.width, 0)))
+        for kv, n in zip(kvs, lengths, strict=True):
+            parts_kv.append(kv)
+            mask = torch.zeros(1, width, dtype=torch.long, device=self.device)
+            mask[:, width - n :] = 1
+            parts_mask.append(mask)
+        merged = []
+        for layer in range(len(parts_kv[0])):
+            keys = [_pad_left(p[layer][0], width - p[layer][0].shape[-2]) for p in parts_kv]
+            values = [_pad_left(p[layer][1], width - p[layer][1].shape[-2]) for p in parts_kv]
+            merged.append((torch.cat(keys, dim=0), torch.cat(values, dim=0)))
+        self.cache = cache_from_kv(tuple(merged))
+        self.mask = torch.cat(parts_mask, dim=0)
+        self.rows.extend(rows)
+
+    def remove(self, rows: Sequence[Any]) -> None:
+        """Drop rows (finished or aborted requests) and trim all-padding leading columns."""
+        drop = {id(r) for r in rows}
+        keep = [i for i, r in enumerate(self.rows) if id(r) not in drop]
+        if len(keep) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            self.cache, self.mask = None, None
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        mask = self.mask.index_select(0, index)
+        start = int(mask.any(dim=0).long().argmax())  # first column some row still uses
+        self.mask = mask[:, start:]
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[..., start:, :]
+            layer.values = layer.values.index_select(0, index)[..., start:, :]
+
+    def forward(self, model: Any) -> torch.Tensor:
+        """One decode step for every row; returns the next-token logits ``[B, V]``.
+
+        Feeds each row's last sampled token and appends its KV as a new column.
+        """
+        input_ids = torch.tensor(
+            [[r.last_token_id] for r in self.rows], dtype=torch.long, device=self.device
+        )
+        position_ids = torch.tensor(
+            [[r.num_computed] for r in self.rows], dtype=torch.long, device=self.device
+        )
+        ones = torch.ones(len(self.rows), 1, dtype=torch.long, device=self.device)
+        mask = torch.cat([self.mask, ones], dim=1)
+        out = model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.mask = mask
+        for r in self.rows:
+            r.num_computed += 1
+        return out.logits[:, -1, :]

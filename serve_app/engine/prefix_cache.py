@@ -1,0 +1,156 @@
+"""An LRU cache of prompt KV caches, so a shared prompt prefix is read only once.
+
+Chat and FIM traffic repeat long prefixes (a system prompt, the same file), and on a CPU the
+prompt read dominates latency. After a request's prefill the engine stores its prompt's
+keys/values here, keyed by the prompt's token ids; a later request takes the KV of the longest
+common token prefix with any stored prompt and prefills only the rest. A causal model's KV for
+the first ``n`` tokens depends on those tokens alone, so any common prefix is reusable, not
+only whole stored prompts.
+
+Lookup is a linear scan over the entries (a binary search on list-slice equality per entry, so
+each compare runs in C). That is fine for tens of entries, which is what a few hundred MiB
+holds for prompts of a few thousand tokens; a radix tree over token blocks (vLLM, SGLang) would
+be the step up for thousands of entries.
+
+Memory is bounded by bytes (the tensors' actual size); the least recently used entries go
+first. Not thread-safe: only the engine's step-loop thread calls it (stats may be read from
+anywhere).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+# Per layer (keys, values), each [1, kv_heads, seq_len, head_dim].
+KV = tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+DEFAULT_PREFIX_CACHE_BYTES = 512 * 1024 * 1024
+
+
+@dataclass
+class _Entry:
+    token_ids: list[int]
+    kv: KV
+    nbytes: int
+
+
+def kv_nbytes(kv: KV) -> int:
+    return sum(t.numel() * t.element_size() for layer in kv for t in layer)
+
+
+def kv_seq_len(kv: KV) -> int:
+    return kv[0][0].shape[-2] if kv else 0
+
+
+def crop_kv(kv: KV, length: int) -> KV:
+    """Views of the first ``length`` positions (no copy; callers must not write into them)."""
+    return tuple((k[..., :length, :], v[..., :length, :]) for k, v in kv)
+
+
+def _owned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when it owns exactly its storage, else a compact copy.
+
+    A view (e.g. a crop) would pin its base's whole buffer and break the byte accounting.
+    """
+    t = t.detach()
+    if t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size():
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix, by binary search over slice equality."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class PrefixCache:
+    """Prompt KV caches keyed by token ids, LRU-evicted to stay under ``max_bytes``.
+
+    ``min_match_tokens``: shorter matches are not worth the copy and are reported as misses.
+    """
+
+    def __init__(
+        self, max_bytes: int = DEFAULT_PREFIX_CACHE_BYTES, *, min_match_tokens: int = 1
+    ) -> None:
+        self.max_bytes = int(max_bytes)
+        self.min_match_tokens = max(1, int(min_match_tokens))
+        self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
+        self.bytes_used = 0
+        self.queries = 0
+        self.hits = 0
+        self.hit_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
+
+    def lookup(self, token_ids: Sequence[int]) -> tuple[int, KV | None]:
+        """``(cached_len, kv)`` for the longest stored prefix of ``token_ids``, or ``(0, None)``.
+
+        At most ``len(token_ids) - 1`` tokens are returned: the last prompt token must still go
+        through the model so its logits exist to sample the first output token from.
+        """
+        if not self.enabled:
+            return 0, None
+        self.queries += 1
+        token_ids = list(token_ids)
+        limit = len(token_ids) - 1
+        best_len, best_key = 0, None
+        for key, entry in self._entries.items():
+            n = min(common_prefix_len(entry.token_ids, token_ids), limit)
+            if n > best_len:
+                best_len, best_key = n, key
+        if best_key is None or best_len < self.min_match_tokens:
+            return 0, None
+        self._entries.move_to_end(best_key)
+        self.hits += 1
+        self.hit_tokens += best_len
+        return best_len, crop_kv(self._entries[best_key].kv, best_len)
+
+    def insert(self, token_ids: Sequence[int], kv: KV) -> bool:
+        """Store the KV of ``token_ids``; False when it was not stored (too small/large, covered).
+
+        A stored prompt that is a prefix of the new one is dropped (the new entry covers it);
+        if the new prompt is a prefix of a stored one, the stored entry is only refreshed.
+        """
+        key = tuple(token_ids)
+        if not self.enabled or len(key) < max(2, self.min_match_tokens):
+            return False
+        if kv_seq_len(kv) != len(key):
+            raise ValueError(f"KV holds {kv_seq_len(kv)} positions for {len(key)} tokens")
+        for other in list(self._entries):
+            if other[: len(key)] == key:
+                self._entries.move_to_end(other)
+                return False
+            if key[: len(other)] == other:
+                self._remove(other)
+        kv = tuple((_owned(k), _owned(v)) for k, v in kv)
+        nbytes = kv_nbytes(kv)
+        if nbytes > self.max_bytes:
+            return False
+        self._entries[key] = _Entry(list(key), kv, nbytes)
+        self.bytes_used += nbytes
+        while self.bytes_used > self.max_bytes:
+            self._remove(next(iter(self._entries)))
+        return True
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes_used = 0
+
+    def _remove(self, key: tuple[int, ...]) -> None:
+        self.bytes_used -= self._entries.pop(key).nbytes

@@ -1,0 +1,109 @@
+"""Per-request state the engine's step loop keeps while a request is in flight.
+
+A ``RequestState`` is created on the caller's event loop (in ``LLMEngine.generate``) and then
+owned by the step-loop thread. The only fields another thread touches afterwards are
+``abort_requested`` (a plain bool set by ``abort``; a GIL-atomic store) and the output queue,
+which the loop fills only through ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from serve_app.engine.protocol import GenerationChunk, GenerationRequest
+from serve_app.engine.sampling import Sampler, TokenHistory
+from serve_app.engine.text import IncrementalDetokenizer, StopMatcher
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # queued, holds no slot
+    PREFILLING = "prefilling"  # holds a slot; its prompt is being read chunk by chunk
+    DECODING = "decoding"  # a row of the decode batch
+    FINISHED = "finished"  # ended by eos, stop sequence, max_tokens or an error
+    ABORTED = "aborted"  # ended by its caller (disconnect, cancellation, ``abort``)
+
+
+class StreamEnd:
+    """What a request's queue receives when it was aborted: the stream ends without a chunk."""
+
+
+STREAM_END = StreamEnd()
+
+
+@dataclass(eq=False)
+class RequestState:
+    """Everything the step loop needs to advance one request and stream its output.
+
+    ``kv`` is the request's own ``DynamicCache`` (batch 1) while it is prefilling; once it joins
+    the decode batch its KV lives in the batch's tensors (one row) and ``kv`` is ``None``.
+    ``num_computed`` counts the tokens whose keys/values are in the cache, i.e. the position
+    of the next token fed to the model.
+    """
+
+    request: GenerationRequest
+    history: TokenHistory
+    sampler: Sampler
+    detokenizer: IncrementalDetokenizer
+    stop_matcher: StopMatcher
+    queue: asyncio.Queue[Any]
+    loop: asyncio.AbstractEventLoop
+    status: RequestStatus = RequestStatus.WAITING
+    kv: Any = None
+    num_computed: int = 0
+    cached_tokens: int = 0
+    abort_requested: bool = False
+    finish_reason: str | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.request.prompt_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.history.output_ids)
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_computed >= self.num_prompt_tokens
+
+    @property
+    def last_token_id(self) -> int:
+        """The token to feed at the next decode step (sampled, not yet in the KV cache)."""
+        return self.history.output_ids[-1]
+
+    @property
+    def is_done(self) -> bool:
+        return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)
+
+    def chunk(self, text: str, finish_reason: str | None = None) -> GenerationChunk:
+        """A chunk with this request's running usage counts."""
+        return GenerationChunk(
+            text=text,
+            finish_reason=finish_reason,  # type: ignore[arg-type]
+            prompt_tokens=self.num_prompt_tokens,
+            completion_tokens=self.num_output_tokens,
+            cached_tokens=self.cached_tokens,
+        )
+
+    def push(self, item: GenerationChunk | BaseException | StreamEnd) -> bool:
+        """Hand an item to the caller's event loop; False when that loop is gone."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the caller's loop was closed: nobody is listening any more
+            return False
+        return True

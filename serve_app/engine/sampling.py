@@ -1,0 +1,222 @@
+"""Turning one row of logits into one token, per request.
+
+Modelled on transformers' logits processors: each rule is a small callable that takes a 1-D
+float32 logits row and the request's token history and returns a new row. ``build_processors``
+keeps only the rules a request actually asks for, so neutral parameters cost nothing, and
+``Sampler`` applies them and then picks greedily or draws from the distribution.
+
+Processors never modify their input in place: the engine may keep the raw row (e.g. for
+logprobs), and a shared batch tensor must not change under another request.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from serve_app.engine.protocol import SamplingParams
+
+
+@dataclass
+class TokenHistory:
+    """A request's prompt and generated tokens, with the counts penalties need kept up to date.
+
+    Penalties run every step, so recounting the whole output each time would make a long
+    generation quadratic; ``append`` updates the counts in O(1) instead.
+    """
+
+    prompt_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    output_counts: Counter[int] = field(init=False, repr=False)
+    seen_ids: set[int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.output_counts = Counter(self.output_ids)
+        self.seen_ids = set(self.prompt_ids) | set(self.output_ids)
+
+    def append(self, token_id: int) -> None:
+        """Record one generated token."""
+        self.output_ids.append(token_id)
+        self.output_counts[token_id] += 1
+        self.seen_ids.add(token_id)
+
+
+class LogitsProcessor(Protocol):
+    def __call__(self, logits: torch.Tensor, history: TokenHistory) -> torch.Tensor: ...
+
+
+def _index(ids: Sequence[int] | set[int], logits: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(sorted(ids), dtype=torch.long, device=logits.device)
+
+
+class RepetitionPenalty:
+    """CTRL/HF rule over prompt and output tokens: divide positive logits, multiply negative.
+
+    Dividing a positive logit and multiplying a negative one both make the token less likely
+    when ``penalty > 1`` (a plain division would *raise* a negative logit).
+    """
+
+    def __init__(self, penalty: float) -> None:
+        if not penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {penalty}")
+        self.penalty = float(penalty)
+
+    def __call__(self, logits: torch.Tensor, history: TokenHistory) -> torch.Tensor:
+        if not history.seen_ids:
+            return logits
+        ids = _index(history.seen_ids, logits)
+        score = logits[ids]
+        score = torch.where(score > 0, score / self.penalty, score * self.penalty)
+        return logits.index_copy(0, ids, score)
+
+
+class FrequencyPresencePenalty:
+    """OpenAI rule over output tokens only: ``logit -= count * freq + (count > 0) * presence``."""
+
+    def __init__(self, frequency_penalty: float, presence_penalty: float) -> None:
+        for name, value in (("frequency", frequency_penalty), ("presence", presence_penalty)):
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name}_penalty must be in [-2, 2], got {value}")
+        self.frequency_penalty = float(frequency_penalty)
+        self.presence_penalty = float(presence_penalty)
+
+    def __call__(self, logits: torch.Tensor, history: TokenHistory) -> torch.Tensor:
+        counts = history.output_counts
+        if not counts:
+            return logits
+        ids = torch.tensor(list(counts.keys()), dtype=torch.long, device=logits.device)
+        n = torch.tensor(list(counts.values()), dtype=logits.dtype, device=logits.device)
+        penalty = n * self.frequency_penalty + self.presence_penalty
+        return logits.index_add(0, ids, -penalty)
+
+
+class Temperature:
+    """Divide logits by the temperature: < 1 sharpens the distribution, > 1 flattens it."""
+
+    def __init__(self, temperature: float) -> None:
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+        self.temperature = float(temperature)
+
+    def __call__(self, logits: torch.Tensor, history: TokenHistory) -> torch.Tensor:
+        return logits / self.temperature
+
+
+class TopK:
+    """Keep exactly the ``k`` highest logits (ties broken by ``torch.topk``); -1 means off."""
+
+    def __init__(self, top_k: int) -> None:
+        if top_k != -1 and top_k < 1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {top_k}")
+        self.top_k = int(top_k)
+
+    def __call__(self, logits: torch.Tensor, history: TokenHistory) -> torch.Tensor:
+        if self.top_k == -1 or self.top_k >= logits.numel():
+            return logits
+        keep = torch.topk(logits, self.top_k).indices
+        out = torch.full_like(logits, float("-inf"))
+        return out.index_copy(0, keep, logits[keep])
+
+
+class TopP:
+    """Nucleus: keep the smallest set of most likely tokens whose probability sums to >= top_p.
+
+    A token is kept when the probability mass *before* it (in descending order) is still below
+    ``top_p``; the most likely token always passes, so at least one token survives.
+    """
+
+    def __init__(self, top_p: float) -> None:
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        self.top_p = float(top_p)
+
+    def __call__(self, logits: torch.Tensor, history: TokenHistory) -> torch.Tensor:
+        if self.top_p >= 1.0:
+            return logits
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        drop_sorted = mass_before >= self.top_p
+        drop_sorted[0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        return logits.masked_fill(drop, float("-inf"))
+
+
+def build_processors(params: SamplingParams) -> list[LogitsProcessor]:
+    """The processors a request needs, in transformers' order: penalties, then warpers.
+
+    Temperature, top-k and top-p only shape a distribution to sample from, so greedy requests
+    skip them (as transformers does); neutral values are left out altogether.
+    """
+    processors: list[LogitsProcessor] = []
+    if params.repetition_penalty != 1.0:
+        processors.append(RepetitionPenalty(params.repetition_penalty))
+    if params.frequency_penalty != 0.0 or params.presence_penalty != 0.0:
+        processors.append(
+            FrequencyPresencePenalty(params.frequency_penalty, params.presence_penalty)
+        )
+    if params.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {params.temperature}")
+    if params.greedy:
+        return processors
+    if params.temperature != 1.0:
+        processors.append(Temperature(params.temperature))
+    if params.top_k != -1:
+        processors.append(TopK(params.top_k))
+    if params.top_p != 1.0:
+        processors.append(TopP(params.top_p))
+    return processors
+
+
+class Sampler:
+    """Picks one request's next token from its logits row.
+
+    Each sampler owns its ``torch.Generator``: seeded requests then reproduce exactly whatever
+    else shares the batch, and unseeded ones don't disturb torch's global RNG.
+    """
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.processors = build_processors(params)
+        self.seed = params.seed if params.seed is not None else secrets.randbits(63)
+        self._generator: torch.Generator | None = None
+
+    def process(self, logits: torch.Tensor, history: TokenHistory) -> torch.Tensor:
+        """Apply every processor to a 1-D logits row (in float32, whatever the model's dtype)."""
+        if logits.dim() != 1:
+            raise ValueError(f"expected a 1-D logits row, got shape {tuple(logits.shape)}")
+        logits = logits.float()
+        for processor in self.processors:
+            logits = processor(logits, history)
+        return logits
+
+    def __call__(self, logits: torch.Tensor, history: TokenHistory) -> int:
+        logits = self.process(logits, history)
+        if self.params.greedy:
+            return int(torch.argmax(logits).item())
+        probs = torch.softmax(logits, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self._generator_for(probs)).item())
+
+    def _generator_for(self, tensor: torch.Tensor) -> torch.Generator:
+        # Created lazily so the generator lives on the device the logits come from.
+        if self._generator is None or self._generator.device != tensor.device:
+            self._generator = torch.Generator(device=tensor.device).manual_seed(self.seed)
+        return self._generator
+
+
+def sample_rows(
+    logits: torch.Tensor, samplers: Sequence[Sampler], histories: Sequence[TokenHistory]
+) -> list[int]:
+    """One token per row of a ``[B, V]`` batch; histories are read, not appended to."""
+    if logits.dim() != 2 or not len(samplers) == len(histories) == logits.shape[0]:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} need one sampler and one history per row, "
+            f"got {len(samplers)} and {len(histories)}"
+        )
+    rows = zip(logits, samplers, histories, strict=True)
+    return [sampler(row, history) for row, sampler, history in rows]
