@@ -451,10 +451,10 @@ def fit_to_context(
 # ---------------------------------------------------------------------------------------------
 # Reading the model's answer
 
-_TAG = re.compile(r"<\|/?[A-Za-z_][A-Za-z0-9_]*\|>")
-_REGION_MARKER = re.compile(r"</?region>")
+# Special-token-like tags (<|cursor|>, <|im_end|>, ...) and the region markers the prompt shows.
+_MARKER = re.compile(r"<\|/?[A-Za-z_][A-Za-z0-9_]*\|>|</?region>")
 # A line of English at the left margin: a capitalised word, two more words, no code symbols.
-_PROSE = re.compile(r"^(?:[A-Z][a-z']*)(?:[ \t]+\S+){2,}$")
+_PROSE = re.compile(r"^[A-Z][a-z']*[,.:!]?(?:[ \t]+\S+){2,}$")
 _CODE_SYMBOLS = set('=(){}[];<>#"\\')
 
 
@@ -463,11 +463,13 @@ def extract_edited_region(completion: str, prompt: EditPrompt) -> tuple[str, boo
 
     Takes the first fenced block (or, unfenced, the text less any prose lines around it),
     removes every ``<|...|>`` tag (the cursor marker included) and the region markers the
-    prompt shows, and gives the result the region's leading and trailing newlines. When nothing
-    usable is left it returns the original region (cursor removed) and ``False``.
+    prompt shows, and gives the result the region's leading and trailing newlines. Tags that
+    the user's own region holds (a tokenizer's source, say) are kept: the answer replaces that
+    code. When nothing usable is left it returns the original region (cursor removed) and
+    ``False``.
     """
     original = region_without_cursor(prompt)
-    text = _strip_markers(completion)
+    text = _strip_markers(completion, keep=set(_MARKER.findall(original)))
     code = _fenced_block(text, original)
     if code is None:
         code = _strip_prose(text, original)
@@ -476,10 +478,10 @@ def extract_edited_region(completion: str, prompt: EditPrompt) -> tuple[str, boo
     return _match_edge_newlines(code, original), True
 
 
-def _strip_markers(text: str) -> str:
+def _strip_markers(text: str, keep: set[str]) -> str:
     """Remove tags until none is left (removing one could join the halves of another)."""
     while True:
-        stripped = _REGION_MARKER.sub("", _TAG.sub("", text))
+        stripped = _MARKER.sub(lambda m: m.group(0) if m.group(0) in keep else "", text)
         if stripped == text:
             return text
         text = stripped
@@ -573,7 +575,7 @@ def add_tax(amount: float) -> float:
 +from shop.tax import add_tax
 --- a/shop/cart.py
 +++ b/shop/cart.py
-@@ -34,6 +34,6 @@
+@@ -35,6 +35,6 @@
      def checkout_total(self, code: str | None = None) -> float:
 -        total = sum(item.price * item.quantity for item in self.items)
 +        subtotal = sum(item.price * item.quantity for item in self.items)
@@ -582,7 +584,7 @@ def add_tax(amount: float) -> float:
              total = 0.0
 --- a/shop/cart.py
 +++ b/shop/cart.py
-@@ -34,6 +34,6 @@
+@@ -35,6 +35,6 @@
      def checkout_total(self, code: str | None = None) -> float:
          subtotal = sum(item.price * item.quantity for item in self.items)
 -        total = apply_discount(total, code)
@@ -622,6 +624,7 @@ class Cart:
         self.items = [item for item in self.items if item.name != name]
 
     def count(self) -> int:
+        """Number of units in the cart, not of distinct items."""
         return sum(item.quantity for item in self.items)
 
     def is_empty(self) -> bool:
