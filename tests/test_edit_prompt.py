@@ -1,0 +1,445 @@
+"""The next-edit prompt as pure functions: tag parsing, rendering, context fitting, answers."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from serve_app.engine.prompts.edit import (
+    CURSOR,
+    EXAMPLE_EDIT_CONTENT,
+    EditPrompt,
+    Snippet,
+    build_messages,
+    extract_edited_region,
+    fit_to_context,
+    parse_edit_prompt,
+    region_without_cursor,
+    render_edit_prompt,
+    split_diffs,
+)
+from serve_app.engine.tiny import build_tiny_model
+from serve_app.errors import ContextLengthExceededError, InvalidRequestError
+
+TAGS = [
+    "recently_viewed_code_snippets",
+    "edit_diff_history",
+    "current_file_content",
+    "code_to_edit",
+]
+EXAMPLE = parse_edit_prompt(EXAMPLE_EDIT_CONTENT)
+REGION = region_without_cursor(EXAMPLE)
+RENAMED = "        if subtotal < 0:\n            subtotal = 0.0\n        return add_tax(subtotal)"
+
+
+def section(tag: str, body: str = "\n") -> str:
+    return f"<|{tag}|>{body}<|/{tag}|>\n"
+
+
+def content(
+    snippets: str = "\n",
+    history: str = "\n",
+    region: str = f"\n    return {CURSOR}a\n",
+    path_line: str = "current_file_path: a.py\n",
+) -> str:
+    file = f"\n{path_line}def f(a):\n{section('code_to_edit', region)}"
+    return section(TAGS[0], snippets) + section(TAGS[1], history) + section(TAGS[2], file)
+
+
+def invalid(text: str) -> InvalidRequestError:
+    with pytest.raises(InvalidRequestError) as caught:
+        parse_edit_prompt(text)
+    assert caught.value.param == "messages"
+    assert caught.value.code == "invalid_value"
+    return caught.value
+
+
+# --- parsing a realistic request ------------------------------------------------------------
+
+
+def test_example_parses_into_its_parts() -> None:
+    assert [s.path for s in EXAMPLE.snippets] == [
+        "shop/models.py",
+        "shop/discounts.py",
+        "shop/tax.py",
+    ]
+    assert EXAMPLE.snippets[2].code.startswith("TAX_RATE = 0.2\n")
+    assert len(EXAMPLE.diffs) == 3
+    assert all(
+        diff.startswith("--- a/shop/cart.py\n+++ b/shop/cart.py\n@@") for diff in EXAMPLE.diffs
+    )
+    assert EXAMPLE.diffs[0].endswith("+from shop.tax import add_tax")
+    assert EXAMPLE.file_path == "shop/cart.py"
+    assert EXAMPLE.file_text.count("\n") == 40
+    assert EXAMPLE.file_before.startswith('"""Shopping cart')
+    assert EXAMPLE.file_before.endswith("subtotal = apply_discount(subtotal, code)\n")
+    assert (
+        REGION == "        if total < 0:\n            total = 0.0\n        return add_tax(total)\n"
+    )
+    assert EXAMPLE.region[EXAMPLE.cursor_offset :].startswith(CURSOR + "if total")
+    assert EXAMPLE.file_after == ""
+    assert EXAMPLE.region_inline
+
+
+def test_render_of_the_example_parses_back() -> None:
+    assert parse_edit_prompt(render_edit_prompt(EXAMPLE)) == EXAMPLE
+
+
+def test_empty_snippet_and_history_sections_are_valid() -> None:
+    prompt = parse_edit_prompt(content(snippets="", history=""))
+    assert prompt.snippets == [] and prompt.diffs == []
+    assert parse_edit_prompt(content(snippets="\n\n  \n", history="\n \n")).diffs == []
+
+
+def test_region_after_the_file_is_located_in_it() -> None:
+    text = (
+        section(TAGS[0])
+        + section(TAGS[1])
+        + section(TAGS[2], "\ncurrent_file_path: a.py\nx = 1\ny = 2\nz = 3\n")
+        + section("code_to_edit", f"\ny = {CURSOR}2\n")
+    )
+    prompt = parse_edit_prompt(text)
+    assert (prompt.file_before, prompt.region, prompt.file_after) == (
+        "x = 1\n",
+        "y = <|cursor|>2\n",
+        "z = 3\n",
+    )
+    assert not prompt.region_inline
+    assert parse_edit_prompt(render_edit_prompt(prompt)) == prompt
+
+
+def test_region_after_the_file_that_is_not_in_it_follows_the_file() -> None:
+    text = (
+        section(TAGS[0]) + section(TAGS[1]) + section(TAGS[2], "\ncurrent_file_path: a.py\nx = 1\n")
+    )
+    prompt = parse_edit_prompt(text + section("code_to_edit", f"\nw{CURSOR}\n"))
+    assert (prompt.file_before, prompt.file_after) == ("x = 1\n", "")
+
+
+def test_region_without_trailing_newline_keeps_the_text_after_it() -> None:
+    prompt = parse_edit_prompt(content(region=f"\n    return {CURSOR}a") + "")
+    assert prompt.region == f"    return {CURSOR}a"
+    assert prompt.file_after == "\n"
+
+
+# --- every malformed request names what is wrong --------------------------------------------
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_missing_tag(tag: str) -> None:
+    text = EXAMPLE_EDIT_CONTENT.replace(f"<|{tag}|>", "").replace(f"<|/{tag}|>", "")
+    assert f"missing tag <|{tag}|>" in invalid(text).message
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_missing_opening_marker(tag: str) -> None:
+    message = invalid(EXAMPLE_EDIT_CONTENT.replace(f"<|{tag}|>", "")).message
+    assert f"missing tag <|{tag}|> (found only its closing tag <|/{tag}|>)" in message
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_duplicated_tag(tag: str) -> None:
+    text = EXAMPLE_EDIT_CONTENT + section(tag)
+    assert f"tag <|{tag}|> appears twice" in invalid(text).message
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_duplicated_closing_marker(tag: str) -> None:
+    text = EXAMPLE_EDIT_CONTENT + f"<|/{tag}|>" * 2
+    assert f"closing tag <|/{tag}|> appears 3 times" in invalid(text).message
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_unclosed_tag(tag: str) -> None:
+    message = invalid(EXAMPLE_EDIT_CONTENT.replace(f"<|/{tag}|>", "")).message
+    assert f"tag <|{tag}|> is not closed: missing <|/{tag}|>" in message
+
+
+def test_closing_marker_before_opening_marker() -> None:
+    text = content().replace(
+        "<|edit_diff_history|>\n<|/edit_diff_history|>",
+        "<|/edit_diff_history|><|edit_diff_history|>",
+    )
+    assert (
+        "closing tag <|/edit_diff_history|> appears before <|edit_diff_history|>"
+        in invalid(text).message
+    )
+
+
+@pytest.mark.parametrize(("first", "second"), [(0, 1), (1, 2)])
+def test_sections_out_of_order(first: int, second: int) -> None:
+    one, two = section(TAGS[first]), section(TAGS[second])
+    text = content()
+    swapped = text.replace(one, "\0").replace(two, one).replace("\0", two) if second < 2 else None
+    if swapped is None:  # move the history after the whole file section
+        swapped = text.replace(one, "") + one
+    message = invalid(swapped).message
+    assert f"tags out of order: <|{TAGS[first]}|>...<|/{TAGS[first]}|>" in message
+    assert f"must come before <|{TAGS[second]}|>" in message
+
+
+def test_region_before_the_file_is_out_of_order() -> None:
+    region = section("code_to_edit", f"\nx{CURSOR}\n")
+    text = (
+        section(TAGS[0]) + section(TAGS[1]) + region + section(TAGS[2], "\ncurrent_file_path: a\n")
+    )
+    message = invalid(text).message
+    assert "tags out of order: <|code_to_edit|>...<|/code_to_edit|> must sit inside" in message
+
+
+def test_region_straddling_the_end_of_the_file_is_out_of_order() -> None:
+    text = content().replace(
+        "<|/code_to_edit|>\n<|/current_file_content|>", "<|/current_file_content|><|/code_to_edit|>"
+    )
+    assert "tags out of order: <|code_to_edit|>" in invalid(text).message
+
+
+@pytest.mark.parametrize(("region", "found"), [("\nreturn a\n", 0), (f"\n{CURSOR}a{CURSOR}\n", 2)])
+def test_cursor_count_other_than_one(region: str, found: int) -> None:
+    message = invalid(content(region=region)).message
+    assert f"<|code_to_edit|> must contain exactly one <|cursor|> marker; found {found}" in message
+
+
+def test_cursor_outside_the_region() -> None:
+    text = content().replace("def f(a):", f"def f({CURSOR}a):")
+    assert (
+        "<|cursor|> may only appear inside <|code_to_edit|>; found 1 outside it"
+        in invalid(text).message
+    )
+
+
+def test_missing_path_lines() -> None:
+    assert "<|current_file_content|> must start with a line 'current_file_path: PATH'" in (
+        invalid(content(path_line="")).message
+    )
+    snippet = section("recently_viewed_code_snippet", "\nx = 1\n")
+    assert (
+        "<|recently_viewed_code_snippet|> must start with a line 'code_snippet_file_path: PATH'"
+        in (invalid(content(snippets="\n" + snippet)).message)
+    )
+
+
+@pytest.mark.parametrize(
+    ("snippets", "expected"),
+    [
+        (
+            "\n<|recently_viewed_code_snippet|>\ncode_snippet_file_path: a\n",
+            "<|recently_viewed_code_snippet|> is not closed",
+        ),
+        (
+            "\n<|/recently_viewed_code_snippet|>\n",
+            "closing tag <|/recently_viewed_code_snippet|> has no opening",
+        ),
+        (
+            "\nloose code\n",
+            "text inside <|recently_viewed_code_snippets|> must sit in "
+            "<|recently_viewed_code_snippet|> blocks",
+        ),
+        (
+            "\n<|recently_viewed_code_snippet|>\ncode_snippet_file_path: a\n"
+            "<|recently_viewed_code_snippet|>\ncode_snippet_file_path: b\n"
+            "<|/recently_viewed_code_snippet|>\n",
+            "<|recently_viewed_code_snippet|> is not closed",
+        ),
+    ],
+)
+def test_malformed_snippet_blocks(snippets: str, expected: str) -> None:
+    assert expected in invalid(content(snippets=snippets)).message
+
+
+def test_snippet_block_outside_the_snippets_section() -> None:
+    history = "\n" + section("recently_viewed_code_snippet", "\ncode_snippet_file_path: a\nx\n")
+    message = invalid(content(history=history)).message
+    assert (
+        "tag <|recently_viewed_code_snippet|> found outside <|recently_viewed_code_snippets|>"
+        in message
+    )
+
+
+# --- splitting the diff history -----------------------------------------------------------
+
+
+def test_split_diffs_keeps_git_headers_and_multi_hunk_diffs_together() -> None:
+    git = "diff --git a/x.py b/x.py\nindex 1..2 100644\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b"
+    two_hunks = "--- a/y.py\n+++ b/y.py\n@@ -1 +1 @@\n-c\n+d\n@@ -9 +9 @@\n-e\n+f"
+    assert split_diffs(f"\n{git}\n\n{two_hunks}\n{git}\n") == [git, two_hunks, git]
+
+
+def test_split_diffs_splits_bare_hunks_one_per_edit() -> None:
+    hunks = ["@@ -1 +1 @@\n-a\n+b", "@@ -5,2 +5,2 @@\n x\n-c\n+d"]
+    assert split_diffs("\n".join(hunks)) == hunks
+
+
+def test_split_diffs_does_not_split_at_a_removed_line_that_looks_like_a_header() -> None:
+    diff = "--- a/q.sql\n+++ b/q.sql\n@@ -1,2 +1,2 @@\n--- old comment\n+-- new comment\n select 1"
+    assert split_diffs(diff) == [diff]
+    assert split_diffs("") == [] and split_diffs("\n \n") == []
+
+
+# --- render -> parse round trip ---------------------------------------------------------------
+
+_text = st.text(st.characters(exclude_categories=("Cs",)), max_size=30).filter(
+    lambda s: "<|" not in s
+)
+_path = st.from_regex(r"[a-z][a-z0-9_/]{0,12}\.(py|ts|go)", fullmatch=True)
+_line = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\n+-<"), max_size=20)
+
+
+@st.composite
+def _diffs(draw: st.DrawFn) -> str:
+    path = draw(_path)
+    body = draw(st.lists(st.tuples(st.sampled_from("-+ "), _line), min_size=1, max_size=4))
+    lines = "\n".join(sign + text for sign, text in body)
+    return f"--- a/{path}\n+++ b/{path}\n@@ -1,{len(body)} +1,{len(body)} @@\n{lines}"
+
+
+@st.composite
+def _prompts(draw: st.DrawFn) -> EditPrompt:
+    snippets = draw(st.lists(st.builds(Snippet, _path, _text), max_size=3))
+    return EditPrompt(
+        file_path=draw(_path),
+        file_before=draw(_text),
+        region=draw(_text) + CURSOR + draw(_text),
+        file_after=draw(_text),
+        snippets=snippets,
+        diffs=draw(st.lists(_diffs(), max_size=3)),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(_prompts())
+def test_render_then_parse_is_the_identity(prompt: EditPrompt) -> None:
+    assert parse_edit_prompt(render_edit_prompt(prompt)) == prompt
+
+
+# --- chat messages and context fitting -----------------------------------------------------
+
+
+def test_messages_show_diffs_the_marked_file_and_the_region() -> None:
+    system, user = build_messages(EXAMPLE)
+    assert system["role"] == "system" and "only the rewritten region" in system["content"]
+    assert user["role"] == "user"
+    text = user["content"]
+    assert text.index("shop/models.py") < text.index("```diff") < text.index("<region>")
+    assert "+        subtotal = apply_discount(subtotal, code)" in text
+    assert f"<region>\n{EXAMPLE.region}</region>" in text
+    trimmed = build_messages(EXAMPLE, drop_snippets=3, drop_diffs=3)[1]["content"]
+    assert "shop/models.py" not in trimmed and "```diff" not in trimmed
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+def token_count(tokenizer, messages: list[dict[str, str]]) -> int:
+    return len(
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)[
+            "input_ids"
+        ]
+    )
+
+
+@pytest.mark.parametrize(("drop_snippets", "drop_diffs"), [(0, 0), (1, 0), (3, 0), (3, 2), (3, 3)])
+def test_fit_to_context_drops_oldest_snippets_then_oldest_diffs(
+    tokenizer, drop_snippets: int, drop_diffs: int
+) -> None:
+    expected = build_messages(EXAMPLE, drop_snippets=drop_snippets, drop_diffs=drop_diffs)
+    budget = token_count(tokenizer, expected)
+    messages, ids = fit_to_context(EXAMPLE, tokenizer, budget)
+    assert messages == expected
+    assert len(ids) == budget
+    assert (
+        ids
+        == tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)[
+            "input_ids"
+        ]
+    )
+
+
+def test_fit_to_context_keeps_the_newest_diff_when_dropping() -> None:
+    kept = build_messages(EXAMPLE, drop_snippets=3, drop_diffs=2)[1]["content"]
+    assert EXAMPLE.diffs[2] in kept and EXAMPLE.diffs[1] not in kept
+
+
+def test_fit_to_context_raises_when_even_the_file_does_not_fit(tokenizer) -> None:
+    smallest = token_count(tokenizer, build_messages(EXAMPLE, drop_snippets=3, drop_diffs=3))
+    with pytest.raises(ContextLengthExceededError) as caught:
+        fit_to_context(EXAMPLE, tokenizer, smallest - 1, context_length=32768)
+    assert caught.value.param == "messages"
+    assert caught.value.code == "context_length_exceeded"
+    assert "maximum context length for this model of 32768" in caught.value.message
+
+
+# --- reading the model's answer ------------------------------------------------------------
+
+
+def test_extract_fenced_answer_with_prose_around_it() -> None:
+    completion = f"Here is the updated region:\n```python\n{RENAMED}\n```\nThe variable is renamed."
+    assert extract_edited_region(completion, EXAMPLE) == (RENAMED + "\n", True)
+
+
+def test_extract_unfenced_answer() -> None:
+    assert extract_edited_region(RENAMED, EXAMPLE) == (RENAMED + "\n", True)
+    prose = f"Sure, here is the code:\n\n{RENAMED}\n\nThis renames total to subtotal."
+    assert extract_edited_region(prose, EXAMPLE) == (RENAMED + "\n", True)
+
+
+def test_extract_strips_stray_tags_and_the_cursor() -> None:
+    completion = (
+        f"```python\n<|code_to_edit|>\n<region>\n        {CURSOR}if subtotal < 0:\n"
+        "            subtotal = 0.0\n        return add_tax(subtotal)\n"
+        "</region>\n<|/code_to_edit|>\n```<|im_end|>"
+    )
+    assert extract_edited_region(completion, EXAMPLE) == (RENAMED + "\n", True)
+
+
+def test_extract_handles_a_lone_fence() -> None:
+    assert extract_edited_region(f"{RENAMED}\n```\nDone.", EXAMPLE) == (RENAMED + "\n", True)
+    assert extract_edited_region(f"```python\n{RENAMED}", EXAMPLE) == (RENAMED + "\n", True)
+
+
+@pytest.mark.parametrize(
+    "completion", ["", "  \n", "```python\n```", "I cannot help with that request.", "<|im_end|>"]
+)
+def test_extract_falls_back_to_the_original_region(completion: str) -> None:
+    assert extract_edited_region(completion, EXAMPLE) == (REGION, False)
+
+
+def test_extract_keeps_tags_the_users_own_code_holds() -> None:
+    prompt = parse_edit_prompt(content(region=f'\n    return a + "<|endoftext|>"{CURSOR}\n'))
+    completion = '```python\n    return a + "<|endoftext|>"<|cursor|>\n```'
+    assert extract_edited_region(completion, prompt) == ('    return a + "<|endoftext|>"\n', True)
+
+
+_noise = st.lists(
+    st.sampled_from(
+        [
+            "<|",
+            "|>",
+            "cursor",
+            "/",
+            "im_end",
+            "```",
+            "\n",
+            "x = 1",
+            "Here is the code:",
+            "<region>",
+            " ",
+        ]
+    ),
+    max_size=12,
+).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_noise)
+def test_extract_never_returns_a_tag_or_the_cursor(completion: str) -> None:
+    text, _ = extract_edited_region(completion, EXAMPLE)
+    assert CURSOR not in text
+    assert not re.search(r"<\|/?\w+\|>|</?region>", text)
