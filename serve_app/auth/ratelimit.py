@@ -39,6 +39,7 @@ class Verdict:
     retry_after: int  # whole seconds, >= 1 when not allowed, else 0
     request_headers: dict[str, str]
     token_headers: dict[str, str]
+    exceeded: tuple[str, ...] = ()  # "requests" and/or "tokens"
     too_large: bool = False  # the request alone exceeds the TPM limit
 
     @property
@@ -101,15 +102,18 @@ def evaluate(
     a window already at its token limit refuses even requests that estimate nothing.
     """
     waits: list[int] = []
+    exceeded: list[str] = []
     too_large = False
     requests_used = usage_at(buckets, now, "requests")
     tokens_used = usage_at(buckets, now, "tokens")
     if rpm is not None and _over(requests_used, 1, rpm):
         waits.append(seconds_until_fits(buckets, now, "requests", 1, rpm))
+        exceeded.append("requests")
     need = max(estimated_tokens, 1)
     if tpm is not None and _over(tokens_used, need, tpm):
         too_large = need > tpm
         waits.append(seconds_until_fits(buckets, now, "tokens", min(need, tpm), tpm))
+        exceeded.append("tokens")
     allowed = not waits
     # An admitted request lands in the current bucket, which then sets the reset time.
     counted = [*buckets, Bucket(bucket_start(now), 1, 0)] if allowed else buckets
@@ -120,7 +124,8 @@ def evaluate(
         request_headers = _headers("requests", rpm, rpm - requests_used - allowed, reset)
     if tpm is not None:
         token_headers = _headers("tokens", tpm, tpm - tokens_used, reset)
-    return Verdict(allowed, max(waits, default=0), request_headers, token_headers, too_large)
+    retry_after = max(waits, default=0)
+    return Verdict(allowed, retry_after, request_headers, token_headers, tuple(exceeded), too_large)
 
 
 def _over(used: float, need: int, limit: int) -> bool:
