@@ -1,0 +1,310 @@
+"""``AuthService``: who is calling, may they, and what did it cost. No HTTP, no Ray.
+
+A Ray deployment (or the router) constructs one per replica from a store and an
+``AuthConfig`` and calls ``authorize`` before a request and ``record_usage`` after it. All
+state that must agree across replicas (keys, account status, rate windows, quota) lives in
+the store; the only per-process state is a short-lived cache of key lookups.
+
+Checks run in a fixed order so clients see the most fundamental problem first:
+key (401) -> account status and quota (402) -> model (404) -> rate limits (429).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from serve_app.auth.keys import generate_key, hash_key, is_plausible_key, key_hint
+from serve_app.auth.ratelimit import Verdict
+from serve_app.auth.store import Account, ApiKey, AuthStore, StoreError, UsageRecord, period_key
+from serve_app.errors import AccountError, AuthenticationError, ModelNotFoundError, RateLimitError
+
+logger = logging.getLogger(__name__)
+
+LOCAL_ACCOUNT = "local"
+MISSING_KEY_MESSAGE = (
+    "You didn't provide an API key. Pass your key as 'Authorization: Bearer <API_KEY>'."
+)
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """``model_ids``: every model the server serves. ``cache_ttl``: how long (seconds) a
+    replica trusts a cached key lookup; it bounds how late a revocation or status change is
+    seen, so keep it under 1 s. ``touch_interval``: at most one ``last_used_at`` write per key
+    per replica per this many seconds."""
+
+    model_ids: frozenset[str] = frozenset()
+    cache_ttl: float = 0.5
+    touch_interval: float = 60.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model_ids", frozenset(self.model_ids))
+
+
+@dataclass(frozen=True)
+class Limits:
+    rpm: int | None
+    tpm: int | None
+    quota_tokens: int | None
+    quota_period: str
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Permission for one request; pass it back to ``record_usage``. Picklable."""
+
+    account_id: int
+    key_id: int
+    account_name: str
+    limits: Limits
+    models: tuple[str, ...] | None  # the account's allow-list; None: every model
+    headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-* for set limits
+
+
+@dataclass(frozen=True)
+class _Entry:
+    key: ApiKey
+    account: Account
+    expires: float  # time.monotonic()
+
+
+class AuthService:
+    """Authorization, rate limiting and usage accounting over an ``AuthStore``."""
+
+    def __init__(
+        self,
+        store: AuthStore,
+        config: AuthConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.config = config or AuthConfig()
+        self._clock = clock  # wall time shared by all replicas: rate buckets, ledger, quota
+        self._cache: dict[str, _Entry] = {}
+        self._touched: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    # -- public API
+
+    def authorize(
+        self,
+        api_key: str | None,
+        model: str | None,
+        endpoint: str,
+        estimated_tokens: int = 0,
+    ) -> Grant:
+        """Admit one request or raise the first applicable typed error.
+
+        ``model=None`` is a listing endpoint: no model check. ``estimated_tokens`` (prompt
+        plus max output) is checked against the tokens-per-minute headroom; the window
+        itself only counts tokens recorded by ``record_usage``.
+        """
+        now = self._clock()
+        entry = self._lookup(api_key)
+        account = entry.account
+        self._check_account(account, now)
+        self._check_model(account, model)
+        verdict = self._take_request(account, now, max(0, int(estimated_tokens)))
+        self._touch(entry.key, now)
+        logger.debug("authorized account %d key %d for %s", account.id, entry.key.id, endpoint)
+        return Grant(
+            account_id=account.id,
+            key_id=entry.key.id,
+            account_name=account.name,
+            limits=Limits(account.rpm, account.tpm, account.quota_tokens, account.quota_period),
+            models=account.models,
+            headers=verdict.headers if verdict else {},
+        )
+
+    def record_usage(
+        self,
+        grant: Grant,
+        model: str | None,
+        endpoint: str,
+        input_tokens: int,
+        output_tokens: int,
+        status: int,
+    ) -> None:
+        """Append to the ledger and charge quota and TPM window in one store transaction.
+
+        Call it for every admitted request, failed ones included (with the tokens actually
+        spent, often 0), so the ledger is a complete record.
+        """
+        record = UsageRecord(
+            account_id=grant.account_id,
+            key_id=grant.key_id,
+            model=model,
+            endpoint=endpoint,
+            input_tokens=max(0, int(input_tokens)),
+            output_tokens=max(0, int(output_tokens)),
+            status=int(status),
+            created_at=self._clock(),
+        )
+        used = self.store.record_usage(record)
+        self._update_cached_usage(grant.account_id, used, record.created_at)
+
+    def allowed_models(self, grant: Grant) -> set[str] | None:
+        """The account's allow-list for filtering model listings; None means every model."""
+        return None if grant.models is None else set(grant.models)
+
+    def set_model_ids(self, model_ids: Iterable[str]) -> None:
+        """Replace the known model ids (models loaded or unloaded at runtime)."""
+        self.config = dataclasses.replace(self.config, model_ids=frozenset(model_ids))
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+    # -- steps of authorize
+
+    def _lookup(self, api_key: str | None) -> _Entry:
+        """Key -> (key, account), from the cache when fresh. Raises AuthenticationError."""
+        if not api_key:
+            raise AuthenticationError(MISSING_KEY_MESSAGE)
+        if not is_plausible_key(api_key):
+            raise AuthenticationError()
+        digest = hash_key(api_key)
+        mono = time.monotonic()
+        entry = self._cache.get(digest)
+        if entry is None or entry.expires <= mono:
+            # The store matches on the hash (a unique index), never on key bytes.
+            found = self.store.find_key(digest)
+            if found is None:
+                logger.debug("rejected an unknown API key")
+                raise AuthenticationError()
+            entry = _Entry(*found, expires=mono + self.config.cache_ttl)
+            with self._lock:
+                self._cache[digest] = entry
+        if entry.key.revoked:
+            logger.debug("rejected revoked key %d", entry.key.id)
+            raise AuthenticationError()
+        return entry
+
+    @staticmethod
+    def _check_account(account: Account, now: float) -> None:
+        if not account.active:
+            raise AccountError("This account is inactive. Contact the server operator.")
+        remaining = account.quota_remaining(now)
+        if remaining is not None and remaining <= 0:
+            period = "" if account.quota_period == "total" else f" {account.quota_period}"
+            raise AccountError(
+                f"You exceeded your{period} token quota ({account.quota_tokens} tokens)."
+            )
+
+    def _check_model(self, account: Account, model: str | None) -> None:
+        """Unknown and not-allowed look the same, so the error reveals nothing extra."""
+        if model is None:
+            return
+        known = model in self.config.model_ids
+        if not known or (account.models is not None and model not in account.models):
+            raise ModelNotFoundError(model)
+
+    def _take_request(self, account: Account, now: float, estimated: int) -> Verdict | None:
+        if account.rpm is None and account.tpm is None:
+            return None  # unlimited: no store write at all
+        verdict = self.store.take_request(
+            account.id, now, rpm=account.rpm, tpm=account.tpm, estimated_tokens=estimated
+        )
+        if not verdict.allowed:
+            raise RateLimitError(
+                _rate_message(account, verdict, estimated),
+                headers={"Retry-After": str(verdict.retry_after), **verdict.headers},
+            )
+        return verdict
+
+    def _touch(self, key: ApiKey, now: float) -> None:
+        """Record last use, at most once per ``touch_interval`` per key and replica."""
+        last = self._touched.get(key.id, key.last_used_at or -math.inf)
+        if now - last < self.config.touch_interval:
+            return
+        self._touched[key.id] = now
+        try:
+            self.store.touch_key(key.id, now, self.config.touch_interval)
+        except Exception:  # bookkeeping only: never fail a request over it
+            logger.warning("could not record last use of key %d", key.id, exc_info=True)
+
+    def _update_cached_usage(self, account_id: int, used: int, at: float) -> None:
+        """Let this replica see its own charges at once (others within ``cache_ttl``)."""
+        with self._lock:
+            for digest, entry in self._cache.items():
+                if entry.account.id == account_id:
+                    account = dataclasses.replace(
+                        entry.account,
+                        tokens_used=used,
+                        usage_period=period_key(entry.account.quota_period, at),
+                    )
+                    self._cache[digest] = dataclasses.replace(entry, account=account)
+
+
+def _rate_message(account: Account, verdict: Verdict, estimated: int) -> str:
+    if verdict.too_large:
+        return (
+            f"Request too large: about {estimated} tokens, more than the limit of "
+            f"{account.tpm} tokens per minute. Reduce the prompt or max_tokens."
+        )
+    parts = []
+    if "requests" in verdict.exceeded:
+        parts.append(f"requests per minute (limit {account.rpm})")
+    if "tokens" in verdict.exceeded:
+        parts.append(f"tokens per minute (limit {account.tpm})")
+    return (
+        f"Rate limit reached for {' and '.join(parts)}. "
+        f"Please retry after {verdict.retry_after} seconds."
+    )
+
+
+def bootstrap_local(store: AuthStore, key_from_env: str | None) -> str | None:
+    """Make a fresh store usable locally; return a generated key to print once, else None.
+
+    - Empty store: create account ``local`` (every model, no limits) with one key: the
+      value of ``key_from_env`` (``SERVE_APP_API_KEY``) when given, else a random key,
+      which is returned so the caller can show it once.
+    - Non-empty store: nothing, except that a ``key_from_env`` the store does not know is
+      added to ``local`` (created if missing). Convenient for development; in production
+      leave ``SERVE_APP_API_KEY`` unset and manage keys with ``serve-app-keys``.
+
+    Safe when several replicas run it at once on the same store.
+    """
+    env_key = key_from_env.strip() if key_from_env else None
+    if env_key and not is_plausible_key(env_key):
+        raise ValueError("SERVE_APP_API_KEY is not a usable API key (empty, spaces or too long)")
+    if store.is_empty():
+        try:
+            account = store.create_account(LOCAL_ACCOUNT)
+        except StoreError:  # another replica bootstrapped first
+            account = None
+        if account is not None:
+            key = env_key or generate_key()
+            store.add_key(account.id, hash_key(key), key_hint(key))
+            logger.info("created account %r with key %s", LOCAL_ACCOUNT, key_hint(key))
+            return None if env_key else key
+    if env_key and store.find_key(hash_key(env_key)) is None:
+        _add_env_key(store, env_key)
+    return None
+
+
+def _add_env_key(store: AuthStore, key: str) -> None:
+    account = store.get_account_by_name(LOCAL_ACCOUNT)
+    if account is None:
+        try:
+            account = store.create_account(LOCAL_ACCOUNT)
+        except StoreError:
+            account = store.get_account_by_name(LOCAL_ACCOUNT)
+        if account is None:
+            raise StoreError(f"cannot create account {LOCAL_ACCOUNT!r}")
+    try:
+        store.add_key(account.id, hash_key(key), key_hint(key))
+    except StoreError:  # another replica added it first
+        return
+    logger.warning(
+        "added SERVE_APP_API_KEY (%s) to account %r; unset it in production",
+        key_hint(key),
+        LOCAL_ACCOUNT,
+    )

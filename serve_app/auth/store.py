@@ -1,0 +1,664 @@
+"""Where accounts, keys, usage and rate windows live: the ``AuthStore`` interface and SQLite.
+
+SQLite is the default: one file under the data dir, shared by every replica process on the
+node. WAL mode lets readers run while one process writes; ``busy_timeout`` makes a writer
+wait for the lock instead of failing; every read-modify-write runs in ``BEGIN IMMEDIATE``,
+which takes the write lock up front, so two processes can never both pass a rate check
+that only one of them should. The PostgreSQL store (``postgres.py``) implements the same
+interface with the same tables for a multi-node cluster.
+
+Times are epoch seconds (``float``) supplied by the caller, so tests can drive the clock.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from serve_app.auth import ratelimit
+from serve_app.auth.ratelimit import Bucket, Verdict
+
+logger = logging.getLogger(__name__)
+
+STATUSES = ("active", "inactive")
+PERIODS = ("total", "daily", "monthly")
+DEFAULT_DATA_DIR = "./data"
+DB_FILENAME = "auth.sqlite3"
+
+
+class _Keep:
+    """Sentinel for "leave this field as it is" (``None`` already means "unlimited")."""
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP: Final = _Keep()
+
+
+class StoreError(Exception):
+    """An operator-level problem: unknown account, duplicate name, bad value."""
+
+
+@dataclass(frozen=True)
+class Account:
+    id: int
+    name: str
+    status: str  # "active" | "inactive"
+    models: tuple[str, ...] | None  # None: every model
+    rpm: int | None  # requests per minute; None: unlimited
+    tpm: int | None  # tokens per minute; None: unlimited
+    quota_tokens: int | None  # token budget per quota period; None: unlimited
+    quota_period: str  # "total" | "daily" | "monthly" (UTC calendar periods)
+    tokens_used: int  # charged in ``usage_period``
+    usage_period: str  # the period key ``tokens_used`` belongs to
+    created_at: float
+
+    @property
+    def active(self) -> bool:
+        return self.status == "active"
+
+    def tokens_used_at(self, now: float) -> int:
+        """Tokens charged in the quota period containing ``now`` (0 once a period rolls over)."""
+        return self.tokens_used if self.usage_period == period_key(self.quota_period, now) else 0
+
+    def quota_remaining(self, now: float) -> int | None:
+        if self.quota_tokens is None:
+            return None
+        return self.quota_tokens - self.tokens_used_at(now)
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    id: int
+    account_id: int
+    key_hash: str
+    hint: str  # "sk-sa-...abcd": safe to show
+    created_at: float
+    revoked_at: float | None
+    last_used_at: float | None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    """One ledger row: a completed (or failed) request and what it cost."""
+
+    account_id: int
+    key_id: int | None
+    model: str | None
+    endpoint: str
+    input_tokens: int
+    output_tokens: int
+    status: int
+    created_at: float
+    id: int | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class UsageTotal:
+    model: str | None
+    endpoint: str
+    requests: int
+    input_tokens: int
+    output_tokens: int
+
+
+def period_key(period: str, now: float) -> str:
+    """Which quota period ``now`` falls in: usage charged under another key no longer counts."""
+    if period == "monthly":
+        return time.strftime("%Y-%m", time.gmtime(now))
+    if period == "daily":
+        return time.strftime("%Y-%m-%d", time.gmtime(now))
+    return "total"
+
+
+def default_db_path() -> Path:
+    return Path(os.environ.get("SERVE_APP_DATA_DIR") or DEFAULT_DATA_DIR) / DB_FILENAME
+
+
+def resolve_db(db: str | Path | None = None) -> str:
+    """``db``, else ``$SERVE_APP_AUTH_DB``, else ``$SERVE_APP_DATA_DIR/auth.sqlite3``."""
+    return str(db or os.environ.get("SERVE_APP_AUTH_DB") or default_db_path())
+
+
+def open_store(db: str | Path | None = None) -> AuthStore:
+    """Open the configured store: a ``postgresql://`` DSN selects PostgreSQL, else SQLite."""
+    target = resolve_db(db)
+    if target.startswith(("postgres://", "postgresql://")):
+        from serve_app.auth.postgres import PostgresAuthStore
+
+        return PostgresAuthStore(target)
+    return SQLiteAuthStore(target)
+
+
+class AuthStore(abc.ABC):
+    """Repository of accounts, keys, the usage ledger and rate windows.
+
+    Implementations must make ``take_request`` and ``record_usage`` atomic across every
+    process that shares the store: that is what makes limits hold across replicas.
+    """
+
+    # Accounts
+    @abc.abstractmethod
+    def create_account(
+        self,
+        name: str,
+        *,
+        models: Sequence[str] | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        quota_tokens: int | None = None,
+        quota_period: str = "total",
+        status: str = "active",
+        now: float | None = None,
+    ) -> Account: ...
+
+    @abc.abstractmethod
+    def get_account(self, account_id: int) -> Account | None: ...
+
+    @abc.abstractmethod
+    def get_account_by_name(self, name: str) -> Account | None: ...
+
+    @abc.abstractmethod
+    def list_accounts(self) -> list[Account]: ...
+
+    @abc.abstractmethod
+    def update_account(
+        self,
+        account_id: int,
+        *,
+        status: str | _Keep = KEEP,
+        models: Sequence[str] | None | _Keep = KEEP,
+        rpm: int | None | _Keep = KEEP,
+        tpm: int | None | _Keep = KEEP,
+        quota_tokens: int | None | _Keep = KEEP,
+        quota_period: str | _Keep = KEEP,
+    ) -> Account: ...
+
+    @abc.abstractmethod
+    def is_empty(self) -> bool:
+        """True when no account exists yet (first start)."""
+
+    # Keys
+    @abc.abstractmethod
+    def add_key(
+        self, account_id: int, key_hash: str, hint: str, now: float | None = None
+    ) -> ApiKey: ...
+
+    @abc.abstractmethod
+    def find_key(self, key_hash: str) -> tuple[ApiKey, Account] | None:
+        """The key with this hash and its account, revoked or not, in one consistent read."""
+
+    @abc.abstractmethod
+    def list_keys(self, account_id: int | None = None) -> list[ApiKey]: ...
+
+    @abc.abstractmethod
+    def revoke_key(self, key_id: int, now: float | None = None) -> bool:
+        """Revoke; False when no such key or already revoked."""
+
+    @abc.abstractmethod
+    def touch_key(self, key_id: int, now: float, min_interval: float) -> None:
+        """Set ``last_used_at`` unless it was set less than ``min_interval`` ago."""
+
+    # Rate windows and usage
+    @abc.abstractmethod
+    def take_request(
+        self,
+        account_id: int,
+        now: float,
+        *,
+        rpm: int | None,
+        tpm: int | None,
+        estimated_tokens: int,
+    ) -> Verdict:
+        """Atomically check the account's windows and, if allowed, count one request."""
+
+    @abc.abstractmethod
+    def record_usage(self, record: UsageRecord) -> int:
+        """Append to the ledger, charge the quota and the token window in one transaction.
+
+        Returns the account's tokens used in the current quota period after charging.
+        """
+
+    @abc.abstractmethod
+    def list_usage(self, account_id: int, limit: int = 100) -> list[UsageRecord]:
+        """Newest ledger rows first."""
+
+    @abc.abstractmethod
+    def usage_totals(self, account_id: int, since: float | None = None) -> list[UsageTotal]: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most stores need it
+        """Release connections."""
+
+
+# --- SQLite -------------------------------------------------------------------------------
+
+# Each migration is a list of statements applied in one transaction; never edit a released one,
+# append a new version instead. The SQL is plain enough to run on PostgreSQL too (postgres.py
+# swaps the few SQLite-only spellings).
+MIGRATIONS: dict[int, list[str]] = {
+    1: [
+        """CREATE TABLE accounts (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            name TEXT NOT NULL UNIQUE,
+            status TEXT NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'inactive')),
+            models TEXT,
+            rpm INTEGER,
+            tpm INTEGER,
+            quota_tokens INTEGER,
+            quota_period TEXT NOT NULL DEFAULT 'total',
+            tokens_used INTEGER NOT NULL DEFAULT 0,
+            usage_period TEXT NOT NULL DEFAULT '',
+            created_at REAL NOT NULL
+        )""",
+        """CREATE TABLE api_keys (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            account_id INTEGER NOT NULL REFERENCES accounts (id),
+            key_hash TEXT NOT NULL UNIQUE,
+            hint TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            revoked_at REAL,
+            last_used_at REAL
+        )""",
+        "CREATE INDEX api_keys_account ON api_keys (account_id)",
+        """CREATE TABLE usage_ledger (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            account_id INTEGER NOT NULL REFERENCES accounts (id),
+            key_id INTEGER REFERENCES api_keys (id),
+            model TEXT,
+            endpoint TEXT NOT NULL,
+            input_tokens INTEGER NOT NULL,
+            output_tokens INTEGER NOT NULL,
+            status INTEGER NOT NULL,
+            created_at REAL NOT NULL
+        )""",
+        "CREATE INDEX usage_ledger_account_time ON usage_ledger (account_id, created_at)",
+        """CREATE TABLE rate_windows (
+            account_id INTEGER NOT NULL REFERENCES accounts (id),
+            bucket INTEGER NOT NULL,
+            requests INTEGER NOT NULL DEFAULT 0,
+            tokens INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (account_id, bucket)
+        )""",
+    ],
+}
+
+_ACCOUNT_COLUMNS = (
+    "id, name, status, models, rpm, tpm, quota_tokens, quota_period, tokens_used, "
+    "usage_period, created_at"
+)
+_KEY_COLUMNS = "id, account_id, key_hash, hint, created_at, revoked_at, last_used_at"
+_UPSERT_WINDOW = (
+    "INSERT INTO rate_windows (account_id, bucket, requests, tokens) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (account_id, bucket) DO UPDATE SET "
+    "requests = requests + excluded.requests, tokens = tokens + excluded.tokens"
+)
+
+
+class SQLiteAuthStore(AuthStore):
+    """The default store: a SQLite file in WAL mode, safe for several processes on one node.
+
+    One connection per store object, guarded by a lock so a replica may call it from a
+    thread pool. Writes are short transactions (tens of microseconds), so ``busy_timeout``
+    waits are short too.
+    """
+
+    def __init__(
+        self, path: str | Path, *, busy_timeout_ms: int = 5000, synchronous: str = "NORMAL"
+    ) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        # isolation_level=None: no implicit transactions; we issue BEGIN IMMEDIATE ourselves.
+        self._conn = sqlite3.connect(
+            self.path,
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=busy_timeout_ms / 1000,
+        )
+        self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        self._conn.execute("PRAGMA journal_mode = WAL")
+        # NORMAL in WAL mode: a commit survives a process crash; only an OS crash or power
+        # loss can drop the last few commits. FULL fsyncs every commit (and every request).
+        self._conn.execute(f"PRAGMA synchronous = {_pragma_word(synchronous)}")
+        self._conn.execute("PRAGMA foreign_keys = ON")
+        self._migrate()
+
+    # -- plumbing
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction holding the database's write lock from its first statement."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def _migrate(self) -> None:
+        """Apply missing migrations; safe when several processes start at once."""
+        with self._lock:
+            self._conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version "
+                "(version INTEGER NOT NULL, applied_at REAL NOT NULL)"
+            )
+        with self._write() as db:
+            current = db.execute("SELECT max(version) FROM schema_version").fetchone()[0] or 0
+            if current > max(MIGRATIONS):
+                raise StoreError(f"{self.path} has schema {current}, newer than this code")
+            for version in sorted(v for v in MIGRATIONS if v > current):
+                for statement in MIGRATIONS[version]:
+                    db.execute(statement)
+                db.execute("INSERT INTO schema_version VALUES (?, ?)", (version, time.time()))
+                logger.info("auth store %s migrated to schema %d", self.path, version)
+
+    def schema_version(self) -> int:
+        return self._query("SELECT max(version) FROM schema_version")[0][0]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # -- accounts
+
+    def create_account(
+        self,
+        name: str,
+        *,
+        models: Sequence[str] | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        quota_tokens: int | None = None,
+        quota_period: str = "total",
+        status: str = "active",
+        now: float | None = None,
+    ) -> Account:
+        fields = _check_account_fields(
+            name=name,
+            status=status,
+            models=models,
+            rpm=rpm,
+            tpm=tpm,
+            quota_tokens=quota_tokens,
+            quota_period=quota_period,
+        )
+        fields["created_at"] = time.time() if now is None else now
+        columns = ", ".join(fields)
+        marks = ", ".join("?" for _ in fields)
+        try:
+            with self._write() as db:
+                account_id = db.execute(
+                    f"INSERT INTO accounts ({columns}) VALUES ({marks})", tuple(fields.values())
+                ).lastrowid
+        except sqlite3.IntegrityError as error:
+            raise StoreError(f"account {name!r} already exists") from error
+        return self._require_account(account_id)
+
+    def get_account(self, account_id: int) -> Account | None:
+        rows = self._query(f"SELECT {_ACCOUNT_COLUMNS} FROM accounts WHERE id = ?", (account_id,))
+        return _account(rows[0]) if rows else None
+
+    def get_account_by_name(self, name: str) -> Account | None:
+        rows = self._query(f"SELECT {_ACCOUNT_COLUMNS} FROM accounts WHERE name = ?", (name,))
+        return _account(rows[0]) if rows else None
+
+    def list_accounts(self) -> list[Account]:
+        return [_account(r) for r in self._query(f"SELECT {_ACCOUNT_COLUMNS} FROM accounts")]
+
+    def update_account(
+        self,
+        account_id: int,
+        *,
+        status: str | _Keep = KEEP,
+        models: Sequence[str] | None | _Keep = KEEP,
+        rpm: int | None | _Keep = KEEP,
+        tpm: int | None | _Keep = KEEP,
+        quota_tokens: int | None | _Keep = KEEP,
+        quota_period: str | _Keep = KEEP,
+    ) -> Account:
+        changes = {
+            k: v
+            for k, v in dict(
+                status=status,
+                models=models,
+                rpm=rpm,
+                tpm=tpm,
+                quota_tokens=quota_tokens,
+                quota_period=quota_period,
+            ).items()
+            if v is not KEEP
+        }
+        fields = _check_account_fields(**changes)
+        if fields:
+            assignments = ", ".join(f"{column} = ?" for column in fields)
+            with self._write() as db:
+                db.execute(
+                    f"UPDATE accounts SET {assignments} WHERE id = ?",
+                    (*fields.values(), account_id),
+                )
+        return self._require_account(account_id)
+
+    def is_empty(self) -> bool:
+        return not self._query("SELECT 1 FROM accounts LIMIT 1")
+
+    def _require_account(self, account_id: int) -> Account:
+        account = self.get_account(account_id)
+        if account is None:
+            raise StoreError(f"no account with id {account_id}")
+        return account
+
+    # -- keys
+
+    def add_key(
+        self, account_id: int, key_hash: str, hint: str, now: float | None = None
+    ) -> ApiKey:
+        created = time.time() if now is None else now
+        try:
+            with self._write() as db:
+                key_id = db.execute(
+                    "INSERT INTO api_keys (account_id, key_hash, hint, created_at) "
+                    "VALUES (?, ?, ?, ?)",
+                    (account_id, key_hash, hint, created),
+                ).lastrowid
+        except sqlite3.IntegrityError as error:
+            # Unknown account or a duplicate hash; never include the key in the message.
+            raise StoreError(f"cannot add key to account {account_id}: {error}") from error
+        return ApiKey(key_id, account_id, key_hash, hint, created, None, None)
+
+    def find_key(self, key_hash: str) -> tuple[ApiKey, Account] | None:
+        key_columns = ", ".join(f"k.{c.strip()}" for c in _KEY_COLUMNS.split(","))
+        account_columns = ", ".join(f"a.{c.strip()}" for c in _ACCOUNT_COLUMNS.split(","))
+        rows = self._query(
+            f"SELECT {key_columns}, {account_columns} FROM api_keys k "
+            "JOIN accounts a ON a.id = k.account_id WHERE k.key_hash = ?",
+            (key_hash,),
+        )
+        if not rows:
+            return None
+        row = rows[0]
+        return ApiKey(*row[:7]), _account(row[7:])
+
+    def list_keys(self, account_id: int | None = None) -> list[ApiKey]:
+        if account_id is None:
+            rows = self._query(f"SELECT {_KEY_COLUMNS} FROM api_keys ORDER BY id")
+        else:
+            rows = self._query(
+                f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE account_id = ? ORDER BY id",
+                (account_id,),
+            )
+        return [ApiKey(*row) for row in rows]
+
+    def revoke_key(self, key_id: int, now: float | None = None) -> bool:
+        with self._write() as db:
+            cursor = db.execute(
+                "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+                (time.time() if now is None else now, key_id),
+            )
+        return cursor.rowcount == 1
+
+    def touch_key(self, key_id: int, now: float, min_interval: float) -> None:
+        with self._write() as db:
+            db.execute(
+                "UPDATE api_keys SET last_used_at = ? "
+                "WHERE id = ? AND (last_used_at IS NULL OR last_used_at <= ?)",
+                (now, key_id, now - min_interval),
+            )
+
+    # -- rate windows and usage
+
+    def take_request(
+        self,
+        account_id: int,
+        now: float,
+        *,
+        rpm: int | None,
+        tpm: int | None,
+        estimated_tokens: int,
+    ) -> Verdict:
+        if rpm is None:  # nothing to count: a plain read decides the token limit
+            with self._lock:
+                buckets = self._buckets(self._conn, account_id, now)
+            return ratelimit.evaluate(
+                buckets, now, rpm=None, tpm=tpm, estimated_tokens=estimated_tokens
+            )
+        with self._write() as db:
+            self._prune(db, account_id, now)
+            buckets = self._buckets(db, account_id, now)
+            verdict = ratelimit.evaluate(
+                buckets, now, rpm=rpm, tpm=tpm, estimated_tokens=estimated_tokens
+            )
+            if verdict.allowed:
+                db.execute(_UPSERT_WINDOW, (account_id, ratelimit.bucket_start(now), 1, 0))
+        return verdict
+
+    def record_usage(self, record: UsageRecord) -> int:
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO usage_ledger (account_id, key_id, model, endpoint, input_tokens, "
+                "output_tokens, status, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    record.account_id,
+                    record.key_id,
+                    record.model,
+                    record.endpoint,
+                    record.input_tokens,
+                    record.output_tokens,
+                    record.status,
+                    record.created_at,
+                ),
+            )
+            used = self._charge(db, record)
+            if record.total_tokens:
+                bucket = ratelimit.bucket_start(record.created_at)
+                db.execute(_UPSERT_WINDOW, (record.account_id, bucket, 0, record.total_tokens))
+            self._prune(db, record.account_id, record.created_at)
+        return used
+
+    def list_usage(self, account_id: int, limit: int = 100) -> list[UsageRecord]:
+        rows = self._query(
+            "SELECT account_id, key_id, model, endpoint, input_tokens, output_tokens, status, "
+            "created_at, id FROM usage_ledger WHERE account_id = ? ORDER BY id DESC LIMIT ?",
+            (account_id, limit),
+        )
+        return [UsageRecord(*row) for row in rows]
+
+    def usage_totals(self, account_id: int, since: float | None = None) -> list[UsageTotal]:
+        rows = self._query(
+            "SELECT model, endpoint, count(*), sum(input_tokens), sum(output_tokens) "
+            "FROM usage_ledger WHERE account_id = ? AND created_at >= ? "
+            "GROUP BY model, endpoint ORDER BY model, endpoint",
+            (account_id, float("-inf") if since is None else since),
+        )
+        return [UsageTotal(*row) for row in rows]
+
+    @staticmethod
+    def _charge(db: sqlite3.Connection, record: UsageRecord) -> int:
+        """Add the record's tokens to the quota counter, restarting it in a new period."""
+        row = db.execute(
+            "SELECT quota_period FROM accounts WHERE id = ?", (record.account_id,)
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"no account with id {record.account_id}")
+        key = period_key(row[0], record.created_at)
+        return db.execute(
+            "UPDATE accounts SET tokens_used = CASE WHEN usage_period = ? "
+            "THEN tokens_used + ? ELSE ? END, usage_period = ? WHERE id = ? RETURNING tokens_used",
+            (key, record.total_tokens, record.total_tokens, key, record.account_id),
+        ).fetchone()[0]
+
+    @staticmethod
+    def _buckets(db: sqlite3.Connection, account_id: int, now: float) -> list[Bucket]:
+        rows = db.execute(
+            "SELECT bucket, requests, tokens FROM rate_windows WHERE account_id = ? AND bucket > ?",
+            (account_id, now - ratelimit.KEEP_SECONDS),
+        ).fetchall()
+        return [Bucket(*row) for row in rows]
+
+    @staticmethod
+    def _prune(db: sqlite3.Connection, account_id: int, now: float) -> None:
+        db.execute(
+            "DELETE FROM rate_windows WHERE account_id = ? AND bucket <= ?",
+            (account_id, now - ratelimit.KEEP_SECONDS),
+        )
+
+
+def _pragma_word(value: str) -> str:
+    """PRAGMA values cannot be bound as parameters: allow only plain words."""
+    if not value.isalpha():
+        raise ValueError(f"bad pragma value {value!r}")
+    return value
+
+
+def _account(row: Sequence[Any]) -> Account:
+    values = list(row)
+    values[3] = None if values[3] is None else tuple(json.loads(values[3]))
+    return Account(*values)
+
+
+def _is_limit(value: Any) -> bool:
+    return value is None or (type(value) is int and value >= 0)
+
+
+def _check_account_fields(**fields: Any) -> dict[str, Any]:
+    """Validate account columns (only those given) and encode them for storage."""
+    out: dict[str, Any] = {}
+    for name, value in fields.items():
+        if name == "name" and not (isinstance(value, str) and value.strip()):
+            raise StoreError("account name must be a non-empty string")
+        if name == "status" and value not in STATUSES:
+            raise StoreError(f"status must be one of {STATUSES}, not {value!r}")
+        if name == "quota_period" and value not in PERIODS:
+            raise StoreError(f"quota period must be one of {PERIODS}, not {value!r}")
+        if name in ("rpm", "tpm", "quota_tokens") and not _is_limit(value):
+            raise StoreError(f"{name} must be a non-negative integer or None, not {value!r}")
+        if name == "models" and value is not None:
+            if isinstance(value, str) or not all(isinstance(m, str) and m for m in value):
+                raise StoreError("models must be a list of model ids or None (all)")
+            value = json.dumps(sorted(set(value)))
+        out[name] = value
+    return out
