@@ -75,6 +75,9 @@ def percentile(values: list[float], q: float) -> float:
 
 def table(rows: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [" | ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
+    lines = [
+        " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in rows
+    ]
     lines.insert(1, "-|-".join("-" * width for width in widths))
     return "\n".join("| " + line + " |" for line in lines)

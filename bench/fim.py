@@ -16,7 +16,7 @@ import time
 
 from bench.common import base_parser, session, stream_fim, table
 
-CODE = '''import math
+CODE = """import math
 from dataclasses import dataclass
 
 
@@ -33,13 +33,20 @@ class Vector:
 
 
 def dot(a: Vector, b: Vector) -> float:
-'''
+"""
 
 
 def fim_body(model: str, prefix: str, max_tokens: int) -> dict:
     # stop=[] so every request generates exactly max_tokens: comparable token counts.
-    return {"model": model, "prompt": prefix, "suffix": "\n", "max_tokens": max_tokens,
-            "temperature": 0, "stop": [], "presence_penalty": 0.0}
+    return {
+        "model": model,
+        "prompt": prefix,
+        "suffix": "\n",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stop": [],
+        "presence_penalty": 0.0,
+    }
 
 
 def long_prefix(tokenizer, tokens: int, salt: str) -> str:
@@ -60,7 +67,9 @@ async def service_figures(args, tokenizer) -> dict[str, float]:
         figures["ttft_s"] = single.ttft_s
         figures["decode_tok_s"] = (single.completion_tokens - 1) / (single.total_s - single.ttft_s)
         for concurrency in (1, 4, 8):
-            bodies = [fim_body(args.model, f"# request {i}\n" + CODE, 32) for i in range(concurrency)]
+            bodies = [
+                fim_body(args.model, f"# request {i}\n" + CODE, 32) for i in range(concurrency)
+            ]
             start = time.perf_counter()
             results = await asyncio.gather(*(stream_fim(http, args.url, b) for b in bodies))
             wall = time.perf_counter() - start
@@ -89,8 +98,13 @@ def baseline_figures(args, loaded) -> dict[str, float]:
         ids = torch.tensor([build_fim_prompt(fmt, loaded.tokenizer, prefix, "\n")])
         start = time.perf_counter()
         with torch.inference_mode():
-            out = loaded.model.generate(ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                                        do_sample=False, attention_mask=torch.ones_like(ids))
+            out = loaded.model.generate(
+                ids,
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                do_sample=False,
+                attention_mask=torch.ones_like(ids),
+            )
         return time.perf_counter() - start, out.shape[1] - ids.shape[1]
 
     figures: dict[str, float] = {}

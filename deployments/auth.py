@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 from typing import Any
 
-from serve_app.auth.service import AuthService, Grant
+from serve_app.auth.service import AuthConfig, AuthService, Grant, bootstrap_local
 from serve_app.auth.store import open_store
 from serve_app.config import AppConfig
 
@@ -15,21 +17,28 @@ logger = logging.getLogger(__name__)
 
 class AuthDeployment:
     def __init__(self, config: AppConfig) -> None:
-        store = open_store(config.auth.store, config.auth_db)
+        store = open_store(config.auth_db)
         self.service = AuthService(
             store,
-            known_models={model.id for model in config.models},
-            cache_ttl_s=config.auth.cache_ttl_s,
+            AuthConfig(
+                model_ids=frozenset(model.id for model in config.models),
+                cache_ttl=config.auth.cache_ttl_s,
+            ),
         )
         if config.auth.bootstrap_local_key:
-            self.service.bootstrap_local()
+            announce_new_key(bootstrap_local(store, os.environ.get("SERVE_APP_API_KEY")))
 
     async def authorize(self, api_key: str | None, model: str | None, endpoint: str) -> Grant:
         # SQLite calls are short but may wait on a lock held by another replica: off the loop.
         return await asyncio.to_thread(self.service.authorize, api_key, model, endpoint)
 
     async def record_usage(
-        self, grant: Grant, model: str, endpoint: str, input_tokens: int, output_tokens: int,
+        self,
+        grant: Grant,
+        model: str,
+        endpoint: str,
+        input_tokens: int,
+        output_tokens: int,
         status: int,
     ) -> None:
         await asyncio.to_thread(
@@ -52,3 +61,16 @@ class AuthDeployment:
             },
             "ray_actor_options": {"num_cpus": 0.1},
         }
+
+
+def announce_new_key(key: str | None) -> None:
+    """Show a generated local key once, where the person who ran ``make run`` will see it."""
+    if key is None:
+        return
+    banner = (
+        "\n" + "=" * 72 + "\n"
+        "  Created account 'local' with API key (shown once, store it now):\n"
+        f"    {key}\n"
+        f"  export SERVE_APP_API_KEY={key}\n" + "=" * 72 + "\n"
+    )
+    print(banner, file=sys.stderr, flush=True)

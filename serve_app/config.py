@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -55,8 +54,10 @@ class ModelConfig(StrictConfig):
     default_temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     pricing: Pricing = Field(default_factory=Pricing)
     supported_sampling_parameters: list[str] = Field(
-        default_factory=lambda: ["temperature", "top_p", "top_k", "stop", "seed"]
-        + ["frequency_penalty", "presence_penalty", "repetition_penalty"]
+        default_factory=lambda: (
+            ["temperature", "top_p", "top_k", "stop", "seed"]
+            + ["frequency_penalty", "presence_penalty", "repetition_penalty"]
+        )
     )
     supported_features: list[str] = Field(default_factory=list)
     openrouter_slug: str | None = None
@@ -103,10 +104,10 @@ class Roles(StrictConfig):
 
 
 class AuthOptions(StrictConfig):
-    store: Literal["sqlite", "postgres"] = "sqlite"
     db: str | None = Field(
         default=None,
-        description="SQLite path or PostgreSQL DSN; default $SERVE_APP_DATA_DIR/auth.sqlite3.",
+        description="SQLite path or postgresql:// DSN; default $SERVE_APP_AUTH_DB, else "
+        "<data_dir>/auth.sqlite3.",
     )
     cache_ttl_s: float = Field(default=0.5, ge=0.0, le=1.0)
     bootstrap_local_key: bool = Field(
@@ -140,7 +141,9 @@ class AppConfig(StrictConfig):
         known = {model.id for model in self.models}
         for role in ("fim", "edit", "decisions"):
             if getattr(self.roles, role) not in known:
-                raise ValueError(f"roles.{role} names an unknown model {getattr(self.roles, role)!r}")
+                raise ValueError(
+                    f"roles.{role} names an unknown model {getattr(self.roles, role)!r}"
+                )
         return self
 
     def model(self, model_id: str) -> ModelConfig:
@@ -158,4 +161,5 @@ class AppConfig(StrictConfig):
 
     @property
     def auth_db(self) -> str:
-        return self.auth.db or str(Path(self.data_dir) / "auth.sqlite3")
+        configured = self.auth.db or os.environ.get("SERVE_APP_AUTH_DB")
+        return configured or str(Path(self.data_dir) / "auth.sqlite3")

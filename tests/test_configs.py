@@ -28,7 +28,9 @@ def test_serve_config_is_valid(name):
         assert "autoscaling_config" in deployment and "ray_actor_options" in deployment
     if name == "prod.yaml":
         assert all(model.dtype == "bfloat16" for model in config.models)
-        models = [d for d in application["deployments"] if d["name"] not in {"Router", "AuthService"}]
+        models = [
+            d for d in application["deployments"] if d["name"] not in {"Router", "AuthService"}
+        ]
         assert all(d["ray_actor_options"]["num_gpus"] == 1 for d in models)
     else:
         total_cpus = sum(d["ray_actor_options"]["num_cpus"] for d in application["deployments"])

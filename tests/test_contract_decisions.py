@@ -67,7 +67,7 @@ def test_noul_criteria_are_accepted(client):
     "labels, status", [(0, 422), (1, 200), (255, 200), (256, 422)], ids=lambda v: str(v)
 )
 def test_choice_criteria_bounds(client, labels, status):
-    criteria = {f"label{i}": f"option {i}" for i in range(labels)}
+    criteria = {f"l{i}": None for i in range(labels)}
     response = decide(client, {"q": {"type": "choice", "criteria": criteria}})
     if status == 422:
         assert_validation_422(response)

@@ -29,7 +29,9 @@ def assert_invalid(response, param: str, code: str | None = None) -> dict:
 
 
 def sse_events(response) -> list[str]:
-    return [line[len("data: ") :] for line in response.text.splitlines() if line.startswith("data: ")]
+    return [
+        line[len("data: ") :] for line in response.text.splitlines() if line.startswith("data: ")
+    ]
 
 
 # --- FIM ----------------------------------------------------------------------------------
@@ -46,7 +48,10 @@ def test_fim_completion_shape(client):
     assert choice["finish_reason"] in {"stop", "length"}
     usage = body["usage"]
     assert set(usage) == {
-        "prompt_tokens", "completion_tokens", "total_tokens", "reasoning_tokens",
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "reasoning_tokens",
         "cached_input_tokens",
     }
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
@@ -79,13 +84,23 @@ def test_fim_stream_without_usage_has_no_usage_chunk(client):
 @pytest.mark.parametrize(
     "field, value, ok",
     [
-        ("top_k", -1, True), ("top_k", 0, False), ("top_k", 1, True), ("top_k", 1000, True),
-        ("top_k", 1001, False), ("top_k", -2, False),
-        ("repetition_penalty", 0, False), ("repetition_penalty", 0.5, True),
-        ("max_tokens", 0, False), ("max_tokens", 1, True), ("max_tokens", 8193, False),
-        ("top_p", 1.0, True), ("top_p", 1.01, False),
-        ("frequency_penalty", 2.0, True), ("frequency_penalty", 2.01, False),
-        ("presence_penalty", -2.0, True), ("presence_penalty", -2.01, False),
+        ("top_k", -1, True),
+        ("top_k", 0, False),
+        ("top_k", 1, True),
+        ("top_k", 1000, True),
+        ("top_k", 1001, False),
+        ("top_k", -2, False),
+        ("repetition_penalty", 0, False),
+        ("repetition_penalty", 0.5, True),
+        ("max_tokens", 0, False),
+        ("max_tokens", 1, True),
+        ("max_tokens", 8193, False),
+        ("top_p", 1.0, True),
+        ("top_p", 1.01, False),
+        ("frequency_penalty", 2.0, True),
+        ("frequency_penalty", 2.01, False),
+        ("presence_penalty", -2.0, True),
+        ("presence_penalty", -2.01, False),
         ("temperature", 2.01, False),
     ],
 )
@@ -157,7 +172,9 @@ def test_edit_completion_shape(client):
     ids=["none", "two", "assistant", "parts", "no-tags", "no-cursor"],
 )
 def test_edit_rejects_bad_messages(client, messages):
-    response = client.post("/v1/edit/completions", json={**EDIT, "messages": messages}, headers=AUTH)
+    response = client.post(
+        "/v1/edit/completions", json={**EDIT, "messages": messages}, headers=AUTH
+    )
     error = assert_invalid(response, "messages")
     assert error["message"]
 
@@ -165,10 +182,16 @@ def test_edit_rejects_bad_messages(client, messages):
 @pytest.mark.parametrize(
     "field, value, ok",
     [
-        ("max_tokens", 0, False), ("max_tokens", 1, True), ("max_tokens", 8193, False),
-        ("temperature", 2.0, True), ("temperature", 2.01, False), ("temperature", -0.01, False),
-        ("top_p", 0.0, True), ("top_p", 1.01, False),
-        ("presence_penalty", 2.0, True), ("presence_penalty", 2.01, False),
+        ("max_tokens", 0, False),
+        ("max_tokens", 1, True),
+        ("max_tokens", 8193, False),
+        ("temperature", 2.0, True),
+        ("temperature", 2.01, False),
+        ("temperature", -0.01, False),
+        ("top_p", 0.0, True),
+        ("top_p", 1.01, False),
+        ("presence_penalty", 2.0, True),
+        ("presence_penalty", 2.01, False),
         ("stream", True, False),
     ],
 )
@@ -205,8 +228,13 @@ def test_chat_stream_shape(client):
 
 
 def test_chat_accepts_diffusion_extensions(client):
-    body = {**CHAT, "diffusing": True, "realtime": True, "reasoning_effort": "low",
-            "reasoning_summary": True}
+    body = {
+        **CHAT,
+        "diffusing": True,
+        "realtime": True,
+        "reasoning_effort": "low",
+        "reasoning_summary": True,
+    }
     assert client.post("/v1/chat/completions", json=body, headers=AUTH).status_code == 200
 
 

@@ -17,9 +17,19 @@ SPEC_PATHS = {
     "/v1/edit/completions/models": "get",
 }
 MODEL_FIELDS = {
-    "id", "name", "created", "description", "input_modalities", "output_modalities",
-    "context_length", "max_output_length", "pricing", "supported_sampling_parameters",
-    "supported_features", "openrouter", "datacenters",
+    "id",
+    "name",
+    "created",
+    "description",
+    "input_modalities",
+    "output_modalities",
+    "context_length",
+    "max_output_length",
+    "pricing",
+    "supported_sampling_parameters",
+    "supported_features",
+    "openrouter",
+    "datacenters",
 }
 
 
@@ -29,8 +39,9 @@ def test_every_endpoint_needs_a_valid_key(client, path, method, headers):
     body = {"model": TINY_ID, "state": "s", "questions": {"q": {"type": "noul"}}}
     if path != "/v1/decisions":
         body = {"model": TINY_ID, "prompt": "x", "messages": [{"role": "user", "content": "x"}]}
-    response = client.request(method.upper(), path, json=body if method == "post" else None,
-                              headers=headers)
+    response = client.request(
+        method.upper(), path, json=body if method == "post" else None, headers=headers
+    )
     assert response.status_code == 401, response.text
     error = response.json()["error"]
     assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key"
@@ -49,8 +60,12 @@ def test_overall_listing_has_no_supported_endpoints(client):
     assert model["openrouter"] == {"slug": "test/tiny-qwen2"}
     assert model["datacenters"] == [{"country_code": "US"}, {"country_code": "DE"}]
     assert all(isinstance(price, str) for price in model["pricing"].values())
-    assert set(model["pricing"]) == {"prompt", "completion", "input_cache_reads",
-                                     "input_cache_writes"}
+    assert set(model["pricing"]) == {
+        "prompt",
+        "completion",
+        "input_cache_reads",
+        "input_cache_writes",
+    }
     assert "text" in model["input_modalities"] and "text" in model["output_modalities"]
 
 
@@ -77,8 +92,16 @@ def test_openapi_documents_every_path(client):
     for path, method in SPEC_PATHS.items():
         assert method in document["paths"][path], path
     schemas = document["components"]["schemas"]
-    for name in ("DecisionRequest", "DecisionResponse", "ErrorResponse", "FimCompletion",
-                 "EditCompletion", "ChatCompletion", "ModelList", "EndpointModelList"):
+    for name in (
+        "DecisionRequest",
+        "DecisionResponse",
+        "ErrorResponse",
+        "FimCompletion",
+        "EditCompletion",
+        "ChatCompletion",
+        "ModelList",
+        "EndpointModelList",
+    ):
         assert name in schemas, name
 
 
@@ -99,7 +122,9 @@ def test_body_over_the_limit_is_413_before_parsing(client):
 
 def test_invalid_json_elsewhere_is_400(client):
     response = client.post(
-        "/v1/fim/completions", content=b"{oops", headers={**AUTH, "Content-Type": "application/json"}
+        "/v1/fim/completions",
+        content=b"{oops",
+        headers={**AUTH, "Content-Type": "application/json"},
     )
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_request_error"

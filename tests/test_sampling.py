@@ -176,13 +176,19 @@ def test_top_p_minimal_property(values: list[float], top_p: float) -> None:
         lambda: Temperature(0),
         lambda: TopK(0),
         lambda: TopK(-2),
-        lambda: TopP(0),
+        lambda: TopP(-0.1),
         lambda: TopP(1.5),
     ],
 )
 def test_invalid_arguments_rejected(make) -> None:
     with pytest.raises(ValueError):
         make()
+
+
+def test_top_p_zero_keeps_only_the_most_likely_token() -> None:
+    logits = torch.tensor([0.5, 2.0, 1.0])
+    kept = TopP(0.0)(logits, TokenHistory([], []))
+    assert torch.isfinite(kept).tolist() == [False, True, False]
 
 
 # -- build_processors -----------------------------------------------------------------------

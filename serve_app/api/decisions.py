@@ -51,7 +51,9 @@ class DecisionRequest(RequestModel):
             criteria = question.criteria
             parts.append(criteria.model_dump() if isinstance(criteria, NoulCriteria) else criteria)
         if any(json_depth(part) > MAX_NESTING for part in parts):
-            raise ValueError(f"state, instructions and criteria may nest at most {MAX_NESTING} levels")
+            raise ValueError(
+                f"state, instructions and criteria may nest at most {MAX_NESTING} levels"
+            )
         return self
 
 

@@ -127,12 +127,13 @@ class TopP:
     """Nucleus: keep the smallest set of most likely tokens whose probability sums to >= top_p.
 
     A token is kept when the probability mass *before* it (in descending order) is still below
-    ``top_p``; the most likely token always passes, so at least one token survives.
+    ``top_p``; the most likely token always passes, so at least one token survives and
+    ``top_p=0`` (allowed by the contract) keeps only the most likely token.
     """
 
     def __init__(self, top_p: float) -> None:
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if not 0 <= top_p <= 1:
+            raise ValueError(f"top_p must be in [0, 1], got {top_p}")
         self.top_p = float(top_p)
 
     def __call__(self, logits: torch.Tensor, history: TokenHistory) -> torch.Tensor:

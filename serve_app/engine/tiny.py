@@ -35,7 +35,8 @@ CHAT_TEMPLATE = (
 
 _CORPUS = [
     "def add(a, b):\n    return a + b\n",
-    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n"
+    "    return fibonacci(n - 1) + fibonacci(n - 2)\n",
     "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
     "for i in range(10):\n    print(i)\n",
     "The answer is true. The answer is false. yes no True False 0 1 2 3 4 5 6 7 8 9",

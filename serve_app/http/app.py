@@ -83,12 +83,12 @@ class Routes:
 
     def register(self, app: FastAPI) -> None:
         post, get = app.post, app.get
-        post(
-            "/v1/decisions", response_model=DecisionResponse, responses=DECISION_ERRORS
-        )(self.decisions)
-        post(
-            "/v1/edit/completions", response_model=EditCompletion, responses=COMMON_ERRORS
-        )(self.edit)
+        post("/v1/decisions", response_model=DecisionResponse, responses=DECISION_ERRORS)(
+            self.decisions
+        )
+        post("/v1/edit/completions", response_model=EditCompletion, responses=COMMON_ERRORS)(
+            self.edit
+        )
         post(
             "/v1/fim/completions",
             response_model=FimCompletion,
@@ -185,7 +185,9 @@ class Routes:
         grant = await self.authorize(credentials, body.model, "edit.completions")
         _apply_headers(response, grant)
         self.require_role(body.model, "edit")
-        result = await self.call(grant, body.model, "edit.completions", self.backends.edit.edit, body)
+        result = await self.call(
+            grant, body.model, "edit.completions", self.backends.edit.edit, body
+        )
         return _checked(result, EditCompletion)
 
     async def fim(
@@ -199,8 +201,12 @@ class Routes:
         self.require_role(body.model, "fim")
         if body.stream:
             stream = self.backends.fim.options(stream=True).stream.remote(body)
-            return await self.stream(grant, body.model, "fim.completions", stream, body.include_usage)
-        result = await self.call(grant, body.model, "fim.completions", self.backends.fim.complete, body)
+            return await self.stream(
+                grant, body.model, "fim.completions", stream, body.include_usage
+            )
+        result = await self.call(
+            grant, body.model, "fim.completions", self.backends.fim.complete, body
+        )
         return _checked(result, FimCompletion)
 
     async def chat(
@@ -219,7 +225,9 @@ class Routes:
             return await self.stream(
                 grant, body.model, "chat.completions", stream, body.include_usage
             )
-        result = await self.call(grant, body.model, "chat.completions", self.backends.edit.chat, body)
+        result = await self.call(
+            grant, body.model, "chat.completions", self.backends.edit.chat, body
+        )
         return _checked(result, ChatCompletion)
 
     async def stream(

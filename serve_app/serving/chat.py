@@ -70,6 +70,8 @@ class ChatService:
             last = piece
             if piece.text or piece.finish_reason:
                 delta = ChatDelta(content=piece.text) if piece.text else ChatDelta()
-                yield chunk([ChatChunkChoice(index=0, delta=delta, finish_reason=piece.finish_reason)])
+                yield chunk(
+                    [ChatChunkChoice(index=0, delta=delta, finish_reason=piece.finish_reason)]
+                )
         if last is not None:
             yield chunk([], usage_of(last))
