@@ -12,10 +12,12 @@ from serve_app.http.app import Backends, build_router_app
 
 class Router:
     def __init__(self, config: AppConfig, auth: Any, scorer: Any, edit: Any, fim: Any) -> None:
-        self.app = build_router_app(config, Backends(auth=auth, scorer=scorer, edit=edit, fim=fim))
+        self.http_app = build_router_app(
+            config, Backends(auth=auth, scorer=scorer, edit=edit, fim=fim)
+        )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return self.app
+        return self.http_app
 
     @staticmethod
     def get_deployment_options(config: AppConfig) -> dict[str, Any]:

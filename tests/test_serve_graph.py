@@ -1,0 +1,260 @@
+"""End to end: ``serve run`` on configs/local.yaml (model swapped for the tiny one), over HTTP.
+
+The graph runs with 2 Router and 2 AuthService replicas, so the auth tests check that limits
+hold in total across replicas, not per process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from serve_app.auth.cli import main as keys_cli
+from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT
+from tests.conftest import TEST_KEY
+
+pytestmark = pytest.mark.ray
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "tiny-qwen2"
+START_TIMEOUT_S = 240
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def graph_config(tiny_source: str, port: int) -> dict:
+    """configs/local.yaml with the tiny model and two Router/AuthService replicas."""
+    document = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
+    document["http_options"]["port"] = port
+    (application,) = document["applications"]
+    args = application["args"]
+    args["models"][0].update(id=MODEL, source=tiny_source, context_length=4096, dtype="auto")
+    args["roles"] = {"fim": MODEL, "edit": MODEL, "decisions": MODEL}
+    for deployment in application["deployments"]:
+        if deployment["name"] in {"Router", "AuthService"}:
+            deployment["autoscaling_config"] = {"min_replicas": 2, "max_replicas": 2}
+            deployment["ray_actor_options"] = {"num_cpus": 0.05}
+    return document
+
+
+@pytest.fixture(scope="module")
+def graph(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    workdir = tmp_path_factory.mktemp("graph")
+    port = free_port()
+    config_path = workdir / "graph.yaml"
+    config_path.write_text(yaml.safe_dump(graph_config(tiny_source, port)))
+    env = {
+        **os.environ,
+        "SERVE_APP_DATA_DIR": str(workdir / "data"),
+        "SERVE_APP_API_KEY": TEST_KEY,
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    env.pop("SERVE_APP_AUTH_DB", None)
+    log = (workdir / "serve.log").open("w")
+    serve_bin = Path(sys.executable).with_name("serve")
+    process = subprocess.Popen(
+        [str(serve_bin), "run", str(config_path)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(url, process, workdir / "serve.log")
+        yield {"url": url, "db": str(workdir / "data" / "auth.sqlite3"), "workdir": workdir}
+    finally:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+        subprocess.run(
+            [str(serve_bin.with_name("ray")), "stop", "--force"],
+            env=env,
+            capture_output=True,
+            timeout=60,
+        )
+
+
+def wait_until_ready(url: str, process: subprocess.Popen, log: Path) -> None:
+    """Ready when every deployment answers: a FIM call goes through auth and a model replica."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 1}
+    while time.monotonic() < deadline:
+        if process.poll() is not None or "DEPLOY_FAILED" in log.read_text():
+            pytest.fail(f"serve run failed:\n{log.read_text()[-4000:]}")
+        try:
+            response = httpx.post(
+                f"{url}/v1/fim/completions", json=body, headers=auth(), timeout=10
+            )
+            if response.status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"graph not ready after {START_TIMEOUT_S}s:\n{log.read_text()[-4000:]}")
+
+
+def auth(key: str = TEST_KEY) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def new_key(db: str, capsys: pytest.CaptureFixture, account: str, *options: str) -> str:
+    keys_cli(["--db", db, "create-account", account, *options])
+    keys_cli(["--db", db, "create-key", account])
+    output = capsys.readouterr().out
+    return next(word for word in output.split() if word.startswith("sk-sa-") and "..." not in word)
+
+
+# --- every endpoint through the real graph -----------------------------------------------------
+
+
+def test_each_endpoint_answers_through_the_graph(graph):
+    url = graph["url"]
+    calls = {
+        "/v1/decisions": {
+            "model": MODEL,
+            "state": {"x": 1},
+            "questions": {
+                "a": {"type": "noul"},
+                "b": {"type": "choice", "criteria": {"yes": None, "no": None}},
+                "c": {"type": "score", "criteria": ["low", "high"]},
+            },
+        },
+        "/v1/edit/completions": {
+            "model": MODEL,
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": EXAMPLE_EDIT_CONTENT}],
+        },
+        "/v1/fim/completions": {"model": MODEL, "prompt": "def f(", "max_tokens": 4},
+        "/v1/chat/completions": {
+            "model": MODEL,
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    }
+    expected_object = {
+        "/v1/edit/completions": "edit.completion",
+        "/v1/fim/completions": "text_completion",
+        "/v1/chat/completions": "chat.completion",
+    }
+    for path, body in calls.items():
+        response = httpx.post(url + path, json=body, headers=auth(), timeout=120)
+        assert response.status_code == 200, (path, response.text)
+        if path in expected_object:
+            assert response.json()["object"] == expected_object[path]
+        else:
+            assert set(response.json()["answers"]) == {"a", "b", "c"}
+        assert response.headers.get("x-request-id")
+    for path in (
+        "/v1/models",
+        "/v1/chat/completions/models",
+        "/v1/fim/completions/models",
+        "/v1/edit/completions/models",
+    ):
+        response = httpx.get(url + path, headers=auth(), timeout=30)
+        assert response.status_code == 200 and response.json()["data"][0]["id"] == MODEL
+
+
+def test_fim_stream_through_the_graph(graph):
+    body = {
+        "model": MODEL,
+        "prompt": "def f(",
+        "max_tokens": 6,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    lines = []
+    with httpx.stream(
+        "POST", graph["url"] + "/v1/fim/completions", json=body, headers=auth(), timeout=120
+    ) as response:
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    usage = json.loads(lines[-2][6:])
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] >= 1
+
+
+def test_errors_through_the_graph_keep_the_contract_shape(graph):
+    url = graph["url"]
+    body = {"model": MODEL, "prompt": "x " * 5000, "max_tokens": 4}
+    response = httpx.post(url + "/v1/fim/completions", json=body, headers=auth(), timeout=60)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+    response = httpx.post(url + "/v1/fim/completions", json=body, timeout=60)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "invalid_api_key"
+
+
+# --- auth across replicas ---------------------------------------------------------------------
+
+
+def test_rpm_limit_holds_in_total_across_replicas(graph, capsys):
+    key = new_key(graph["db"], capsys, "rpm-five", "--rpm", "5")
+    statuses = []
+    for _ in range(8):
+        response = httpx.get(graph["url"] + "/v1/models", headers=auth(key), timeout=30)
+        statuses.append(response.status_code)
+        if response.status_code == 429:
+            assert int(response.headers["retry-after"]) >= 1
+            assert response.json()["error"]["code"] == "rate_limit_reached"
+    assert statuses == [200] * 5 + [429] * 3
+
+
+def test_revoked_key_stops_within_one_second(graph, capsys):
+    key = new_key(graph["db"], capsys, "revoke-me")
+    for _ in range(4):  # warm every replica's cache
+        assert httpx.get(graph["url"] + "/v1/models", headers=auth(key)).status_code == 200
+    keys_cli(["--db", graph["db"], "list"])
+    listing = capsys.readouterr().out
+    key_id = next(
+        line.split()[1]
+        for line in listing.splitlines()
+        if line.strip().startswith("key") and key[-4:] in line
+    )
+    keys_cli(["--db", graph["db"], "revoke", key_id])
+    revoked_at = time.monotonic()
+    time.sleep(1.0)
+    for _ in range(4):
+        response = httpx.get(graph["url"] + "/v1/models", headers=auth(key))
+        assert response.status_code == 401, time.monotonic() - revoked_at
+
+
+def test_quota_exhausted_is_402_and_usage_is_recorded(graph, capsys):
+    key = new_key(graph["db"], capsys, "small-quota", "--quota", "10")
+    body = {"model": MODEL, "prompt": "def f(x):\n    return", "max_tokens": 4}
+    first = httpx.post(
+        graph["url"] + "/v1/fim/completions", json=body, headers=auth(key), timeout=60
+    )
+    assert first.status_code == 200  # the first request may overdraw; the next one cannot start
+    second = httpx.post(
+        graph["url"] + "/v1/fim/completions", json=body, headers=auth(key), timeout=60
+    )
+    assert second.status_code == 402
+    assert second.json()["error"] == {
+        "message": second.json()["error"]["message"],
+        "type": "account_error",
+        "param": None,
+        "code": "account_error",
+    }
+    keys_cli(["--db", graph["db"], "usage", "small-quota"])
+    usage = capsys.readouterr().out
+    assert "fim.completions" in usage
