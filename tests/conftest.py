@@ -66,3 +66,11 @@ def client(app_config: AppConfig) -> Iterator:
     os.environ["SERVE_APP_API_KEY"] = TEST_KEY
     with TestClient(local_router_app(app_config), raise_server_exceptions=False) as test_client:
         yield test_client
+
+
+@pytest.fixture(scope="session")
+def graph(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """The real Serve graph from configs/local.yaml (tiny model), shared by the e2e tests."""
+    from tests.graph import start_graph
+
+    yield from start_graph(tiny_source, tmp_path_factory)

@@ -7,114 +7,16 @@ hold in total across replicas, not per process.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from serve_app.auth.cli import main as keys_cli
 from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT
-from tests.conftest import TEST_KEY
+from tests.graph import MODEL, auth
 
 pytestmark = pytest.mark.ray
-
-ROOT = Path(__file__).resolve().parents[1]
-MODEL = "tiny-qwen2"
-START_TIMEOUT_S = 240
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def graph_config(tiny_source: str, port: int) -> dict:
-    """configs/local.yaml with the tiny model and two Router/AuthService replicas."""
-    document = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
-    document["http_options"]["port"] = port
-    (application,) = document["applications"]
-    args = application["args"]
-    args["models"][0].update(id=MODEL, source=tiny_source, context_length=4096, dtype="auto")
-    args["roles"] = {"fim": MODEL, "edit": MODEL, "decisions": MODEL}
-    for deployment in application["deployments"]:
-        if deployment["name"] in {"Router", "AuthService"}:
-            deployment["autoscaling_config"] = {"min_replicas": 2, "max_replicas": 2}
-            deployment["ray_actor_options"] = {"num_cpus": 0.05}
-    return document
-
-
-@pytest.fixture(scope="module")
-def graph(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    workdir = tmp_path_factory.mktemp("graph")
-    port = free_port()
-    config_path = workdir / "graph.yaml"
-    config_path.write_text(yaml.safe_dump(graph_config(tiny_source, port)))
-    env = {
-        **os.environ,
-        "SERVE_APP_DATA_DIR": str(workdir / "data"),
-        "SERVE_APP_API_KEY": TEST_KEY,
-        "RAY_AUTH_MODE": "disabled",
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
-    env.pop("SERVE_APP_AUTH_DB", None)
-    log = (workdir / "serve.log").open("w")
-    serve_bin = Path(sys.executable).with_name("serve")
-    process = subprocess.Popen(
-        [str(serve_bin), "run", str(config_path)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ready(url, process, workdir / "serve.log")
-        yield {"url": url, "db": str(workdir / "data" / "auth.sqlite3"), "workdir": workdir}
-    finally:
-        os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-        subprocess.run(
-            [str(serve_bin.with_name("ray")), "stop", "--force"],
-            env=env,
-            capture_output=True,
-            timeout=60,
-        )
-
-
-def wait_until_ready(url: str, process: subprocess.Popen, log: Path) -> None:
-    """Ready when every deployment answers: a FIM call goes through auth and a model replica."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    body = {"model": MODEL, "prompt": "x", "max_tokens": 1}
-    while time.monotonic() < deadline:
-        if process.poll() is not None or "DEPLOY_FAILED" in log.read_text():
-            pytest.fail(f"serve run failed:\n{log.read_text()[-4000:]}")
-        try:
-            response = httpx.post(
-                f"{url}/v1/fim/completions", json=body, headers=auth(), timeout=10
-            )
-            if response.status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"graph not ready after {START_TIMEOUT_S}s:\n{log.read_text()[-4000:]}")
-
-
-def auth(key: str = TEST_KEY) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
 
 
 def new_key(db: str, capsys: pytest.CaptureFixture, account: str, *options: str) -> str:

@@ -1,0 +1,97 @@
+"""The official ``openai`` package as a real client of the running graph."""
+
+from __future__ import annotations
+
+import pytest
+from openai import OpenAI
+
+from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT
+from tests.conftest import TEST_KEY
+from tests.graph import MODEL
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def sdk(graph) -> OpenAI:
+    return OpenAI(base_url=graph["url"] + "/v1", api_key=TEST_KEY, max_retries=0, timeout=120)
+
+
+def test_models_list(sdk):
+    assert [model.id for model in sdk.models.list()] == [MODEL]
+
+
+def test_chat_completion(sdk):
+    completion = sdk.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hi"}], max_tokens=5
+    )
+    assert completion.object == "chat.completion"
+    assert completion.choices[0].message.role == "assistant"
+    assert completion.choices[0].finish_reason in {"stop", "length"}
+    assert completion.usage.total_tokens == (
+        completion.usage.prompt_tokens + completion.usage.completion_tokens
+    )
+
+
+def test_chat_completion_stream(sdk):
+    stream = sdk.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say hi"}],
+        max_tokens=5,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finishing) == 1
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
+
+
+def test_chat_diffusion_extensions_through_extra_body(sdk):
+    completion = sdk.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+        extra_body={"diffusing": True, "reasoning_effort": "instant"},
+    )
+    assert completion.choices[0].message.content is not None
+
+
+def test_fim_through_the_completions_api(graph):
+    """FIM is a legacy completion with a suffix: point the SDK's base_url at /v1/fim."""
+    fim = OpenAI(base_url=graph["url"] + "/v1/fim", api_key=TEST_KEY, max_retries=0)
+    completion = fim.completions.create(
+        model=MODEL, prompt="def add(a, b):\n    return", suffix="\n", max_tokens=4
+    )
+    assert completion.object == "text_completion"
+    assert completion.choices[0].finish_reason in {"stop", "length"}
+    streamed = fim.completions.create(
+        model=MODEL, prompt="def add(a, b):\n    return", suffix="\n", max_tokens=4, stream=True
+    )
+    texts = [chunk.choices[0].text for chunk in streamed if chunk.choices]
+    assert "".join(texts) == completion.choices[0].text  # greedy: the same text both ways
+
+
+def test_edit_through_the_generic_post(sdk):
+    body = {
+        "model": MODEL,
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": EXAMPLE_EDIT_CONTENT}],
+    }
+    edit = sdk.post("/edit/completions", body=body, cast_to=object)
+    assert edit["object"] == "edit.completion"
+    assert edit["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_sdk_raises_typed_errors(sdk):
+    import openai
+
+    with pytest.raises(openai.NotFoundError) as raised:
+        sdk.chat.completions.create(
+            model="missing", messages=[{"role": "user", "content": "x"}], max_tokens=2
+        )
+    assert raised.value.code == "model_not_found"
+    bad = OpenAI(base_url=str(sdk.base_url), api_key="sk-sa-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
