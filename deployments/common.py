@@ -1,9 +1,16 @@
-"""What the deployments share: the replica's CPU allotment and option merging."""
+"""What the deployments share: CPU allotment, engine hosting, default options."""
 
 from __future__ import annotations
 
-import copy
-from typing import Any
+import asyncio
+import logging
+from typing import Any, ClassVar
+
+from deployments.metrics import LatencyMetrics, report_engine_stats
+from serve_app.config import AppConfig, ModelConfig
+from serve_app.serving.generation import Generator, start_engine
+
+logger = logging.getLogger(__name__)
 
 
 def replica_cpus() -> float | None:
@@ -16,11 +23,48 @@ def replica_cpus() -> float | None:
         return None
 
 
-def merge_options(defaults: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
-    merged = copy.deepcopy(defaults)
-    for key, value in (overrides or {}).items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = {**merged[key], **value}
-        else:
-            merged[key] = value
-    return merged
+class EngineDeployment:
+    """Base of the generating deployments (FimModel, EditModel): one engine per replica,
+    its metrics, health check and shutdown."""
+
+    deployment_name: ClassVar[str]
+
+    def start_generator(self, config: AppConfig, model: ModelConfig) -> Generator:
+        self.engine = start_engine(config, model, cpus=replica_cpus())
+        self._stats_task = _start_background(report_engine_stats(self.engine, self.deployment_name))
+        return Generator(self.engine, model, LatencyMetrics(self.deployment_name))
+
+    def check_health(self) -> None:
+        """Serve's health check: a replica whose engine loop died gets replaced."""
+        self.engine.check_health()
+
+    def __del__(self) -> None:
+        if getattr(self, "engine", None) is not None:
+            self.engine.shutdown()
+
+    @classmethod
+    def get_deployment_options(cls, config: AppConfig) -> dict[str, Any]:
+        """Admit a full batch, queue a little more, then answer 503 instead of queueing on."""
+        batch = config.engine.max_batch_size
+        return {
+            "name": cls.deployment_name,
+            "max_ongoing_requests": 2 * batch,
+            "max_queued_requests": 4 * batch,
+            "autoscaling_config": {
+                "min_replicas": 1,
+                "max_replicas": 2,
+                "target_ongoing_requests": batch,
+            },
+            "ray_actor_options": {"num_cpus": 1},
+            "health_check_period_s": 10,
+        }
+
+
+def _start_background(coroutine) -> asyncio.Task | None:
+    """Run ``coroutine`` on the replica's event loop; constructors may run without one."""
+    try:
+        return asyncio.get_running_loop().create_task(coroutine)
+    except RuntimeError:
+        coroutine.close()
+        logger.debug("no running event loop: engine stats are not reported")
+        return None

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from serve_app import __version__
+from serve_app import __version__, metrics
 from serve_app.api.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
 from serve_app.api.common import ErrorResponse, HTTPValidationError
 from serve_app.api.decisions import DecisionRequest, DecisionResponse
@@ -32,7 +32,7 @@ from serve_app.errors import (
     UpstreamBadResponseError,
 )
 from serve_app.http.errors import as_service_error, install_error_handlers
-from serve_app.http.middleware import BodySizeLimit, RequestId
+from serve_app.http.middleware import BodySizeLimit, RequestId, RequestMetrics
 from serve_app.http.sse import open_event_stream, sse_event
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,7 @@ def build_router_app(config: AppConfig, backends: Backends) -> FastAPI:
     routes.register(app)
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_body_bytes)
+    app.add_middleware(RequestMetrics, paths=frozenset(route.path for route in app.routes))
     app.add_middleware(RequestId)
     return app
 
@@ -112,10 +113,20 @@ class Routes:
     # --- auth and usage -------------------------------------------------------------------
 
     async def authorize(
-        self, credentials: HTTPAuthorizationCredentials | None, model: str | None, endpoint: str
+        self,
+        request: Request,
+        credentials: HTTPAuthorizationCredentials | None,
+        model: str | None,
+        endpoint: str,
     ) -> Any:
+        request.state.model = model or "-"
         key = credentials.credentials if credentials else None
-        return await self.backends.auth.authorize.remote(key, model, endpoint)
+        try:
+            return await self.backends.auth.authorize.remote(key, model, endpoint)
+        except Exception as exc:
+            error = as_service_error(exc)
+            metrics.auth_rejections().inc(tags={"reason": error.code or "unknown"})
+            raise error from None
 
     async def record(self, grant: Any, model: str, endpoint: str, usage: Any, status: int) -> None:
         """Write the ledger row; a failure here is logged, never turned into a client error."""
@@ -125,6 +136,10 @@ class Routes:
         output_tokens = getattr(usage, "output_tokens", None)
         if output_tokens is None:
             output_tokens = getattr(usage, "completion_tokens", 0)
+        if input_tokens or output_tokens:
+            tags = {"endpoint": endpoint, "model": model}
+            metrics.tokens().inc(input_tokens or 0, tags={**tags, "direction": "input"})
+            metrics.tokens().inc(output_tokens or 0, tags={**tags, "direction": "output"})
         try:
             await self.backends.auth.record_usage.remote(
                 grant, model, endpoint, input_tokens, output_tokens, status
@@ -156,11 +171,12 @@ class Routes:
 
     async def decisions(
         self,
+        request: Request,
         body: DecisionRequest,
         response: Response,
         credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     ) -> DecisionResponse:
-        grant = await self.authorize(credentials, body.model, "decisions")
+        grant = await self.authorize(request, credentials, body.model, "decisions")
         _apply_headers(response, grant)
         self.require_role(body.model, "decisions")
         if len(body.questions) > self.config.limits.max_questions:
@@ -178,11 +194,12 @@ class Routes:
 
     async def edit(
         self,
+        request: Request,
         body: EditCompletionRequest,
         response: Response,
         credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     ) -> EditCompletion:
-        grant = await self.authorize(credentials, body.model, "edit.completions")
+        grant = await self.authorize(request, credentials, body.model, "edit.completions")
         _apply_headers(response, grant)
         self.require_role(body.model, "edit")
         result = await self.call(
@@ -192,11 +209,12 @@ class Routes:
 
     async def fim(
         self,
+        request: Request,
         body: FimCompletionRequest,
         response: Response,
         credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     ) -> Any:
-        grant = await self.authorize(credentials, body.model, "fim.completions")
+        grant = await self.authorize(request, credentials, body.model, "fim.completions")
         _apply_headers(response, grant)
         self.require_role(body.model, "fim")
         if body.stream:
@@ -211,11 +229,12 @@ class Routes:
 
     async def chat(
         self,
+        request: Request,
         body: ChatCompletionRequest,
         response: Response,
         credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     ) -> Any:
-        grant = await self.authorize(credentials, body.model, "chat.completions")
+        grant = await self.authorize(request, credentials, body.model, "chat.completions")
         _apply_headers(response, grant)
         if not self.config.roles.chat:
             raise ModelNotFoundError(body.model)
@@ -255,9 +274,12 @@ class Routes:
             raise error from None
 
     async def list_models(
-        self, response: Response, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
+        self,
+        request: Request,
+        response: Response,
+        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     ) -> ModelList:
-        grant = await self.authorize(credentials, None, "models")
+        grant = await self.authorize(request, credentials, None, "models")
         _apply_headers(response, grant)
         allowed = await self.backends.auth.allowed_models.remote(grant)
         cards = [m.card() for m in self.config.models if allowed is None or m.id in allowed]
@@ -265,10 +287,11 @@ class Routes:
 
     def _listing(self, endpoint: str):
         async def list_endpoint_models(
+            request: Request,
             response: Response,
             credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
         ) -> EndpointModelList:
-            grant = await self.authorize(credentials, None, "models")
+            grant = await self.authorize(request, credentials, None, "models")
             _apply_headers(response, grant)
             allowed = await self.backends.auth.allowed_models.remote(grant)
             cards = []

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from serve_app import metrics
 from serve_app.errors import RequestTooLargeError
 from serve_app.http.errors import error_response
 
@@ -75,3 +77,38 @@ class RequestId:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+class RequestMetrics:
+    """Count every answer (auth failures and validation errors included) and time it.
+
+    The endpoint label is the route's path, or ``other`` for unknown paths, so a scan of random
+    URLs cannot blow up the metric's label set. The model is what the route recorded in
+    ``request.state.model`` once it read the body (``-`` before that).
+    """
+
+    def __init__(self, app: ASGIApp, paths: frozenset[str]) -> None:
+        self.app = app
+        self.paths = paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), 500
+
+        async def send_and_watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_watch)
+        finally:
+            endpoint = scope["path"] if scope["path"] in self.paths else "other"
+            model = str(scope.get("state", {}).get("model", "-"))
+            tags = {"endpoint": endpoint, "model": model, "status": str(status)}
+            metrics.requests().inc(tags=tags)
+            elapsed_ms = (time.perf_counter() - start) * 1000
+            metrics.request_latency().observe(elapsed_ms, tags={"endpoint": endpoint})

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 from serve_app.api.common import CompletionUsage
 from serve_app.config import AppConfig, ModelConfig
-from serve_app.engine.engine import EngineConfig, LLMEngine, generate_text
+from serve_app.engine.engine import EngineConfig, LLMEngine
 from serve_app.engine.loader import LoadedModel, load_model
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest, SamplingParams
-from serve_app.errors import ContextLengthExceededError, InvalidRequestError
+from serve_app.errors import (
+    ContextLengthExceededError,
+    InvalidRequestError,
+    UpstreamUnavailableError,
+)
 
 
 def load_configured_model(
@@ -45,12 +51,31 @@ def start_engine(config: AppConfig, model: ModelConfig, cpus: float | None = Non
     return LLMEngine(loaded, engine_config)
 
 
+class GenerationObserver(Protocol):
+    """Told about streaming latency; deployments report it as metrics."""
+
+    def first_token(self, seconds: float) -> None: ...
+
+    def token_gap(self, seconds: float) -> None: ...
+
+
+class _Unobserved:
+    def first_token(self, seconds: float) -> None:
+        pass
+
+    def token_gap(self, seconds: float) -> None:
+        pass
+
+
 class Generator:
     """A model's engine plus the checks every generation request gets."""
 
-    def __init__(self, engine: LLMEngine, model: ModelConfig) -> None:
+    def __init__(
+        self, engine: LLMEngine, model: ModelConfig, observer: GenerationObserver | None = None
+    ) -> None:
         self.engine = engine
         self.model = model
+        self.observer = observer or _Unobserved()
 
     @property
     def loaded(self) -> LoadedModel:
@@ -74,11 +99,30 @@ class Generator:
             raise ContextLengthExceededError.for_limit(self.model.context_length, prompt_param)
         return GenerationRequest(uuid.uuid4().hex, prompt_ids, params)
 
-    def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        return self.engine.generate(request)
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """The engine's chunks, timed: time to first text and the gaps between pieces."""
+        start = last = time.perf_counter()
+        first = True
+        async for chunk in self.engine.generate(request):
+            if chunk.text:
+                now = time.perf_counter()
+                if first:
+                    self.observer.first_token(now - start)
+                else:
+                    self.observer.token_gap(now - last)
+                first, last = False, now
+            yield chunk
 
     async def complete(self, request: GenerationRequest) -> tuple[str, GenerationChunk]:
-        return await generate_text(self.engine, request)
+        """All of a request's text and its last chunk (finish reason and usage)."""
+        parts: list[str] = []
+        last: GenerationChunk | None = None
+        async for chunk in self.stream(request):
+            parts.append(chunk.text)
+            last = chunk
+        if last is None or last.finish_reason is None:
+            raise UpstreamUnavailableError("The request was aborted before it finished.")
+        return "".join(parts), last
 
 
 def usage_of(chunk: GenerationChunk) -> CompletionUsage:
