@@ -7,7 +7,7 @@ tests drive a fake wall clock, so they neither sleep nor depend on when they run
 Every test runs on SQLite and, where PostgreSQL can be had, on PostgreSQL: a throwaway
 server started from the local ``initdb``/``pg_ctl`` (as user ``postgres`` when run as root),
 or the server of ``SERVE_APP_TEST_POSTGRES_DSN`` (a ``postgresql://`` URL; each test creates
-its own database there). Without psycopg or a server those cases are skipped.
+its own schema there). Without psycopg or a server those cases are skipped.
 """
 
 from __future__ import annotations
@@ -82,16 +82,19 @@ def _stop_postgres(as_user: list[str], data: str, folder: str) -> None:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def db(request, tmp_path) -> str:
-    """A fresh, empty store location: a SQLite path or a PostgreSQL URL."""
+    """A fresh, empty store location: a SQLite path, or a PostgreSQL URL whose search_path
+    is a new schema (much cheaper than a database per test)."""
     if request.param == "sqlite":
         return str(tmp_path / "auth.sqlite3")
     import psycopg
 
     server = request.getfixturevalue("postgres_server")
-    name = f"auth_{uuid.uuid4().hex[:12]}"
+    schema = f"auth_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(server, autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {name}")
-    return urlsplit(server)._replace(path=f"/{name}").geturl()
+        connection.execute(f"CREATE SCHEMA {schema}")
+    parts = urlsplit(server)
+    query = "&".join(filter(None, [parts.query, f"options=-csearch_path%3D{schema}"]))
+    return parts._replace(query=query).geturl()
 
 
 @pytest.fixture
@@ -130,6 +133,7 @@ def test_keys_are_prefixed_random_and_stored_hashed(store):
     stored = store.list_keys()[0]
     assert stored.key_hash == hash_key(key) and key not in repr(stored)
     assert stored.hint == f"{KEY_PREFIX}...{key[-4:]}"
+    assert key_hint("local-dev-key") == "..."  # a short chosen key: no characters shown
 
 
 # -- errors, in order
