@@ -1,6 +1,7 @@
 """Measure what auth costs per request: ``python -m serve_app.auth.bench [--n N] [--db PATH]``.
 
-Runs against a throwaway SQLite file (or ``--db``) and prints microseconds per call for the
+Runs against a throwaway SQLite file, or ``--db`` (a SQLite path or ``postgresql://`` URL;
+its accounts are named ``bench-*``), and prints microseconds per call for the
 paths a request can take: cached unlimited key (no store access), cache miss (one indexed
 read), rate-limited account (one ``BEGIN IMMEDIATE`` transaction), and ``record_usage``.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from serve_app.auth.keys import generate_key, hash_key, key_hint
 from serve_app.auth.service import AuthConfig, AuthService
-from serve_app.auth.store import SQLiteAuthStore
+from serve_app.auth.store import SQLiteAuthStore, open_store
 
 
 def per_call_us(fn: Callable[[], object], n: int) -> float:
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--db", default=None)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        store = SQLiteAuthStore(args.db or Path(tmp) / "auth.sqlite3")
+        store = open_store(args.db) if args.db else SQLiteAuthStore(Path(tmp) / "auth.sqlite3")
         keys = {}
         for name, fields in {
             "open": {},

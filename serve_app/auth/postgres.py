@@ -14,6 +14,9 @@ What differs from SQLite, and why:
   across every node, checks of different accounts run in parallel. Quota charges update the
   same row, so they serialize with them. Migrations take a transaction-scoped advisory lock
   so replicas starting together apply each migration once.
+- Durability: rate-window and last-used transactions commit with ``synchronous_commit
+  = off`` (a crash may forget the last milliseconds of counts, never a ledger row); ledger,
+  quota and key changes keep full durability.
 - Connection: one per store object (each replica has its own), re-opened if the server
   dropped it. Statements are prepared automatically after a few uses (psycopg's default).
 - Time: each replica passes its own wall clock, as with SQLite; nodes must be NTP-synced
@@ -74,6 +77,9 @@ class PostgresAuthStore(SqlAuthStore):
 
     def _lock_migrations(self, db: Any) -> None:
         db.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_ID,))
+
+    def _relax_durability(self, db: Any) -> None:
+        db.execute("SET LOCAL synchronous_commit = off")
 
     def _lock_account(self, db: Any, account_id: int) -> None:
         db.execute("SELECT 1 FROM accounts WHERE id = %s FOR UPDATE", (account_id,))

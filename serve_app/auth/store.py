@@ -341,6 +341,10 @@ class SqlAuthStore(AuthStore):
     def _lock_account(self, db: Any, account_id: int) -> None:
         """Serialize rate checks of one account (SQLite's BEGIN IMMEDIATE already does)."""
 
+    def _relax_durability(self, db: Any) -> None:
+        """This transaction only touches counters that may lose their last milliseconds in
+        a crash (rate windows, last-used times): let it commit without waiting for disk."""
+
     def _connection(self) -> Any:
         return self._conn
 
@@ -539,6 +543,7 @@ class SqlAuthStore(AuthStore):
 
     def touch_key(self, key_id: int, now: float, min_interval: float) -> None:
         with self._write() as db:
+            self._relax_durability(db)
             self._execute(
                 db,
                 "UPDATE api_keys SET last_used_at = ? "
@@ -564,6 +569,7 @@ class SqlAuthStore(AuthStore):
                 buckets, now, rpm=None, tpm=tpm, estimated_tokens=estimated_tokens
             )
         with self._write() as db:
+            self._relax_durability(db)
             self._lock_account(db, account_id)
             self._prune(db, account_id, now)
             buckets = self._buckets(db, account_id, now)
