@@ -1,21 +1,33 @@
-"""AuthService over the SQLite store: error order, limits across replicas, ledger, CLI.
+"""AuthService over both stores: error order, limits across replicas, ledger, CLI.
 
-"Replicas" are separate AuthService + store objects on one database file, as separate Ray
-replica processes would be; one test uses real processes to check the locking itself.
-Rate-limit tests drive a fake wall clock, so they neither sleep nor depend on when they run.
+"Replicas" are separate AuthService + store objects on one database, as separate Ray replica
+processes would be; one test uses real processes to check the locking itself. Rate-limit
+tests drive a fake wall clock, so they neither sleep nor depend on when they run.
+
+Every test runs on SQLite and, where PostgreSQL can be had, on PostgreSQL: a throwaway
+server started from the local ``initdb``/``pg_ctl`` (as user ``postgres`` when run as root),
+or the server of ``SERVE_APP_TEST_POSTGRES_DSN`` (a ``postgresql://`` URL; each test creates
+its own schema there). Without psycopg or a server those cases are skipped.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
+import os
+import shutil
+import subprocess
+import tempfile
 import time
+import uuid
+from urllib.parse import urlsplit
 
 import pytest
 
 from serve_app.auth import cli, ratelimit
 from serve_app.auth.keys import KEY_PREFIX, generate_key, hash_key, key_hint
 from serve_app.auth.service import AuthConfig, AuthService, bootstrap_local
-from serve_app.auth.store import SQLiteAuthStore, StoreError
+from serve_app.auth.store import StoreError, open_store
 from serve_app.errors import AccountError, AuthenticationError, ModelNotFoundError, RateLimitError
 
 MODELS = frozenset({"m1", "m2"})
@@ -32,9 +44,57 @@ class FakeClock:
         self.now += seconds
 
 
-@pytest.fixture
-def db(tmp_path):
-    return tmp_path / "auth.sqlite3"
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A base ``postgresql://`` URL, or skip."""
+    if importlib.util.find_spec("psycopg") is None:
+        pytest.skip("psycopg is not installed")
+    if os.environ.get("SERVE_APP_TEST_POSTGRES_DSN"):
+        yield os.environ["SERVE_APP_TEST_POSTGRES_DSN"]
+        return
+    if not (shutil.which("initdb") and shutil.which("pg_ctl")):
+        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl)")
+    folder = tempfile.mkdtemp(prefix="serve-app-pg-")
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if as_user:
+        shutil.chown(folder, "postgres")
+    data = os.path.join(folder, "data")
+    options = f"-k {folder} -c listen_addresses='' -c fsync=off"
+    try:
+        run = dict(check=True, capture_output=True, timeout=60)
+        subprocess.run([*as_user, "initdb", "-D", data, "-A", "trust", "-U", "postgres"], **run)
+        # -l: the server must not inherit our pipes, or run() would wait for it to exit.
+        log = os.path.join(folder, "log")
+        start = [*as_user, "pg_ctl", "-D", data, "-o", options, "-l", log, "-w", "start"]
+        subprocess.run(start, check=True, stdout=subprocess.DEVNULL, timeout=60)
+    except (subprocess.SubprocessError, OSError) as error:
+        _stop_postgres(as_user, data, folder)
+        pytest.skip(f"cannot start a PostgreSQL server: {error}")
+    yield f"postgresql://postgres@/postgres?host={folder}"
+    _stop_postgres(as_user, data, folder)
+
+
+def _stop_postgres(as_user: list[str], data: str, folder: str) -> None:
+    stop = [*as_user, "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"]
+    subprocess.run(stop, capture_output=True, timeout=60)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request, tmp_path) -> str:
+    """A fresh, empty store location: a SQLite path, or a PostgreSQL URL whose search_path
+    is a new schema (much cheaper than a database per test)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "auth.sqlite3")
+    import psycopg
+
+    server = request.getfixturevalue("postgres_server")
+    schema = f"auth_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server, autocommit=True) as connection:
+        connection.execute(f"CREATE SCHEMA {schema}")
+    parts = urlsplit(server)
+    query = "&".join(filter(None, [parts.query, f"options=-csearch_path%3D{schema}"]))
+    return parts._replace(query=query).geturl()
 
 
 @pytest.fixture
@@ -44,16 +104,15 @@ def clock():
 
 @pytest.fixture
 def store(db):
-    store = SQLiteAuthStore(db)
+    store = open_store(db)
     yield store
     store.close()
 
 
 def replica(db, clock=None, ttl: float = 0.5) -> AuthService:
-    """Another AuthService with its own connection to the same file: a second replica."""
-    return AuthService(
-        SQLiteAuthStore(db), AuthConfig(MODELS, cache_ttl=ttl), clock=clock or time.time
-    )
+    """Another AuthService with its own connection to the same store: a second replica."""
+    config = AuthConfig(MODELS, cache_ttl=ttl)
+    return AuthService(open_store(db), config, clock=clock or time.time)
 
 
 def new_key(store, account_name: str, **account_fields) -> str:
@@ -74,6 +133,7 @@ def test_keys_are_prefixed_random_and_stored_hashed(store):
     stored = store.list_keys()[0]
     assert stored.key_hash == hash_key(key) and key not in repr(stored)
     assert stored.hint == f"{KEY_PREFIX}...{key[-4:]}"
+    assert key_hint("local-dev-key") == "..."  # a short chosen key: no characters shown
 
 
 # -- errors, in order
@@ -161,7 +221,7 @@ def test_rpm_holds_across_processes(store, db):
     context = multiprocessing.get_context("fork")
     results = context.Queue()
     workers = [
-        context.Process(target=_authorize_many, args=(str(db), key, 10, results)) for _ in range(3)
+        context.Process(target=_authorize_many, args=(db, key, 10, results)) for _ in range(3)
     ]
     for worker in workers:
         worker.start()
@@ -278,12 +338,12 @@ def test_last_used_is_recorded_and_throttled(store, db, clock):
 
 
 def test_reopening_keeps_accounts_keys_and_usage(db, clock):
-    store = SQLiteAuthStore(db)
+    store = open_store(db)
     key = new_key(store, "acme", rpm=10, models=["m1"])
     service = AuthService(store, AuthConfig(MODELS), clock=clock)
     service.record_usage(service.authorize(key, "m1", "/v1/chat"), "m1", "/v1/chat", 3, 4, 200)
     store.close()
-    reopened = SQLiteAuthStore(db)
+    reopened = open_store(db)
     assert reopened.schema_version() == 1
     account = reopened.get_account_by_name("acme")
     assert (account.rpm, account.models, account.tokens_used_at(clock())) == (10, ("m1",), 7)
@@ -350,7 +410,7 @@ def test_cli_round_trip(db, capsys, monkeypatch):
     assert "all models, rpm unlimited" in capsys.readouterr().out
     assert cli.main(["set-status", "acme", "inactive"]) == 0
     assert cli.main(["set-status", "acme", "active"]) == 0
-    key_id = SQLiteAuthStore(db).list_keys()[0].id
+    key_id = open_store(db).list_keys()[0].id
     assert cli.main(["revoke", str(key_id)]) == 0
     assert cli.main(["revoke", str(key_id)]) == 1
     assert cli.main(["create-key", "nobody"]) == 1

@@ -22,6 +22,7 @@ import secrets
 
 KEY_PREFIX = "sk-sa-"
 KEY_RANDOM_BYTES = 32
+HINT_MIN_SECRET = 16  # show a key's last 4 characters only when it has at least this many
 MAX_KEY_LENGTH = 512  # a longer "key" is garbage: reject it before hashing
 
 
@@ -36,9 +37,13 @@ def hash_key(key: str) -> str:
 
 
 def key_hint(key: str) -> str:
-    """What ``list`` may show: the known prefix (if any) and the last 4 characters."""
+    """What ``list`` and logs may show: the known prefix (if any) and the last 4 characters.
+
+    A short operator-chosen key shows no characters at all: 4 of them would be most of it.
+    """
     prefix = KEY_PREFIX if key.startswith(KEY_PREFIX) else ""
-    return f"{prefix}...{key[-4:]}"
+    tail = key[-4:] if len(key) - len(prefix) >= HINT_MIN_SECRET else ""
+    return f"{prefix}...{tail}"
 
 
 def hashes_match(a: str, b: str) -> bool:

@@ -19,7 +19,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from serve_app.auth.keys import generate_key, hash_key, is_plausible_key, key_hint
+from serve_app.auth.keys import (
+    generate_key,
+    hash_key,
+    hashes_match,
+    is_plausible_key,
+    key_hint,
+)
 from serve_app.auth.ratelimit import Verdict
 from serve_app.auth.store import Account, ApiKey, AuthStore, StoreError, UsageRecord, period_key
 from serve_app.errors import AccountError, AuthenticationError, ModelNotFoundError, RateLimitError
@@ -182,6 +188,8 @@ class AuthService:
             entry = _Entry(*found, expires=mono + self.config.cache_ttl)
             with self._lock:
                 self._cache[digest] = entry
+        if not hashes_match(entry.key.key_hash, digest):  # defence in depth; always equal
+            raise AuthenticationError()
         if entry.key.revoked:
             logger.debug("rejected revoked key %d", entry.key.id)
             raise AuthenticationError()
@@ -189,6 +197,9 @@ class AuthService:
 
     @staticmethod
     def _check_account(account: Account, now: float) -> None:
+        """Quota is exhausted once used >= budget. Requests already admitted still finish
+        and are charged, so usage may end slightly above the budget; refusing on estimates
+        instead would block the last requests of every period for tokens never spent."""
         if not account.active:
             raise AccountError("This account is inactive. Contact the server operator.")
         remaining = account.quota_remaining(now)

@@ -249,11 +249,11 @@ class AuthStore(abc.ABC):
         """Release connections."""
 
 
-# --- SQLite -------------------------------------------------------------------------------
+# --- SQL stores ---------------------------------------------------------------------------
 
 # Each migration is a list of statements applied in one transaction; never edit a released one,
-# append a new version instead. The SQL is plain enough to run on PostgreSQL too (postgres.py
-# swaps the few SQLite-only spellings).
+# append a new version instead. Written in the SQL that SQLite and PostgreSQL share;
+# ``SqlAuthStore._ddl`` lets a dialect respell types (postgres.py: BIGINT, identity columns).
 MIGRATIONS: dict[int, list[str]] = {
     1: [
         """CREATE TABLE accounts (
@@ -309,73 +309,91 @@ _KEY_COLUMNS = "id, account_id, key_hash, hint, created_at, revoked_at, last_use
 _UPSERT_WINDOW = (
     "INSERT INTO rate_windows (account_id, bucket, requests, tokens) VALUES (?, ?, ?, ?) "
     "ON CONFLICT (account_id, bucket) DO UPDATE SET "
-    "requests = requests + excluded.requests, tokens = tokens + excluded.tokens"
+    "requests = rate_windows.requests + excluded.requests, "
+    "tokens = rate_windows.tokens + excluded.tokens"
 )
 
 
-class SQLiteAuthStore(AuthStore):
-    """The default store: a SQLite file in WAL mode, safe for several processes on one node.
+class SqlAuthStore(AuthStore):
+    """Everything but the connection: shared by the SQLite and PostgreSQL stores.
 
-    One connection per store object, guarded by a lock so a replica may call it from a
-    thread pool. Writes are short transactions (tens of microseconds), so ``busy_timeout``
-    waits are short too.
+    SQL is written once with ``?`` placeholders; a dialect overrides the class attributes
+    and hooks below. One connection per store object, guarded by a lock so a replica may
+    call it from a thread pool; writes are short transactions (tens of microseconds).
     """
 
-    def __init__(
-        self, path: str | Path, *, busy_timeout_ms: int = 5000, synchronous: str = "NORMAL"
-    ) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    begin_write = "BEGIN"  # how a read-modify-write transaction starts
+    integrity_errors: tuple[type[Exception], ...] = ()
+    placeholder = "?"
+
+    def __init__(self) -> None:
         self._lock = threading.RLock()
-        # isolation_level=None: no implicit transactions; we issue BEGIN IMMEDIATE ourselves.
-        self._conn = sqlite3.connect(
-            self.path,
-            isolation_level=None,
-            check_same_thread=False,
-            timeout=busy_timeout_ms / 1000,
-        )
-        self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        # NORMAL in WAL mode: a commit survives a process crash; only an OS crash or power
-        # loss can drop the last few commits. FULL fsyncs every commit (and every request).
-        self._conn.execute(f"PRAGMA synchronous = {_pragma_word(synchronous)}")
-        self._conn.execute("PRAGMA foreign_keys = ON")
-        self._migrate()
+        self._conn: Any = None
+
+    # -- dialect hooks
+
+    def _ddl(self, statement: str) -> str:
+        return statement
+
+    def _lock_migrations(self, db: Any) -> None:
+        """Serialize schema changes between processes starting at once."""
+
+    def _lock_account(self, db: Any, account_id: int) -> None:
+        """Serialize rate checks of one account (SQLite's BEGIN IMMEDIATE already does)."""
+
+    def _relax_durability(self, db: Any) -> None:
+        """This transaction only touches counters that may lose their last milliseconds in
+        a crash (rate windows, last-used times): let it commit without waiting for disk."""
+
+    def _connection(self) -> Any:
+        return self._conn
 
     # -- plumbing
 
+    def _execute(self, db: Any, sql: str, params: Sequence[Any] = ()) -> Any:
+        if self.placeholder != "?":
+            sql = sql.replace("?", self.placeholder)
+        return db.execute(sql, tuple(params))
+
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction holding the database's write lock from its first statement."""
+    def _write(self) -> Iterator[Any]:
+        """A transaction that holds the write lock(s) it needs from its first statement."""
         with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
+            db = self._connection()
+            db.execute(self.begin_write)
             try:
-                yield self._conn
+                yield db
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                db.execute("ROLLBACK")
                 raise
-            self._conn.execute("COMMIT")
+            db.execute("COMMIT")
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
-            return self._conn.execute(sql, params).fetchall()
+            return self._execute(self._connection(), sql, params).fetchall()
 
     def _migrate(self) -> None:
         """Apply missing migrations; safe when several processes start at once."""
-        with self._lock:
-            self._conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_version "
-                "(version INTEGER NOT NULL, applied_at REAL NOT NULL)"
-            )
         with self._write() as db:
-            current = db.execute("SELECT max(version) FROM schema_version").fetchone()[0] or 0
+            self._lock_migrations(db)
+            self._execute(
+                db,
+                self._ddl(
+                    "CREATE TABLE IF NOT EXISTS schema_version "
+                    "(version INTEGER NOT NULL, applied_at REAL NOT NULL)"
+                ),
+            )
+            current = self._execute(db, "SELECT max(version) FROM schema_version").fetchall()[0][0]
+            current = current or 0
             if current > max(MIGRATIONS):
-                raise StoreError(f"{self.path} has schema {current}, newer than this code")
+                raise StoreError(f"{self} has schema {current}, newer than this code")
             for version in sorted(v for v in MIGRATIONS if v > current):
                 for statement in MIGRATIONS[version]:
-                    db.execute(statement)
-                db.execute("INSERT INTO schema_version VALUES (?, ?)", (version, time.time()))
-                logger.info("auth store %s migrated to schema %d", self.path, version)
+                    self._execute(db, self._ddl(statement))
+                self._execute(
+                    db, "INSERT INTO schema_version VALUES (?, ?)", (version, time.time())
+                )
+                logger.info("auth store %s migrated to schema %d", self, version)
 
     def schema_version(self) -> int:
         return self._query("SELECT max(version) FROM schema_version")[0][0]
@@ -412,10 +430,12 @@ class SQLiteAuthStore(AuthStore):
         marks = ", ".join("?" for _ in fields)
         try:
             with self._write() as db:
-                account_id = db.execute(
-                    f"INSERT INTO accounts ({columns}) VALUES ({marks})", tuple(fields.values())
-                ).lastrowid
-        except sqlite3.IntegrityError as error:
+                account_id = self._execute(
+                    db,
+                    f"INSERT INTO accounts ({columns}) VALUES ({marks}) RETURNING id",
+                    tuple(fields.values()),
+                ).fetchall()[0][0]
+        except self.integrity_errors as error:
             raise StoreError(f"account {name!r} already exists") from error
         return self._require_account(account_id)
 
@@ -428,7 +448,8 @@ class SQLiteAuthStore(AuthStore):
         return _account(rows[0]) if rows else None
 
     def list_accounts(self) -> list[Account]:
-        return [_account(r) for r in self._query(f"SELECT {_ACCOUNT_COLUMNS} FROM accounts")]
+        rows = self._query(f"SELECT {_ACCOUNT_COLUMNS} FROM accounts ORDER BY id")
+        return [_account(row) for row in rows]
 
     def update_account(
         self,
@@ -442,22 +463,19 @@ class SQLiteAuthStore(AuthStore):
         quota_period: str | _Keep = KEEP,
     ) -> Account:
         changes = {
-            k: v
-            for k, v in dict(
-                status=status,
-                models=models,
-                rpm=rpm,
-                tpm=tpm,
-                quota_tokens=quota_tokens,
-                quota_period=quota_period,
-            ).items()
-            if v is not KEEP
+            "status": status,
+            "models": models,
+            "rpm": rpm,
+            "tpm": tpm,
+            "quota_tokens": quota_tokens,
+            "quota_period": quota_period,
         }
-        fields = _check_account_fields(**changes)
+        fields = _check_account_fields(**{k: v for k, v in changes.items() if v is not KEEP})
         if fields:
             assignments = ", ".join(f"{column} = ?" for column in fields)
             with self._write() as db:
-                db.execute(
+                self._execute(
+                    db,
                     f"UPDATE accounts SET {assignments} WHERE id = ?",
                     (*fields.values(), account_id),
                 )
@@ -480,14 +498,15 @@ class SQLiteAuthStore(AuthStore):
         created = time.time() if now is None else now
         try:
             with self._write() as db:
-                key_id = db.execute(
+                key_id = self._execute(
+                    db,
                     "INSERT INTO api_keys (account_id, key_hash, hint, created_at) "
-                    "VALUES (?, ?, ?, ?)",
+                    "VALUES (?, ?, ?, ?) RETURNING id",
                     (account_id, key_hash, hint, created),
-                ).lastrowid
-        except sqlite3.IntegrityError as error:
-            # Unknown account or a duplicate hash; never include the key in the message.
-            raise StoreError(f"cannot add key to account {account_id}: {error}") from error
+                ).fetchall()[0][0]
+        except self.integrity_errors as error:
+            # Unknown account or a duplicate hash; the message must never include a key.
+            raise StoreError(f"cannot add this key to account {account_id}") from error
         return ApiKey(key_id, account_id, key_hash, hint, created, None, None)
 
     def find_key(self, key_hash: str) -> tuple[ApiKey, Account] | None:
@@ -515,15 +534,18 @@ class SQLiteAuthStore(AuthStore):
 
     def revoke_key(self, key_id: int, now: float | None = None) -> bool:
         with self._write() as db:
-            cursor = db.execute(
+            cursor = self._execute(
+                db,
                 "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
                 (time.time() if now is None else now, key_id),
             )
-        return cursor.rowcount == 1
+            return cursor.rowcount == 1
 
     def touch_key(self, key_id: int, now: float, min_interval: float) -> None:
         with self._write() as db:
-            db.execute(
+            self._relax_durability(db)
+            self._execute(
+                db,
                 "UPDATE api_keys SET last_used_at = ? "
                 "WHERE id = ? AND (last_used_at IS NULL OR last_used_at <= ?)",
                 (now, key_id, now - min_interval),
@@ -542,23 +564,27 @@ class SQLiteAuthStore(AuthStore):
     ) -> Verdict:
         if rpm is None:  # nothing to count: a plain read decides the token limit
             with self._lock:
-                buckets = self._buckets(self._conn, account_id, now)
+                buckets = self._buckets(self._connection(), account_id, now)
             return ratelimit.evaluate(
                 buckets, now, rpm=None, tpm=tpm, estimated_tokens=estimated_tokens
             )
         with self._write() as db:
+            self._relax_durability(db)
+            self._lock_account(db, account_id)
             self._prune(db, account_id, now)
             buckets = self._buckets(db, account_id, now)
             verdict = ratelimit.evaluate(
                 buckets, now, rpm=rpm, tpm=tpm, estimated_tokens=estimated_tokens
             )
             if verdict.allowed:
-                db.execute(_UPSERT_WINDOW, (account_id, ratelimit.bucket_start(now), 1, 0))
+                bucket = ratelimit.bucket_start(now)
+                self._execute(db, _UPSERT_WINDOW, (account_id, bucket, 1, 0))
         return verdict
 
     def record_usage(self, record: UsageRecord) -> int:
         with self._write() as db:
-            db.execute(
+            self._execute(
+                db,
                 "INSERT INTO usage_ledger (account_id, key_id, model, endpoint, input_tokens, "
                 "output_tokens, status, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
@@ -575,7 +601,8 @@ class SQLiteAuthStore(AuthStore):
             used = self._charge(db, record)
             if record.total_tokens:
                 bucket = ratelimit.bucket_start(record.created_at)
-                db.execute(_UPSERT_WINDOW, (record.account_id, bucket, 0, record.total_tokens))
+                params = (record.account_id, bucket, 0, record.total_tokens)
+                self._execute(db, _UPSERT_WINDOW, params)
             self._prune(db, record.account_id, record.created_at)
         return used
 
@@ -588,43 +615,83 @@ class SQLiteAuthStore(AuthStore):
         return [UsageRecord(*row) for row in rows]
 
     def usage_totals(self, account_id: int, since: float | None = None) -> list[UsageTotal]:
+        since_clause, params = ("", [account_id])
+        if since is not None:
+            since_clause, params = (" AND created_at >= ?", [account_id, since])
         rows = self._query(
-            "SELECT model, endpoint, count(*), sum(input_tokens), sum(output_tokens) "
-            "FROM usage_ledger WHERE account_id = ? AND created_at >= ? "
-            "GROUP BY model, endpoint ORDER BY model, endpoint",
-            (account_id, float("-inf") if since is None else since),
+            "SELECT model, endpoint, count(*), CAST(sum(input_tokens) AS BIGINT), "
+            "CAST(sum(output_tokens) AS BIGINT) FROM usage_ledger "
+            f"WHERE account_id = ?{since_clause} GROUP BY model, endpoint ORDER BY model, endpoint",
+            params,
         )
         return [UsageTotal(*row) for row in rows]
 
-    @staticmethod
-    def _charge(db: sqlite3.Connection, record: UsageRecord) -> int:
+    def _charge(self, db: Any, record: UsageRecord) -> int:
         """Add the record's tokens to the quota counter, restarting it in a new period."""
-        row = db.execute(
-            "SELECT quota_period FROM accounts WHERE id = ?", (record.account_id,)
+        row = self._execute(
+            db, "SELECT quota_period FROM accounts WHERE id = ?", (record.account_id,)
         ).fetchone()
         if row is None:
             raise StoreError(f"no account with id {record.account_id}")
         key = period_key(row[0], record.created_at)
-        return db.execute(
+        return self._execute(
+            db,
             "UPDATE accounts SET tokens_used = CASE WHEN usage_period = ? "
             "THEN tokens_used + ? ELSE ? END, usage_period = ? WHERE id = ? RETURNING tokens_used",
             (key, record.total_tokens, record.total_tokens, key, record.account_id),
-        ).fetchone()[0]
+        ).fetchall()[0][0]
 
-    @staticmethod
-    def _buckets(db: sqlite3.Connection, account_id: int, now: float) -> list[Bucket]:
-        rows = db.execute(
+    def _buckets(self, db: Any, account_id: int, now: float) -> list[Bucket]:
+        rows = self._execute(
+            db,
             "SELECT bucket, requests, tokens FROM rate_windows WHERE account_id = ? AND bucket > ?",
             (account_id, now - ratelimit.KEEP_SECONDS),
         ).fetchall()
         return [Bucket(*row) for row in rows]
 
-    @staticmethod
-    def _prune(db: sqlite3.Connection, account_id: int, now: float) -> None:
-        db.execute(
+    def _prune(self, db: Any, account_id: int, now: float) -> None:
+        self._execute(
+            db,
             "DELETE FROM rate_windows WHERE account_id = ? AND bucket <= ?",
             (account_id, now - ratelimit.KEEP_SECONDS),
         )
+
+
+class SQLiteAuthStore(SqlAuthStore):
+    """The default store: a SQLite file in WAL mode, safe for several processes on one node.
+
+    WAL lets readers run while one process writes; ``busy_timeout`` makes a writer wait for
+    the lock instead of failing; ``BEGIN IMMEDIATE`` takes the write lock up front, so two
+    processes can never both pass a rate check only one of them should (and never deadlock
+    upgrading a read lock).
+    """
+
+    begin_write = "BEGIN IMMEDIATE"
+    integrity_errors = (sqlite3.IntegrityError,)
+
+    def __init__(
+        self, path: str | Path, *, busy_timeout_ms: int = 5000, synchronous: str = "NORMAL"
+    ) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: no implicit transactions; _write issues BEGIN IMMEDIATE.
+        self._conn = sqlite3.connect(
+            self.path,
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=busy_timeout_ms / 1000,
+        )
+        self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        self._conn.execute("PRAGMA journal_mode = WAL")
+        # NORMAL in WAL mode: a commit survives a process crash; only an OS crash or power
+        # loss can drop the last few commits. FULL fsyncs every commit (and every request).
+        self._conn.execute(f"PRAGMA synchronous = {_pragma_word(synchronous)}")
+        self._conn.execute("PRAGMA foreign_keys = ON")
+        self._migrate()
+
+    def __str__(self) -> str:
+        return str(self.path)
 
 
 def _pragma_word(value: str) -> str:
