@@ -11,6 +11,7 @@ from typing import Any
 from serve_app.auth.service import AuthConfig, AuthService, Grant, bootstrap_local
 from serve_app.auth.store import open_store
 from serve_app.config import AppConfig
+from serve_app.errors import ServiceError, UpstreamUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +30,7 @@ class AuthDeployment:
             announce_new_key(bootstrap_local(store, os.environ.get("SERVE_APP_API_KEY")))
 
     async def authorize(self, api_key: str | None, model: str | None, endpoint: str) -> Grant:
-        # SQLite calls are short but may wait on a lock held by another replica: off the loop.
-        return await asyncio.to_thread(self.service.authorize, api_key, model, endpoint)
+        return await self._in_thread(self.service.authorize, api_key, model, endpoint)
 
     async def record_usage(
         self,
@@ -41,9 +41,21 @@ class AuthDeployment:
         output_tokens: int,
         status: int,
     ) -> None:
-        await asyncio.to_thread(
+        await self._in_thread(
             self.service.record_usage, grant, model, endpoint, input_tokens, output_tokens, status
         )
+
+    @staticmethod
+    async def _in_thread(function, *args):
+        """Store calls are short but may wait on a lock another replica holds: off the loop.
+        A store that stays locked or unreachable is a 503 for the client, not a 500."""
+        try:
+            return await asyncio.to_thread(function, *args)
+        except ServiceError:
+            raise
+        except Exception as exc:
+            logger.error("auth store failed: %s", type(exc).__name__)
+            raise UpstreamUnavailableError("The account service is unavailable. Retry.") from None
 
     async def allowed_models(self, grant: Grant) -> set[str] | None:
         return self.service.allowed_models(grant)
