@@ -74,3 +74,24 @@ def graph(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     from tests.graph import start_graph
 
     yield from start_graph(tiny_source, tmp_path_factory)
+
+
+EMBEDDED_ID = "qwen2.5-coder-0.5b"
+
+
+@pytest.fixture(scope="session")
+def embedded_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """The router app on the embedded default model (in-process, real handles)."""
+    from fastapi.testclient import TestClient
+
+    from serve_app.testing import local_router_app
+
+    config = AppConfig(
+        models=[ModelConfig(id=EMBEDDED_ID, source="embedded:qwen2.5-coder-0.5b")],
+        roles=Roles(fim=EMBEDDED_ID, edit=EMBEDDED_ID, decisions=EMBEDDED_ID),
+        engine=EngineOptions(torch_threads=2, max_batch_size=8, prefill_chunk_tokens=128),
+        data_dir=str(tmp_path_factory.mktemp("embedded-data")),
+    )
+    os.environ["SERVE_APP_API_KEY"] = TEST_KEY
+    with TestClient(local_router_app(config), raise_server_exceptions=False) as test_client:
+        yield test_client
