@@ -184,7 +184,7 @@ def _check_order(spans: dict[str, _Span]) -> None:
     if not (inside or region.start >= file.end):
         raise _invalid(
             f"tags out of order: {opening(REGION)}...{closing(REGION)} must sit inside "
-            f"{opening(FILE)}...{closing(FILE)} or come right after it"
+            f"{opening(FILE)}...{closing(FILE)} or come after it"
         )
 
 
@@ -397,9 +397,9 @@ _WORD = re.compile(r"[A-Za-z_]\w*|\S")
 def recent_renames(diffs: list[str], region: str, limit: int = 3) -> list[tuple[str, str]]:
     """Identifier renames the diffs made that ``region`` still has the old name of.
 
-    A rename is a changed line pair (the n-th removed and n-th added line of a block with as
-    many of each) whose tokens differ in exactly single identifiers. Later edits win; at most
-    ``limit`` renames, the most recent, are returned.
+    A rename shows in a changed line pair (the n-th removed and n-th added line of a block
+    with as many of each) whose tokens differ only where one identifier replaces another.
+    Later edits win; at most ``limit`` renames, the most recent, are returned.
     """
     renames: dict[str, str] = {}
     for diff in diffs:
