@@ -17,6 +17,7 @@ from serve_app.engine.prompts.edit import (
     extract_edited_region,
     fit_to_context,
     parse_edit_prompt,
+    recent_renames,
     region_without_cursor,
     render_edit_prompt,
     split_diffs,
@@ -318,16 +319,46 @@ def test_render_then_parse_is_the_identity(prompt: EditPrompt) -> None:
 # --- chat messages and context fitting -----------------------------------------------------
 
 
-def test_messages_show_diffs_the_marked_file_and_the_region() -> None:
+def test_messages_show_snippets_file_diffs_then_the_region_and_the_task() -> None:
     system, user = build_messages(EXAMPLE)
     assert system["role"] == "system" and "only the rewritten region" in system["content"]
     assert user["role"] == "user"
     text = user["content"]
-    assert text.index("shop/models.py") < text.index("```diff") < text.index("<region>")
+    file_block = f"File shop/cart.py:\n```python\n{EXAMPLE.file_text}```"
+    region_block = f"Region:\n```python\n{EXAMPLE.region}```"
+    assert text.index("shop/models.py") < text.index(file_block) < text.index("```diff")
+    assert text.index("```diff") < text.index(region_block)
     assert "+        subtotal = apply_discount(subtotal, code)" in text
-    assert f"<region>\n{EXAMPLE.region}</region>" in text
+    assert text.endswith(
+        "Rewrite the region: rename `total` to `subtotal` in it, as the recent edits did."
+    )
     trimmed = build_messages(EXAMPLE, drop_snippets=3, drop_diffs=3)[1]["content"]
     assert "shop/models.py" not in trimmed and "```diff" not in trimmed
+    assert trimmed.endswith(
+        f"Rewrite the region: finish the code at {CURSOR} and keep the other lines."
+    )
+
+
+@pytest.mark.parametrize(
+    ("diff", "region", "expected"),
+    [
+        ("-    total = 0\n+    subtotal = 0", "total += 1", [("total", "subtotal")]),
+        ("-f(url, a)\n+f(endpoint, b)", "url; a", [("a", "b"), ("url", "endpoint")]),
+        ("-    total = 0\n+    subtotal = 0", "count += 1", []),  # region lacks the old name
+        ("-x = 1\n+x = 2", "x", []),  # a literal changed, not a name
+        ("-x = a\n+x = a + b", "a", []),  # lines of different shapes
+        ("-if x:\n+elif x:", "if", []),  # keywords are not names
+        ("-a\n-b\n+c", "a b", []),  # unequal blocks cannot be paired
+        ("-a = 1\n+b = 1\n-c = 2\n+d = 2", "a c", [("a", "b"), ("c", "d")]),
+        (
+            "--- a/f.py\n+++ b/f.py\n@@ -1 +1 @@\n-n = 1\n+m = 1\n k\n-m = 1\n+p = 1",
+            "n m",
+            [("n", "m"), ("m", "p")],
+        ),
+    ],
+)
+def test_recent_renames(diff: str, region: str, expected: list[tuple[str, str]]) -> None:
+    assert recent_renames([diff], region) == expected
 
 
 @pytest.fixture(scope="module")
@@ -392,9 +423,9 @@ def test_extract_unfenced_answer() -> None:
 
 def test_extract_strips_stray_tags_and_the_cursor() -> None:
     completion = (
-        f"```python\n<|code_to_edit|>\n<region>\n        {CURSOR}if subtotal < 0:\n"
+        f"```python\n<|code_to_edit|>\n        {CURSOR}if subtotal < 0:\n"
         "            subtotal = 0.0\n        return add_tax(subtotal)\n"
-        "</region>\n<|/code_to_edit|>\n```<|im_end|>"
+        "<|/code_to_edit|>\n```<|im_end|>"
     )
     assert extract_edited_region(completion, EXAMPLE) == (RENAMED + "\n", True)
 
@@ -429,7 +460,6 @@ _noise = st.lists(
             "\n",
             "x = 1",
             "Here is the code:",
-            "<region>",
             " ",
         ]
     ),
@@ -442,4 +472,4 @@ _noise = st.lists(
 def test_extract_never_returns_a_tag_or_the_cursor(completion: str) -> None:
     text, _ = extract_edited_region(completion, EXAMPLE)
     assert CURSOR not in text
-    assert not re.search(r"<\|/?\w+\|>|</?region>", text)
+    assert not re.search(r"<\|/?\w+\|>", text)

@@ -33,6 +33,7 @@ Everything else is kept byte for byte, so ``file_before + region + file_after`` 
 
 from __future__ import annotations
 
+import keyword
 import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -183,7 +184,7 @@ def _check_order(spans: dict[str, _Span]) -> None:
     if not (inside or region.start >= file.end):
         raise _invalid(
             f"tags out of order: {opening(REGION)}...{closing(REGION)} must sit inside "
-            f"{opening(FILE)}...{closing(FILE)} or come right after it"
+            f"{opening(FILE)}...{closing(FILE)} or come after it"
         )
 
 
@@ -322,48 +323,29 @@ def render_edit_prompt(prompt: EditPrompt) -> str:
 # Chat messages for the instruct model
 
 SYSTEM_PROMPT = (
-    "You predict a programmer's next code edit. You are shown the programmer's recent edits "
-    "as diffs, the current file, and a region of it that contains the cursor. Rewrite the "
-    "region to make the edit the programmer is most likely to make next: continue the pattern "
-    "of the recent edits and finish the code at the cursor. Keep the other lines of the region "
-    "as they are. Reply with only the rewritten region in one ``` code block, no explanations."
+    "You predict a programmer's next code edit. You are shown the current file, the "
+    "programmer's recent edits as diffs, and a region of the file that contains the cursor. "
+    "Rewrite the region to make the edit the programmer is most likely to make next: continue "
+    "the recent edits and finish the code at the cursor. Keep the other lines of the region as "
+    "they are. Reply with only the rewritten region in one ``` code block, no explanations."
 )
 
+# File suffix -> markdown fence label: a labelled fence tells the model the language.
+# fmt: off
 _LANGUAGES = {
-    ".py": "python",
-    ".js": "javascript",
-    ".jsx": "jsx",
-    ".ts": "typescript",
-    ".tsx": "tsx",
-    ".go": "go",
-    ".rs": "rust",
-    ".java": "java",
-    ".kt": "kotlin",
-    ".c": "c",
-    ".h": "c",
-    ".cc": "cpp",
-    ".cpp": "cpp",
-    ".hpp": "cpp",
-    ".cs": "csharp",
-    ".rb": "ruby",
-    ".php": "php",
-    ".swift": "swift",
-    ".sh": "bash",
-    ".sql": "sql",
-    ".html": "html",
-    ".css": "css",
-    ".json": "json",
-    ".yaml": "yaml",
-    ".yml": "yaml",
-    ".md": "markdown",
+    "py": "python", "js": "javascript", "jsx": "jsx", "ts": "typescript", "tsx": "tsx",
+    "go": "go", "rs": "rust", "java": "java", "kt": "kotlin", "c": "c", "h": "c", "cc": "cpp",
+    "cpp": "cpp", "hpp": "cpp", "cs": "csharp", "rb": "ruby", "php": "php", "swift": "swift",
+    "sh": "bash", "sql": "sql", "html": "html", "css": "css", "json": "json", "yaml": "yaml",
+    "yml": "yaml", "md": "markdown",
 }
+# fmt: on
 
 
 def fence_language(path: str) -> str:
-    """The markdown fence label for a file path ('' when unknown): it helps the model."""
+    """The markdown fence label for a file path ('' when unknown)."""
     name = path.rsplit("/", 1)[-1]
-    suffix = name[name.rfind(".") :].lower() if "." in name else ""
-    return _LANGUAGES.get(suffix, "")
+    return _LANGUAGES.get(name.rsplit(".", 1)[-1].lower(), "") if "." in name else ""
 
 
 def _fenced(code: str, language: str = "") -> str:
@@ -375,8 +357,14 @@ def build_messages(
 ) -> list[dict[str, str]]:
     """System and user messages for the instruct model.
 
+    The user message shows, in this order: recently viewed snippets, the file, the recent
+    diffs, the region with its cursor, then what to do. What comes last weighs most for a 0.5B
+    model, which otherwise copies the region unchanged; so the closing line names the renames
+    the diffs made that the region still lacks (``recent_renames``), when there are any. The
+    file is shown plain: with the region marked in it, the model tended to echo the file.
+
     ``drop_snippets``/``drop_diffs`` leave out that many of the oldest snippets/diffs (used by
-    ``fit_to_context``). Sections with nothing to show are left out, to keep the prompt short.
+    ``fit_to_context``). Empty sections are left out, to keep the prompt short.
     """
     language = fence_language(prompt.file_path)
     parts = []
@@ -384,18 +372,78 @@ def build_messages(
     if snippets:
         shown = (f"{s.path}:\n{_fenced(s.code, fence_language(s.path))}" for s in snippets)
         parts.append("Recently viewed code:\n" + "\n".join(shown))
+    parts.append(f"File {prompt.file_path}:\n{_fenced(prompt.file_text, language)}")
     diffs = prompt.diffs[drop_diffs:]
     if diffs:
         parts.append("Recent edits, oldest first:\n" + _fenced("\n".join(diffs), "diff"))
-    marked = f"{prompt.file_before}<region>\n{prompt.region}</region>\n{prompt.file_after}"
-    parts.append(f"File {prompt.file_path}:\n{_fenced(marked, language)}")
-    parts.append(
-        f"Rewrite this region ({CURSOR} marks the cursor):\n{_fenced(prompt.region, language)}"
-    )
+    parts.append(f"Region:\n{_fenced(prompt.region, language)}\n{_task(prompt, diffs)}")
     return [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": "\n\n".join(parts)},
     ]
+
+
+def _task(prompt: EditPrompt, diffs: list[str]) -> str:
+    renames = recent_renames(diffs, region_without_cursor(prompt))
+    if not renames:
+        return f"Rewrite the region: finish the code at {CURSOR} and keep the other lines."
+    pairs = " and ".join(f"`{old}` to `{new}`" for old, new in renames)
+    return f"Rewrite the region: rename {pairs} in it, as the recent edits did."
+
+
+_WORD = re.compile(r"[A-Za-z_]\w*|\S")
+
+
+def recent_renames(diffs: list[str], region: str, limit: int = 3) -> list[tuple[str, str]]:
+    """Identifier renames the diffs made that ``region`` still has the old name of.
+
+    A rename shows in a changed line pair (the n-th removed and n-th added line of a block
+    with as many of each) whose tokens differ only where one identifier replaces another.
+    Later edits win; at most ``limit`` renames, the most recent, are returned.
+    """
+    renames: dict[str, str] = {}
+    for diff in diffs:
+        for removed, added in _changed_line_pairs(diff):
+            for old, new in _identifier_swaps(removed, added):
+                renames.pop(old, None)
+                renames[old] = new
+    in_region = set(_WORD.findall(region))
+    found = [(old, new) for old, new in renames.items() if old in in_region]
+    return found[-limit:]
+
+
+def _changed_line_pairs(diff: str) -> list[tuple[str, str]]:
+    """Pair removed and added lines of each change block that has as many of each."""
+    pairs: list[tuple[str, str]] = []
+    removed: list[str] = []
+    added: list[str] = []
+    for line in [*diff.split("\n"), ""]:
+        is_removed = line.startswith("-") and not line.startswith("--- ")
+        if line.startswith("+") and not line.startswith("+++ "):
+            added.append(line[1:])
+        elif is_removed and not added:
+            removed.append(line[1:])
+        else:  # the block ended: pair it up, and a removal starts the next one
+            if len(removed) == len(added):
+                pairs.extend(zip(removed, added, strict=True))
+            removed, added = ([line[1:]] if is_removed else []), []
+    return pairs
+
+
+def _identifier_swaps(before: str, after: str) -> list[tuple[str, str]]:
+    """Identifiers replaced one for one between two versions of a line."""
+    old, new = _WORD.findall(before), _WORD.findall(after)
+    if len(old) != len(new):
+        return []
+    swaps = {(a, b) for a, b in zip(old, new, strict=True) if a != b}
+    if not all(_is_identifier(a) and _is_identifier(b) for a, b in swaps):
+        return []  # more than a rename changed (an operator, a literal, ...)
+    olds = [a for a, _ in swaps]
+    return sorted(swaps) if len(olds) == len(set(olds)) else []
+
+
+def _is_identifier(token: str) -> bool:
+    return token.isidentifier() and not keyword.iskeyword(token)
 
 
 def _encode(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
@@ -451,8 +499,8 @@ def fit_to_context(
 # ---------------------------------------------------------------------------------------------
 # Reading the model's answer
 
-# Special-token-like tags (<|cursor|>, <|im_end|>, ...) and the region markers the prompt shows.
-_MARKER = re.compile(r"<\|/?[A-Za-z_][A-Za-z0-9_]*\|>|</?region>")
+# Special-token-like tags: <|cursor|>, <|im_end|>, <|code_to_edit|>, ...
+_TAG = re.compile(r"<\|/?[A-Za-z_][A-Za-z0-9_]*\|>")
 # A line of English at the left margin: a capitalised word, two more words, no code symbols.
 _PROSE = re.compile(r"^[A-Z][a-z']*[,.:!]?(?:[ \t]+\S+){2,}$")
 _CODE_SYMBOLS = set('=(){}[];<>#"\\')
@@ -461,15 +509,14 @@ _CODE_SYMBOLS = set('=(){}[];<>#"\\')
 def extract_edited_region(completion: str, prompt: EditPrompt) -> tuple[str, bool]:
     """The rewritten region from the model's raw text, and whether the text was usable.
 
-    Takes the first fenced block (or, unfenced, the text less any prose lines around it),
-    removes every ``<|...|>`` tag (the cursor marker included) and the region markers the
-    prompt shows, and gives the result the region's leading and trailing newlines. Tags that
-    the user's own region holds (a tokenizer's source, say) are kept: the answer replaces that
-    code. When nothing usable is left it returns the original region (cursor removed) and
-    ``False``.
+    Removes every ``<|...|>`` tag (the cursor marker included), takes the first fenced block
+    (or, unfenced, the text less any prose lines around it) and gives it the region's leading
+    and trailing newlines. Tags that the user's own region holds (a tokenizer's source, say)
+    are kept: the answer replaces that code. When nothing usable is left it returns the
+    original region (cursor removed) and ``False``.
     """
     original = region_without_cursor(prompt)
-    text = _strip_markers(completion, keep=set(_MARKER.findall(original)))
+    text = _strip_tags(completion, keep=set(_TAG.findall(original)))
     code = _fenced_block(text, original)
     if code is None:
         code = _strip_prose(text, original)
@@ -478,10 +525,10 @@ def extract_edited_region(completion: str, prompt: EditPrompt) -> tuple[str, boo
     return _match_edge_newlines(code, original), True
 
 
-def _strip_markers(text: str, keep: set[str]) -> str:
+def _strip_tags(text: str, keep: set[str]) -> str:
     """Remove tags until none is left (removing one could join the halves of another)."""
     while True:
-        stripped = _MARKER.sub(lambda m: m.group(0) if m.group(0) in keep else "", text)
+        stripped = _TAG.sub(lambda m: m.group(0) if m.group(0) in keep else "", text)
         if stripped == text:
             return text
         text = stripped
