@@ -75,7 +75,8 @@ def test_include_usage_chunk(embedded_client):
 
 def test_context_length_error(embedded_client):
     response = embedded_client.post(
-        "/v1/fim/completions", json={**FIB, "max_tokens": 8192, "prompt": "x" * 200_000},
+        "/v1/fim/completions",
+        json={**FIB, "max_tokens": 8192, "prompt": "x" * 200_000},
         headers=AUTH,
     )
     assert response.status_code == 400

@@ -1,0 +1,73 @@
+"""Next-edit on the embedded model over HTTP (greedy, small): renames, completions, clean output."""
+
+from __future__ import annotations
+
+import pytest
+
+from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT
+from tests.conftest import AUTH, EMBEDDED_ID
+
+pytestmark = pytest.mark.embedded
+
+UNFINISHED = """<|recently_viewed_code_snippets|>
+<|/recently_viewed_code_snippets|>
+<|edit_diff_history|>
+<|/edit_diff_history|>
+<|current_file_content|>
+current_file_path: cart.py
+from dataclasses import dataclass
+
+
+@dataclass
+class Item:
+    name: str
+    price: float
+
+
+class Cart:
+    def __init__(self):
+        self.items = []
+
+<|code_to_edit|>
+    def most_expensive(self):
+        if not self.items:
+            return None
+        return max(self.items, key=lambda item: item.<|cursor|>
+
+    def is_empty(self):
+        return not self.items
+<|/code_to_edit|>
+<|/current_file_content|>"""
+
+
+def edit(client, content: str, max_tokens: int = 96) -> dict:
+    body = {
+        "model": EMBEDDED_ID,
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": content}],
+    }
+    response = client.post("/v1/edit/completions", json=body, headers=AUTH)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_rename_from_the_diff_history_is_applied(embedded_client):
+    body = edit(embedded_client, EXAMPLE_EDIT_CONTENT)
+    content = body["choices"][0]["message"]["content"]
+    assert "subtotal" in content
+    assert "total <" not in content.replace("subtotal", "")
+    assert body["usage"]["prompt_tokens"] > 200
+
+
+def test_unfinished_line_is_completed_and_the_rest_kept(embedded_client):
+    content = edit(embedded_client, UNFINISHED)["choices"][0]["message"]["content"]
+    assert "item.price)" in content
+    assert "def is_empty(self):" in content
+    assert "return not self.items" in content
+
+
+def test_output_never_contains_tags_or_the_cursor(embedded_client):
+    for content in (EXAMPLE_EDIT_CONTENT, UNFINISHED):
+        answer = edit(embedded_client, content, max_tokens=48)["choices"][0]["message"]["content"]
+        assert "<|" not in answer and "|>" not in answer and "```" not in answer
