@@ -31,8 +31,8 @@ class EngineDeployment:
 
     def start_generator(self, config: AppConfig, model: ModelConfig) -> Generator:
         self.engine = start_engine(config, model, cpus=replica_cpus())
-        self._stats_task = _start_background(report_engine_stats(self.engine, self.deployment_name))
-        return Generator(self.engine, model, LatencyMetrics(self.deployment_name))
+        self._stats_task = _start_background(report_engine_stats(self.engine))
+        return Generator(self.engine, model, LatencyMetrics())
 
     def check_health(self) -> None:
         """Serve's health check: a replica whose engine loop died gets replaced."""

@@ -16,29 +16,27 @@ POLL_INTERVAL_S = 1.0
 class LatencyMetrics:
     """A ``GenerationObserver`` that records time to first token and inter-token gaps."""
 
-    def __init__(self, deployment: str) -> None:
-        self.tags = {"deployment": deployment}
-
     def first_token(self, seconds: float) -> None:
-        metrics.time_to_first_token().observe(seconds * 1000, tags=self.tags)
+        metrics.time_to_first_token().observe(seconds * 1000)
 
     def token_gap(self, seconds: float) -> None:
-        metrics.inter_token_latency().observe(seconds * 1000, tags=self.tags)
+        metrics.inter_token_latency().observe(seconds * 1000)
 
 
-async def report_engine_stats(engine: LLMEngine, deployment: str) -> None:
-    """Publish queue depth, running batch and prefix-cache hits once a second, forever."""
-    tags = {"deployment": deployment}
+async def report_engine_stats(engine: LLMEngine) -> None:
+    """Publish queue depth, running batch and prefix-cache hits once a second, forever.
+
+    Ray Serve tags each series with the deployment and replica itself."""
     reported_hit_tokens = 0
     while True:
         try:
             stats = engine.stats()
-            metrics.engine_gauge("waiting_requests").set(stats.num_waiting, tags=tags)
-            metrics.engine_gauge("running_requests").set(stats.num_running, tags=tags)
-            metrics.engine_gauge("decode_batch_size").set(stats.num_decoding, tags=tags)
+            metrics.engine_gauge("waiting_requests").set(stats.num_waiting)
+            metrics.engine_gauge("running_requests").set(stats.num_running)
+            metrics.engine_gauge("decode_batch_size").set(stats.num_decoding)
             new_hits = stats.prefix_cache_hit_tokens - reported_hit_tokens
             if new_hits > 0:
-                metrics.prefix_cache_hits().inc(new_hits, tags=tags)
+                metrics.prefix_cache_hits().inc(new_hits)
             reported_hit_tokens = stats.prefix_cache_hit_tokens
         except Exception:
             logger.exception("could not report engine stats")

@@ -1,7 +1,8 @@
 """Prometheus metrics, through Ray Serve's metrics API (exported by every Ray node).
 
 Ray prefixes names with ``ray_`` and counters get ``_total`` in Prometheus, so
-``serve_app_requests`` is scraped as ``ray_serve_app_requests_total``. Objects are created on
+``serve_app_requests`` is scraped as ``ray_serve_app_requests_total``. Ray Serve adds the
+``deployment``, ``replica`` and ``application`` tags itself (they are reserved). Objects are created on
 first use in each process (each replica has its own), never at import time.
 """
 
@@ -58,7 +59,6 @@ def time_to_first_token() -> metrics.Histogram:
         "serve_app_time_to_first_token_ms",
         description="Time from admission to the first generated text (ms).",
         boundaries=LATENCY_MS,
-        tag_keys=("deployment",),
     )
 
 
@@ -68,7 +68,6 @@ def inter_token_latency() -> metrics.Histogram:
         "serve_app_inter_token_latency_ms",
         description="Gap between consecutive streamed pieces of one request (ms).",
         boundaries=GAP_MS,
-        tag_keys=("deployment",),
     )
 
 
@@ -77,7 +76,6 @@ def engine_gauge(name: str) -> metrics.Gauge:
     return metrics.Gauge(
         f"serve_app_engine_{name}",
         description=f"Engine {name.replace('_', ' ')} in this replica.",
-        tag_keys=("deployment",),
     )
 
 
@@ -86,5 +84,4 @@ def prefix_cache_hits() -> metrics.Counter:
     return metrics.Counter(
         "serve_app_prefix_cache_hit_tokens",
         description="Prompt tokens served from the prefix cache instead of recomputed.",
-        tag_keys=("deployment",),
     )
