@@ -2,8 +2,8 @@
 
 Ray prefixes names with ``ray_`` and counters get ``_total`` in Prometheus, so
 ``serve_app_requests`` is scraped as ``ray_serve_app_requests_total``. Ray Serve adds the
-``deployment``, ``replica`` and ``application`` tags itself (they are reserved). Objects are created on
-first use in each process (each replica has its own), never at import time.
+``deployment``, ``replica`` and ``application`` tags itself (they are reserved). Objects are
+created on first use in each process (each replica has its own), never at import time.
 """
 
 from __future__ import annotations
