@@ -74,10 +74,10 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def table(rows: list[list[str]]) -> str:
+    """A Markdown table (first row is the header), ready to paste into README.md."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [
-        " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-        for row in rows
-    ]
-    lines.insert(1, "-|-".join("-" * width for width in widths))
-    return "\n".join("| " + line + " |" for line in lines)
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    return "\n".join([line(rows[0]), line(["-" * w for w in widths])] + [line(r) for r in rows[1:]])

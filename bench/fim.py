@@ -137,8 +137,8 @@ def main() -> None:
     baseline = baseline_figures(args, loaded)
     rows = [["metric", "service", "naive baseline", "service / baseline"]]
     for name in service:
-        ratio = service[name] / baseline[name] if baseline[name] else float("nan")
-        rows.append([name, f"{service[name]:.2f}", f"{baseline[name]:.2f}", f"{ratio:.2f}x"])
+        ratio = f"{service[name] / baseline[name]:.2f}x" if baseline[name] else "-"
+        rows.append([name, f"{service[name]:.2f}", f"{baseline[name]:.2f}", ratio])
     print(table(rows))
 
 
