@@ -86,9 +86,9 @@ def db(request, tmp_path) -> str:
     is a new schema (much cheaper than a database per test)."""
     if request.param == "sqlite":
         return str(tmp_path / "auth.sqlite3")
+    server = request.getfixturevalue("postgres_server")  # skips without psycopg or a server
     import psycopg
 
-    server = request.getfixturevalue("postgres_server")
     schema = f"auth_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(server, autocommit=True) as connection:
         connection.execute(f"CREATE SCHEMA {schema}")
