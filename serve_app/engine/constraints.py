@@ -52,6 +52,8 @@ from typing import Any
 
 import torch
 
+from serve_app.engine.sampling import LogitsProcessor, Temperature, TopK, TopP
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_TOP_K = 64
@@ -1033,15 +1035,18 @@ class JsonConstraint:
         first_ok = torch.zeros(257, dtype=torch.bool)
         for b in range(256):
             first_ok[b] = self.validator.copy().feed(bytes((b,)))
-        first = self.texts.first_bytes(logits.numel())
-        ids = torch.nonzero(first_ok[first]).flatten().to(logits.device)
-        order = torch.argsort(logits[ids], descending=True)
-        candidates = ids[order].tolist()
-        for start in range(0, len(candidates), SCAN_CHUNK):
-            chunk = candidates[start : start + SCAN_CHUNK]
-            found = [i for i in chunk if self._accepts(i, limit)]
-            if found:
-                return found
+        mask = first_ok[self.texts.first_bytes(logits.numel())].to(logits.device)
+        pool = int(mask.sum())
+        masked = logits.masked_fill(~mask, float("-inf"))
+        done, size = 0, SCAN_CHUNK
+        while done < pool:  # growing top-k windows: a full sort of 151k logits costs ~10 ms
+            size = min(size, pool)
+            window = torch.topk(masked, size).indices.tolist()[done:]
+            for start in range(0, len(window), SCAN_CHUNK):
+                found = [i for i in window[start : start + SCAN_CHUNK] if self._accepts(i, limit)]
+                if found:
+                    return found
+            done, size = size, size * 8
         return []
 
 
@@ -1073,3 +1078,18 @@ def constraint_for_response_format(
     else:
         raise SchemaError(f"unknown response_format type {kind!r}")
     return JsonConstraint(token_texts, eos_token_ids, schema, max_tokens=max_tokens)
+
+
+def attach_constraint(sampler: Any, constraint: LogitsProcessor | None) -> None:
+    """Put ``constraint`` in ``sampler.processors`` after the penalties, before the warpers.
+
+    Penalties reshape the model's preferences and must see every token; temperature / top-k /
+    top-p must only renormalise among valid tokens (a top-k taken before masking could keep
+    nothing valid). Greedy samplers have no warpers, so this appends.
+    """
+    if constraint is None:
+        return
+    warpers = (Temperature, TopK, TopP)
+    processors = sampler.processors
+    index = next((i for i, p in enumerate(processors) if isinstance(p, warpers)), len(processors))
+    processors.insert(index, constraint)
