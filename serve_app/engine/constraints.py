@@ -59,6 +59,11 @@ logger = logging.getLogger(__name__)
 DEFAULT_TOP_K = 64
 # Candidates tried per chunk when none of the top-K is valid and the vocabulary is scanned.
 SCAN_CHUNK = 256
+# Most candidates tried by one scan before settling for the valid single-byte tokens; fewer
+# when the budget forces progress (closing a long string: valid tokens need a '"', and
+# trying thousands of words to find one costs ~25 ms while a single '"' always works).
+MAX_SCAN = 4096
+MAX_SCAN_CLOSING = 256
 # Longest run of structural whitespace allowed before the value: models love endless "\n".
 MAX_WS_RUN = 64
 
@@ -102,6 +107,10 @@ class TokenTexts:
             b"" if i in self.special_ids else bytes(b) for i, b in enumerate(token_bytes)
         ]
         self.whitespace_ids = [i for i, b in enumerate(self.token_bytes) if b and set(b) <= _WS]
+        self.byte_token_ids: dict[int, int] = {}  # byte -> the token that is just that byte
+        for i, b in enumerate(self.token_bytes):
+            if len(b) == 1:
+                self.byte_token_ids.setdefault(b[0], i)
         self._first_bytes = torch.tensor([b[0] if b else 256 for b in self.token_bytes])
         self._first_bytes_sized: dict[int, torch.Tensor] = {}
 
@@ -1027,27 +1036,40 @@ class JsonConstraint:
         return trial.feed(data) and (limit is None or trial.distance() <= limit)
 
     def _scan(self, logits: torch.Tensor, limit: int | None) -> list[int]:
-        """Try the whole vocabulary in logit order, in chunks, until some token is valid.
+        """The valid tokens that matter when none of the top-K is valid (never empty if any is).
 
-        Only tokens whose first byte is valid are tried (one vectorised lookup), which leaves
-        few candidates exactly where top-K misses (e.g. a key must start with ``"``).
+        Byte-level vocabularies have a token per byte, and some byte is always valid (within
+        budget, when the budget can be met), so the valid single-byte tokens are a *floor*:
+        only tokens with a higher logit and a valid first byte (one vectorised lookup) can beat
+        them, and those are tried in logit order, in growing top-k windows (a full sort of
+        151k logits costs ~10 ms), at most ``MAX_SCAN`` of them (``MAX_SCAN_CLOSING`` when
+        the budget forces progress). Greedy stays exact unless that cap is hit.
         """
         first_ok = torch.zeros(257, dtype=torch.bool)
+        floor: list[int] = []
         for b in range(256):
-            first_ok[b] = self.validator.copy().feed(bytes((b,)))
+            trial = self.validator.copy()
+            if trial.feed(bytes((b,))):
+                first_ok[b] = True
+                token = self.texts.byte_token_ids.get(b)
+                if token is not None and (limit is None or trial.distance() <= limit):
+                    floor.append(token)
         mask = first_ok[self.texts.first_bytes(logits.numel())].to(logits.device)
-        pool = int(mask.sum())
+        if floor:
+            mask &= logits > logits[floor].max()
+        closing = limit is not None and limit < self.validator.distance()
+        pool = min(int(mask.sum()), MAX_SCAN_CLOSING if closing else MAX_SCAN)
         masked = logits.masked_fill(~mask, float("-inf"))
         done, size = 0, SCAN_CHUNK
-        while done < pool:  # growing top-k windows: a full sort of 151k logits costs ~10 ms
+        while done < pool:
             size = min(size, pool)
             window = torch.topk(masked, size).indices.tolist()[done:]
             for start in range(0, len(window), SCAN_CHUNK):
                 found = [i for i in window[start : start + SCAN_CHUNK] if self._accepts(i, limit)]
                 if found:
-                    return found
+                    return found + floor
             done, size = size, size * 8
-        return []
+        return floor
 
 
 def constraint_for_response_format(
