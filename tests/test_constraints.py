@@ -205,7 +205,7 @@ MUTATION_BYTES = b'{}[]",:0123456789-+.eEtrufalsn \\/\n\x00\x7f\xc3\xa9\xff'
             st.sampled_from(["insert", "delete", "replace"]),
             st.integers(0, 10**6),
             st.sampled_from(list(MUTATION_BYTES)),
-        ),  # fmt: skip
+        ),
         min_size=1,
         max_size=3,
     ),
