@@ -1,0 +1,597 @@
+"""JSON-constrained decoding: the prefix automaton against ``json.loads`` / ``jsonschema`` as
+oracles, the shortest-completion distance the token budget relies on, and the logits processor
+driving the tiny model (random weights, so only the constraint makes its output JSON).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from typing import Any
+
+import jsonschema
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from serve_app.engine.constraints import (
+    ANY_OBJECT,
+    MAX_WS_RUN,
+    JsonConstraint,
+    JsonValidator,
+    Node,
+    SchemaError,
+    TokenTexts,
+    attach_constraint,
+    compile_schema,
+    constraint_for_response_format,
+    validate_output,
+)
+from serve_app.engine.protocol import SamplingParams
+from serve_app.engine.sampling import Sampler, TokenHistory
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "score": {"type": "number"},
+        "active": {"type": "boolean"},
+        "nickname": {"type": ["string", "null"]},
+        "color": {"enum": ["red", "green", "blue"]},
+        "level": {"enum": [1, 12, 2.5, None, "x"]},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+    "required": ["name", "age", "address"],
+    "additionalProperties": False,
+}
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+def run_validator(data: bytes | str, node: Node = ANY_OBJECT) -> JsonValidator:
+    v = JsonValidator(node)
+    v.feed(data)
+    return v
+
+
+def accepts(data: bytes | str, node: Node = ANY_OBJECT) -> bool:
+    return not run_validator(data, node).dead
+
+
+def complete(data: bytes | str, node: Node = ANY_OBJECT) -> bool:
+    return run_validator(data, node).complete
+
+
+def parses_as_object(data: bytes) -> bool:
+    """The oracle: what ``json.loads`` accepts as a JSON object (no NaN/Infinity)."""
+
+    def no_constants(name: str) -> None:
+        raise ValueError(name)
+
+    try:
+        value = json.loads(data.decode("utf-8"), parse_constant=no_constants)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(value, dict)
+
+
+# -- the validator on plain JSON --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{}",
+        ' \n{ "a" : 1 }\n ',
+        '{"a": [1, -0, 2.5e-3, 1E+9, "x\\u00e9\\n", true, false, null, {}, []]}',
+        '{"nested": {"deep": [[[]], {"k": {"z": -12.0}}]}}',
+        '{"é": "中文 ünïcode 🎉"}',
+    ],
+)
+def test_valid_documents_are_complete(text: str) -> None:
+    assert complete(text) and parses_as_object(text.encode())
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[1]",  # json_object: the top level must be an object
+        '"x"',
+        "1",
+        '{"a":01}',
+        '{"a":1,}',
+        '{,"a":1}',
+        '{"a" 1}',
+        '{"a":-}',
+        '{"a":1.}',
+        '{"a":.5}',
+        '{"a":tru}',
+        '{"a":True}',
+        '{"a":NaN}',
+        "{'a':1}",
+        '{"a":"\\x"}',
+        '{"a":"\\u12g4"}',
+        '{"a":"tab\there"}',
+        '{"a":1}}',
+        '{"a":1} x',
+        '{"a":1}{}',
+        b'{"a":"\xc0\x80"}',  # overlong
+        b'{"a":"\xed\xa0\x80"}',  # UTF-8-encoded surrogate
+        b'{"a":"\xc3("}',  # lead byte without continuation
+        b'{"a":"\xf5\x80\x80\x80"}',  # beyond U+10FFFF
+    ],
+)
+def test_invalid_documents_are_rejected(text: str | bytes) -> None:
+    data = text.encode() if isinstance(text, str) else text
+    assert not complete(data)
+    assert not parses_as_object(data)
+
+
+def test_partial_utf8_is_a_valid_prefix_but_not_complete() -> None:
+    v = run_validator(b'{"a":"\xe4\xb8')
+    assert not v.dead and not v.complete and v.distance() == 3  # one byte, quote, brace
+    assert v.feed(b'\xad"}') and v.complete
+
+
+def test_whitespace_runs_are_capped_until_the_value_ends() -> None:
+    assert accepts("{" + " " * MAX_WS_RUN)
+    assert not accepts("{" + " " * (MAX_WS_RUN + 1))
+    assert accepts('{"a": " ' + " " * 200 + '"')  # inside strings, spaces are text
+    assert complete("{}" + "\n" * 500)  # after the value, only whitespace can come anyway
+
+
+def test_copy_is_independent() -> None:
+    v = run_validator('{"a": [1, {"b": "x')
+    trial = v.copy()
+    assert trial.feed('"}]}') and trial.complete
+    assert not v.complete and v.feed('y"}]}') and v.complete
+
+
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**20), 10**20)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+json_objects = st.dictionaries(st.text(max_size=5), json_values, max_size=5)
+dump_styles = st.sampled_from(
+    [{}, {"indent": 2}, {"separators": (",", ":")}, {"ensure_ascii": False}, {"indent": "\t"}]
+)
+
+
+@FAST
+@given(value=json_objects, style=dump_styles)
+def test_every_prefix_of_a_document_is_accepted_and_complete_only_at_the_end(
+    value: dict, style: dict
+) -> None:
+    data = json.dumps(value, **style).encode()
+    v = JsonValidator()
+    for i, b in enumerate(data):
+        assert v.feed(bytes((b,))), data[: i + 1]
+        assert v.complete == (i == len(data) - 1), data[: i + 1]
+        assert (v.distance() == 0) == v.complete
+
+
+MUTATION_BYTES = b'{}[]",:0123456789-+.eEtrufalsn \\/\n\x00\x7f\xc3\xa9\xff'
+
+
+@FAST
+@given(
+    value=json_objects,
+    style=dump_styles,
+    edits=st.lists(
+        st.tuples(
+            st.sampled_from(["insert", "delete", "replace"]),
+            st.integers(0, 10**6),
+            st.sampled_from(list(MUTATION_BYTES)),
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+)
+def test_validator_agrees_with_json_loads_on_mutated_documents(
+    value: dict, style: dict, edits: list[tuple[str, int, int]]
+) -> None:
+    data = bytearray(json.dumps(value, **style).encode())
+    for op, pos, b in edits:
+        pos %= len(data) + (op == "insert")
+        if op == "insert":
+            data.insert(pos, b)
+        elif op == "delete" and len(data) > 1:
+            del data[pos]
+        elif op == "replace":
+            data[pos] = b
+    assert complete(bytes(data)) == parses_as_object(bytes(data)), bytes(data)
+
+
+@FAST
+@given(st.binary(max_size=12).map(lambda tail: b'{"k": ' + tail))
+def test_validator_agrees_with_json_loads_on_random_bytes(data: bytes) -> None:
+    assert complete(data) == parses_as_object(data)
+
+
+# -- schemas -----------------------------------------------------------------------------------
+
+schema_strings = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=6)
+schema_instances = st.fixed_dictionaries(
+    {
+        "name": schema_strings,
+        "age": st.integers(-1000, 10**12),
+        "address": st.fixed_dictionaries(
+            {"city": schema_strings}, optional={"zip": schema_strings}
+        ),
+    },
+    optional={
+        "score": st.floats(allow_nan=False, allow_infinity=False) | st.integers(),
+        "active": st.booleans(),
+        "nickname": st.none() | schema_strings,
+        "color": st.sampled_from(["red", "green", "blue"]),
+        "level": st.sampled_from([1, 12, 2.5, None, "x"]),
+        "tags": st.lists(schema_strings, max_size=3),
+    },
+).flatmap(lambda d: st.permutations(list(d.items())).map(dict))
+
+
+@FAST
+@given(instance=schema_instances, style=dump_styles)
+def test_schema_mode_accepts_every_prefix_of_valid_instances(instance: dict, style: dict) -> None:
+    node = compile_schema(SCHEMA).root
+    data = json.dumps(instance, **style).encode()
+    v = JsonValidator(node)
+    for i, b in enumerate(data):
+        assert v.feed(bytes((b,))), data[: i + 1]
+        assert v.complete == (i == len(data) - 1)
+
+
+@FAST
+@given(instance=schema_instances, style=dump_styles, cut=st.integers(0, 10**6), seed=st.integers())
+def test_distance_is_a_shortest_completion_that_validates(
+    instance: dict, style: dict, cut: int, seed: int
+) -> None:
+    """From any prefix, some byte always lowers ``distance`` by one; following such bytes ends in
+    exactly ``distance`` bytes with a schema-valid document. The token budget rests on this."""
+    data = json.dumps(instance, **style).encode()
+    prefix = data[: cut % (len(data) + 1)]
+    v = run_validator(prefix, compile_schema(SCHEMA).root)
+    text = prefix + close_by_distance(v, random.Random(seed))
+    jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def close_by_distance(v: JsonValidator, rng: random.Random) -> bytes:
+    """Append bytes that each lower the distance by exactly one (random among them)."""
+    out = bytearray()
+    start = v.distance()
+    while not v.complete:
+        d = v.distance()
+        options = []
+        for b in range(256):
+            trial = v.copy()
+            if trial.feed(bytes((b,))) and trial.distance() == d - 1:
+                options.append((b, trial))
+        assert options, f"stuck at distance {d}"
+        b, v = rng.choice(options)
+        out.append(b)
+    assert len(out) == start
+    return bytes(out)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "a", "age": 1, "address": {"city": "x"}, "extra": 1}',  # unknown key
+        '{"name": "a", "name": "b"}',  # duplicate key
+        '{"name": 1}',  # wrong type
+        '{"age": 1.5}',  # integer
+        '{"name": "a", "age": 1}',  # "}" before the required "address"
+        '{"address": {}}',  # nested required
+        '{"color": "purple"}',
+        '{"color": "re"}',
+        '{"level": 3}',
+        '{"level": 123}',
+        '{"tags": ["a", "b", "c", "d"]}',  # maxItems
+        '{"nickname": 0}',
+        '{"active": null}',
+    ],
+)
+def test_schema_mode_rejects_outside_the_schema(text: str) -> None:
+    assert not complete(text, compile_schema(SCHEMA).root)
+
+
+def test_schema_keys_are_only_the_properties() -> None:
+    node = compile_schema(SCHEMA).root
+    assert accepts('{"na', node) and accepts('{"address": {"ci', node)
+    assert not accepts('{"nb', node) and not accepts('{"address": {"na', node)
+    assert accepts('{"level": 1', node) and accepts('{"level": 12', node)
+    assert complete('{"level":12,"name":"","age":0,"address":{"city":""}}', node)
+
+
+def test_unsupported_keywords_fall_back_and_are_noted() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer", "minimum": 3},
+            "x": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+            "y": {"type": "array", "prefixItems": [{"type": "string"}]},
+        },
+        "required": ["n"],
+    }
+    grammar = compile_schema(schema)
+    assert not grammar.fully_enforced and len(grammar.notes) == 3
+    assert complete('{"n": 1, "x": {"any": [1]}, "y": [1, "a"]}', grammar.root)
+    assert validate_output('{"n": 1}', schema) is not None  # the post-check catches minimum
+    assert validate_output('{"n": 5, "x": "s"}', schema) is None
+
+
+def test_refs_anyof_and_const() -> None:
+    schema = {
+        "$defs": {"pet": {"type": "object", "properties": {"kind": {"const": "cat"}}}},
+        "type": "object",
+        "properties": {
+            "pet": {"$ref": "#/$defs/pet"},
+            "maybe": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        },
+    }
+    grammar = compile_schema(schema)
+    assert grammar.fully_enforced
+    assert complete('{"pet": {"kind": "cat"}, "maybe": null}', grammar.root)
+    assert complete('{"maybe": 3}', grammar.root)
+    assert not accepts('{"pet": {"kind": "dog', grammar.root)
+    assert not accepts('{"maybe": "', grammar.root)
+    recursive = {"type": "object", "properties": {"child": {"$ref": "#"}}}
+    assert not compile_schema(recursive).fully_enforced
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"enum": []},
+        {"type": "integer", "enum": ["a"]},
+        {"type": "array", "minItems": 3, "maxItems": 1},
+        {"type": "frobnicate"},
+        {"$ref": "#/nowhere"},
+        False,
+    ],
+)
+def test_schemas_that_admit_nothing_are_errors(schema: Any) -> None:
+    with pytest.raises(SchemaError):
+        compile_schema(schema)
+
+
+def test_required_keys_without_properties_get_any_value() -> None:
+    node = compile_schema({"type": "object", "required": ["id"]}).root
+    assert complete('{"id": [1, {"x": null}]}', node) and not complete("{}", node)
+
+
+def test_empty_closed_object() -> None:
+    node = compile_schema({"type": "object", "additionalProperties": False}).root
+    assert complete("{}", node) and not accepts('{"', node)
+
+
+# -- token texts and the processor -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, TokenTexts, list[int]]:
+    """Tiny model (matrices redrawn with std 0.3 so its output varies), tokenizer, texts, eos."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from serve_app.engine.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path_factory.getbasetemp() / "tiny-model")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    eos = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    return model, tokenizer, TokenTexts.for_tokenizer(tokenizer), eos
+
+
+def test_token_texts_are_the_tokens_bytes(tiny) -> None:
+    _, tokenizer, texts, eos = tiny
+    assert TokenTexts.for_tokenizer(tokenizer) is texts
+    assert set(eos) <= texts.special_ids and all(texts.token_bytes[i] == b"" for i in eos)
+    assert (
+        len({texts.token_bytes[i] for i in range(len(texts)) if len(texts.token_bytes[i]) == 1})
+        == 256
+    )
+    text = 'Déjà vu: {"naïve": "中文🎉"}'
+    ids = tokenizer.encode(text)
+    assert b"".join(texts.token_bytes[i] for i in ids) == text.encode()
+
+
+def test_eos_only_when_complete_and_then_forced(tiny) -> None:
+    _, _, texts, eos = tiny
+    c = JsonConstraint(texts, eos, None)
+    h = TokenHistory(prompt_ids=[0])
+    logits = torch.zeros(len(texts))
+    logits[eos] = 100.0
+    out = c(logits, h)
+    assert torch.isinf(out[eos]).all() and torch.isfinite(out).any()
+    for token in encode_exact(tiny, "{}"):
+        h.append(token)
+    out = c(logits, h)
+    assert set(torch.isfinite(out).nonzero().flatten().tolist()) == set(eos)
+
+
+def test_without_eos_only_whitespace_follows_a_complete_value(tiny) -> None:
+    _, _, texts, _ = tiny
+    c = JsonConstraint(texts, [], None)
+    h = TokenHistory(prompt_ids=[0])
+    for token in encode_exact(tiny, "{}"):
+        h.append(token)
+    kept = torch.isfinite(c(torch.randn(len(texts)), h)).nonzero().flatten().tolist()
+    assert kept and set(kept) <= set(texts.whitespace_ids)
+
+
+def encode_exact(tiny, text: str) -> list[int]:
+    _, tokenizer, texts, _ = tiny
+    ids = tokenizer.encode(text)
+    assert b"".join(texts.token_bytes[i] for i in ids) == text.encode()
+    return ids
+
+
+@FAST
+@given(
+    prefix=st.sampled_from(
+        ["", '{"', '{"name": "Al', '{"name": "Al", ', '{"address": {"city": "P"']
+    ),
+    seed=st.integers(0, 2**32 - 1),
+    top_k=st.sampled_from([1, 4, 64]),
+)
+def test_greedy_picks_the_best_valid_token_even_beyond_top_k(
+    tiny, prefix: str, seed: int, top_k: int
+) -> None:
+    """Brute force over the whole vocabulary: argmax after masking == best valid token."""
+    _, _, texts, eos = tiny
+    c = JsonConstraint(texts, eos, SCHEMA, top_k=top_k)
+    h = TokenHistory(prompt_ids=[0])
+    for token in encode_exact(tiny, prefix):
+        h.append(token)
+    logits = torch.randn(len(texts) + 7, generator=torch.Generator().manual_seed(seed))
+    out = c(logits, h)
+    base = run_validator(prefix, c.grammar.root)
+    valid = [
+        i
+        for i in range(len(texts))
+        if texts.token_bytes[i] and base.copy().feed(texts.token_bytes[i])
+    ]
+    assert int(out.argmax()) == max(valid, key=lambda i: logits[i])
+    assert set(torch.isfinite(out).nonzero().flatten().tolist()) <= set(valid)
+
+
+def generate(
+    tiny,
+    constraint: JsonConstraint,
+    max_tokens: int,
+    params: SamplingParams | None = None,
+    prompt: str = "Describe a person as JSON:",
+) -> tuple[str, list[int]]:
+    """Plain KV-cached decoding loop through ``Sampler`` with the constraint attached."""
+    model, tokenizer, texts, eos = tiny
+    sampler = Sampler(params or SamplingParams(max_tokens=max_tokens))
+    attach_constraint(sampler, constraint)
+    ids = tokenizer.encode(prompt)
+    history = TokenHistory(prompt_ids=ids)
+    past, step_ids = None, ids
+    with torch.inference_mode():
+        for _ in range(max_tokens):
+            out = model(input_ids=torch.tensor([step_ids]), past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            token = sampler(out.logits[0, -1], history)
+            history.append(token)
+            if token in eos:
+                break
+            step_ids = [token]
+    text = tokenizer.decode(history.output_ids, skip_special_tokens=True)
+    return text, history.output_ids
+
+
+@pytest.mark.parametrize("max_tokens", [20, 23, 40, 120])
+def test_tiny_model_output_parses_and_validates_within_max_tokens(tiny, max_tokens: int) -> None:
+    """``{"name":"","age":0}`` is 19 bytes: 20 tokens (with eos) is the least that can work."""
+    _, _, texts, eos = tiny
+    constraint = JsonConstraint(texts, eos, PERSON, max_tokens=max_tokens)
+    text, ids = generate(tiny, constraint, max_tokens)
+    assert len(ids) <= max_tokens and ids[-1] in eos, text
+    jsonschema.validate(json.loads(text), PERSON)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tiny_model_samples_valid_json_for_the_big_schema(tiny, seed: int) -> None:
+    _, _, texts, eos = tiny
+    params = SamplingParams(
+        max_tokens=160, temperature=1.5, top_k=40, top_p=0.95, presence_penalty=0.5, seed=seed
+    )
+    constraint = JsonConstraint(texts, eos, SCHEMA, max_tokens=params.max_tokens)
+    sampler_probe = Sampler(params)
+    attach_constraint(sampler_probe, constraint)
+    kinds = [type(p).__name__ for p in sampler_probe.processors]
+    assert kinds == ["FrequencyPresencePenalty", "JsonConstraint", "Temperature", "TopK", "TopP"]
+    constraint = JsonConstraint(texts, eos, SCHEMA, max_tokens=params.max_tokens)
+    text, _ = generate(tiny, constraint, params.max_tokens, params)
+    jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_tiny_model_json_object_mode(tiny) -> None:
+    _, _, texts, eos = tiny
+    for max_tokens in (3, 8, 64):
+        text, ids = generate(
+            tiny, JsonConstraint(texts, eos, None, max_tokens=max_tokens), max_tokens
+        )
+        assert isinstance(json.loads(text), dict) and ids[-1] in eos, text
+
+
+def test_budget_too_small_still_never_masks_everything(tiny) -> None:
+    _, _, texts, eos = tiny
+    constraint = JsonConstraint(texts, eos, PERSON, max_tokens=5)
+    text, ids = generate(tiny, constraint, 5)
+    assert len(ids) == 5 and not constraint.complete
+    assert validate_output(text, PERSON) is not None
+
+
+def test_response_format_factory(tiny) -> None:
+    _, _, texts, eos = tiny
+    assert constraint_for_response_format(None, texts, eos) is None
+    assert constraint_for_response_format({"type": "text"}, texts, eos) is None
+    plain = constraint_for_response_format({"type": "json_object"}, texts, eos)
+    assert plain is not None and plain.grammar.root is ANY_OBJECT
+    rf = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}}
+    schema_constraint = constraint_for_response_format(rf, texts, eos, max_tokens=9)
+    assert schema_constraint.max_tokens == 9 and schema_constraint.grammar.fully_enforced
+    for bad in ({"type": "json_schema"}, {"type": "xml"}):
+        with pytest.raises(SchemaError):
+            constraint_for_response_format(bad, texts, eos)
+
+
+def test_engine_hook(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The hook the engine needs: attach the constraint to the request's sampler in
+    ``_new_state``; the engine's eos handling then ends the request as soon as JSON is done."""
+    from serve_app.engine.engine import EngineConfig, LLMEngine, generate_text
+    from serve_app.engine.loader import load_model
+    from serve_app.engine.protocol import GenerationRequest
+
+    loaded = load_model("tiny:" + str(tmp_path_factory.getbasetemp() / "tiny-model"))
+    texts = TokenTexts.for_tokenizer(loaded.tokenizer)
+
+    class JsonEngine(LLMEngine):
+        def _new_state(self, request, context_param, loop):
+            state = super()._new_state(request, context_param, loop)
+            constraint = JsonConstraint(
+                texts, self.eos_token_ids, PERSON, max_tokens=request.params.max_tokens
+            )
+            attach_constraint(state.sampler, constraint)
+            return state
+
+    engine = JsonEngine(loaded, EngineConfig())
+    try:
+        prompt = loaded.tokenizer.encode("person:")
+        request = GenerationRequest("r", prompt, SamplingParams(max_tokens=30))
+        text, last = asyncio.run(asyncio.wait_for(generate_text(engine, request), 60))
+    finally:
+        engine.shutdown()
+    assert last.finish_reason == "stop"
+    jsonschema.validate(json.loads(text), PERSON)
