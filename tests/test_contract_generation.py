@@ -242,3 +242,48 @@ def test_chat_rejects_tools_clearly(client):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
     response = client.post("/v1/chat/completions", json={**CHAT, "tools": tools}, headers=AUTH)
     assert "not supported" in assert_invalid(response, "tools")["message"]
+
+
+# --- chat JSON modes (constrained decoding; the tiny model's random weights still give JSON) --
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+def test_chat_json_object_output_parses(client):
+    body = {**CHAT, "max_tokens": 40, "response_format": {"type": "json_object"}}
+    response = client.post("/v1/chat/completions", json=body, headers=AUTH)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert isinstance(json.loads(choice["message"]["content"]), dict)
+
+
+def test_chat_json_schema_output_validates(client):
+    import jsonschema
+
+    response_format = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+    body = {**CHAT, "max_tokens": 60, "temperature": 1.0, "response_format": response_format}
+    for seed in range(3):
+        response = client.post("/v1/chat/completions", json={**body, "seed": seed}, headers=AUTH)
+        assert response.status_code == 200, response.text
+        jsonschema.validate(json.loads(response.json()["choices"][0]["message"]["content"]), PERSON)
+
+
+def test_chat_json_stream_concatenates_to_json(client):
+    body = {**CHAT, "max_tokens": 40, "stream": True, "response_format": {"type": "json_object"}}
+    events = sse_events(client.post("/v1/chat/completions", json=body, headers=AUTH))
+    chunks = [json.loads(event) for event in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert isinstance(json.loads(text), dict)
+
+
+def test_chat_schema_that_admits_nothing_is_400(client):
+    schema = {"type": "string", "enum": []}
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    body = {**CHAT, "response_format": response_format}
+    response = client.post("/v1/chat/completions", json=body, headers=AUTH)
+    assert_invalid(response, "response_format")

@@ -105,6 +105,9 @@ class ChatCompletionRequest(RequestModel):
             presence_penalty=self.presence_penalty,
             stop=tuple(stop for stop in stops if stop),
             seed=self.seed,
+            response_format=(
+                self.response_format.model_dump(by_alias=True) if self.json_mode else None
+            ),
         )
 
 

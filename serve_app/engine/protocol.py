@@ -7,9 +7,9 @@ those to an ``Engine`` and turn the ``GenerationChunk`` stream into wire objects
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length"]
 
@@ -26,6 +26,8 @@ class SamplingParams:
       a seen token's logit is divided by the penalty when positive, multiplied when negative.
     - ``stop``: strings that end generation; the returned text never contains one.
     - ``seed``: makes sampling reproducible per request when given.
+    - ``response_format``: OpenAI's ``{"type": "json_object" | "json_schema", ...}``; when
+      given, decoding is constrained so the output is JSON (valid against the schema).
     """
 
     max_tokens: int = 512
@@ -37,6 +39,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    response_format: Mapping[str, Any] | None = None
 
     @property
     def greedy(self) -> bool:

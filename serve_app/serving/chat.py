@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import AsyncIterator
 
 from serve_app.api.chat import (
@@ -14,11 +16,14 @@ from serve_app.api.chat import (
     ChatResponseMessage,
 )
 from serve_app.api.common import new_id, now
+from serve_app.engine.constraints import validate_output
 from serve_app.engine.protocol import GenerationRequest
-from serve_app.errors import InvalidRequestError
+from serve_app.errors import UpstreamBadResponseError
 from serve_app.serving.generation import Generator, usage_of
 
 DEFAULT_CHAT_MAX_TOKENS = 1024
+
+logger = logging.getLogger(__name__)
 
 
 class ChatService:
@@ -26,12 +31,9 @@ class ChatService:
         self.generator = generator
 
     def _request(self, body: ChatCompletionRequest) -> GenerationRequest:
-        if body.json_mode is not None:
-            raise InvalidRequestError(
-                "response_format json_object/json_schema is not supported yet.",
-                param="response_format",
-            )
         messages = [message.to_template() for message in body.messages]
+        if body.json_mode is not None:
+            messages = [{"role": "system", "content": json_instruction(body)}, *messages]
         prompt_ids = self.generator.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, return_dict=False
         )
@@ -41,6 +43,8 @@ class ChatService:
 
     async def complete(self, body: ChatCompletionRequest) -> ChatCompletion:
         text, last = await self.generator.complete(self._request(body))
+        if body.json_mode is not None and last.finish_reason == "stop":
+            check_json_output(text, body)
         choice = ChatChoice(
             index=0,
             message=ChatResponseMessage(content=text),
@@ -75,3 +79,26 @@ class ChatService:
                 )
         if last is not None:
             yield chunk([], usage_of(last))
+
+
+def json_instruction(body: ChatCompletionRequest) -> str:
+    """Decoding guarantees the JSON; the instruction makes its *content* sensible."""
+    schema = body.response_format.json_schema if body.response_format else None
+    if schema is None:
+        return "Respond only with a JSON object."
+    return "Respond only with a JSON object that follows this JSON schema:\n" + json.dumps(
+        schema.schema_, ensure_ascii=False
+    )
+
+
+def check_json_output(text: str, body: ChatCompletionRequest) -> None:
+    """A belt-and-braces check: schema keywords the decoder cannot enforce (``pattern``,
+    ``minimum``, ...) are validated after the fact; failing them is the model's fault (502)."""
+    fmt = body.response_format
+    schema = fmt.json_schema.schema_ if fmt and fmt.json_schema else None
+    problem = validate_output(text, schema)
+    if problem is not None:
+        logger.warning("constrained output failed validation: %s", problem)
+        raise UpstreamBadResponseError(
+            "The model's output did not validate against the requested JSON schema."
+        )
