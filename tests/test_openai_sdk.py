@@ -95,3 +95,15 @@ def test_sdk_raises_typed_errors(sdk):
     bad = OpenAI(base_url=str(sdk.base_url), api_key="sk-sa-wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
+
+
+def test_chat_json_mode_through_the_sdk(sdk):
+    import json
+
+    completion = sdk.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        max_tokens=40,
+        response_format={"type": "json_object"},
+    )
+    assert isinstance(json.loads(completion.choices[0].message.content), dict)
