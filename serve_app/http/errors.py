@@ -34,8 +34,11 @@ VALIDATION_422_PATHS = frozenset({"/v1/decisions"})
 
 
 def error_body(exc: ServiceError) -> ErrorResponse:
+    # A ServerError's own message is for the log (it may quote an exception); clients get
+    # the fixed one.
+    message = exc.default_message if isinstance(exc, ServerError) else exc.message
     return ErrorResponse(
-        error=ErrorInfo(message=exc.message, type=exc.error_type, param=exc.param, code=exc.code)
+        error=ErrorInfo(message=message, type=exc.error_type, param=exc.param, code=exc.code)
     )
 
 
