@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 export SERVE_APP_DATA_DIR ?= $(CURDIR)/data
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: install model run test test-fast lint format bench clean
+.PHONY: install model run test test-fast fuzz lint format bench clean
 
 install: $(STAMP)
 
@@ -29,6 +29,10 @@ test: model
 
 test-fast: install
 	$(PY) -m pytest -q -ra -m "not embedded and not ray"
+
+# A longer schemathesis campaign than `make test` runs (FUZZ_EXAMPLES per operation and mode).
+fuzz: install
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-1000} $(PY) -m pytest -q -s -ra tests/test_fuzz.py
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -14,11 +14,16 @@ from typing import Any, Literal
 FinishReason = Literal["stop", "length"]
 
 
+# Temperatures this small pick the top token anyway; vLLM's _SAMPLING_EPS.
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens. Defaults are the neutral values (greedy, no penalty, no cutoff).
 
-    - ``temperature`` 0 means greedy (argmax); otherwise logits are divided by it.
+    - ``temperature`` 0 means greedy (argmax); otherwise logits are divided by it. Below
+      ``GREEDY_BELOW`` it is greedy too (as in vLLM): dividing by 1e-300 overflows the logits.
     - ``top_p`` nucleus cutoff in (0, 1]; ``top_k`` -1 means no cutoff.
     - ``frequency_penalty`` / ``presence_penalty``: OpenAI semantics over the *generated* tokens:
       ``logit -= count * frequency_penalty + (count > 0) * presence_penalty``.
@@ -43,7 +48,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass

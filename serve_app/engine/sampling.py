@@ -200,7 +200,7 @@ class Sampler:
         logits = self.process(logits, history)
         if self.params.greedy:
             return int(torch.argmax(logits).item())
-        probs = torch.softmax(logits, dim=-1)
+        probs = torch.softmax(_finite(logits), dim=-1)
         return int(torch.multinomial(probs, 1, generator=self._generator_for(probs)).item())
 
     def _generator_for(self, tensor: torch.Tensor) -> torch.Generator:
@@ -208,6 +208,17 @@ class Sampler:
         if self._generator is None or self._generator.device != tensor.device:
             self._generator = torch.Generator(device=tensor.device).manual_seed(self.seed)
         return self._generator
+
+
+def _finite(logits: torch.Tensor) -> torch.Tensor:
+    """Clamp infinities to the largest finite floats before softmax.
+
+    A valid but extreme ``repetition_penalty`` (1e-300) divides positive logits to ``+inf``,
+    and softmax over ``+inf`` is NaN (multinomial then raises). Clamped, the overflowed tokens
+    share the mass; masked (``-inf``) tokens keep probability 0.
+    """
+    finfo = torch.finfo(logits.dtype)
+    return torch.nan_to_num(logits, nan=finfo.min, posinf=finfo.max, neginf=finfo.min)
 
 
 def sample_rows(

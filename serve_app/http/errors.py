@@ -34,8 +34,11 @@ VALIDATION_422_PATHS = frozenset({"/v1/decisions"})
 
 
 def error_body(exc: ServiceError) -> ErrorResponse:
+    # A ServerError's own message is for the log (it may quote an exception); clients get
+    # the fixed one.
+    message = exc.default_message if isinstance(exc, ServerError) else exc.message
     return ErrorResponse(
-        error=ErrorInfo(message=exc.message, type=exc.error_type, param=exc.param, code=exc.code)
+        error=ErrorInfo(message=message, type=exc.error_type, param=exc.param, code=exc.code)
     )
 
 
@@ -103,9 +106,22 @@ async def _on_http_exception(request: Request, exc: StarletteHTTPException) -> J
         return error_response(
             InvalidRequestError(f"Method {request.method} is not allowed on {request.url.path}.")
         )
+    if exc.status_code == 400:
+        # FastAPI's answer to a body it could not read at all (not UTF-8, nested past the
+        # parser's recursion limit, a broken form): the same contract error as invalid JSON,
+        # so /v1/decisions keeps to its status list (422, api-spec.md 7.1).
+        unreadable = {
+            "type": "json_invalid",
+            "loc": ("body",),
+            "msg": "The request body could not be read as JSON.",
+            "input": {},
+        }
+        return await _on_validation_error(request, RequestValidationError([unreadable]))
     error = ServiceError(str(exc.detail))
     error.status_code = exc.status_code
-    error.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    client_error = exc.status_code < 500
+    error.error_type = "invalid_request_error" if client_error else "server_error"
+    error.code = "invalid_value" if client_error else "server_error"
     return error_response(error)
 
 
