@@ -1,0 +1,135 @@
+"""Engine micro-benchmark: one request's decode speed, and what batching buys.
+
+Runs, on one ``LLMEngine``: a single request (time to first token, decode tok/s), then the
+same N requests one after another and all at once (aggregate tok/s), and prints the ratio
+concurrent / sequential. eos is ignored (unless ``--respect-eos``) so every request makes
+exactly ``--max-tokens`` tokens and the runs compare like for like; the prefix cache is off
+so the repeated chat template is read every time.
+
+    python bench/engine_micro.py --source embedded:qwen2.5-coder-0.5b --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import time
+
+from serve_app.engine.engine import EngineConfig, LLMEngine
+from serve_app.engine.loader import load_model
+from serve_app.engine.protocol import GenerationRequest, SamplingParams
+
+QUESTIONS = [
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Explain what a Python generator is, with a short example.",
+    "Write a SQL query returning the ten most recent orders per customer.",
+    "How do I read a JSON file into a dict in Python?",
+    "Write a bash one-liner that counts lines in all .py files.",
+    "What is the difference between a list and a tuple in Python?",
+    "Write a function that merges two sorted lists.",
+    "Show how to use asyncio.gather with three coroutines.",
+]
+
+
+@dataclasses.dataclass
+class Run:
+    tokens: int
+    seconds: float
+    ttft: float = 0.0
+    decode_tps: float = 0.0
+
+    @property
+    def tps(self) -> float:
+        return self.tokens / self.seconds
+
+
+async def one(engine: LLMEngine, rid: str, prompt: list[int], max_tokens: int) -> Run:
+    params = SamplingParams(max_tokens=max_tokens)
+    start = time.perf_counter()
+    first = last = None
+    tokens = 0
+    async for chunk in engine.generate(GenerationRequest(rid, prompt, params)):
+        now = time.perf_counter()
+        first = first or now
+        last = now
+        tokens = chunk.completion_tokens
+    decode = (tokens - 1) / (last - first) if tokens > 1 and last > first else 0.0
+    return Run(tokens, last - start, ttft=first - start, decode_tps=decode)
+
+
+async def sequential_round(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> Run:
+    start = time.perf_counter()
+    runs = [await one(engine, f"seq{i}", p, max_tokens) for i, p in enumerate(prompts)]
+    return Run(sum(r.tokens for r in runs), time.perf_counter() - start)
+
+
+async def concurrent_round(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> Run:
+    start = time.perf_counter()
+    coros = (one(engine, f"con{i}", p, max_tokens) for i, p in enumerate(prompts))
+    runs = await asyncio.gather(*coros)
+    return Run(sum(r.tokens for r in runs), time.perf_counter() - start)
+
+
+def median(runs: list[Run]) -> Run:
+    return sorted(runs, key=lambda r: r.tps)[len(runs) // 2]
+
+
+async def bench(
+    engine: LLMEngine, prompts: list[list[int]], max_tokens: int, repeats: int
+) -> dict[str, Run]:
+    """Rounds alternate sequential/concurrent so a noisy neighbour hits both; medians win."""
+    await one(engine, "warmup", prompts[0], 4)
+    single = await one(engine, "single", prompts[0], max_tokens)
+    seq, con = [], []
+    for _ in range(repeats):
+        seq.append(await sequential_round(engine, prompts, max_tokens))
+        con.append(await concurrent_round(engine, prompts, max_tokens))
+    return {"single": single, "sequential": median(seq), "concurrent": median(con)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", default="embedded:qwen2.5-coder-0.5b")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=1, help="rounds; medians reported")
+    parser.add_argument("--respect-eos", action="store_true")
+    args = parser.parse_args()
+
+    t0 = time.perf_counter()
+    loaded = load_model(args.source, dtype=args.dtype, threads=args.threads)
+    load_s = time.perf_counter() - t0
+    if not args.respect_eos:
+        loaded = dataclasses.replace(loaded, eos_token_ids=[])
+    tok = loaded.tokenizer
+    prompts = [
+        tok.encode(
+            tok.apply_chat_template(
+                [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+            )
+        )
+        for q in QUESTIONS[: args.concurrency]
+    ]
+    config = EngineConfig(max_batch_size=max(8, args.concurrency), prefix_cache_bytes=0)
+    engine = LLMEngine(loaded, config)
+    try:
+        runs = asyncio.run(bench(engine, prompts, args.max_tokens, args.repeats))
+    finally:
+        engine.shutdown()
+
+    lens = [len(p) for p in prompts]
+    print(f"model {args.source} ({loaded.dtype}, {args.threads} threads), loaded in {load_s:.1f}s")
+    print(f"prompts {lens} tokens, max_tokens {args.max_tokens}, concurrency {args.concurrency}")
+    print(f"{'run':<12}{'tokens':>8}{'seconds':>10}{'tok/s':>9}{'ttft s':>9}{'decode tok/s':>14}")
+    for name, r in runs.items():
+        extra = f"{r.ttft:>9.2f}{r.decode_tps:>14.1f}" if name == "single" else ""
+        print(f"{name:<12}{r.tokens:>8}{r.seconds:>10.2f}{r.tps:>9.1f}{extra}")
+    ratio = runs["concurrent"].tps / runs["sequential"].tps
+    print(f"concurrent / sequential aggregate throughput: {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
