@@ -216,6 +216,14 @@ class LLMEngine(Engine):
 
     @property
     def num_running(self) -> int:
+        """Requests holding a slot. Safe from any thread: it counts admitted requests that are
+        not finished (``_active`` less the waiting ones, under the lock), so it never dips
+        while the loop moves a request from prefill to the decode batch."""
+        with self._lock:
+            return len(self._active) - len(self._waiting)
+
+    def _slots_in_use(self) -> int:
+        """The loop thread's own count (it owns the lists, so no lock is needed)."""
         return len(self._prefilling) + len(self._joining) + len(self._batch)
 
     @property
@@ -342,7 +350,7 @@ class LLMEngine(Engine):
 
     def _admit(self) -> None:
         with self._lock:
-            while self._waiting and self.num_running < self.config.max_batch_size:
+            while self._waiting and self._slots_in_use() < self.config.max_batch_size:
                 state = self._waiting.popleft()
                 state.status = RequestStatus.PREFILLING
                 self._prefilling.append(state)

@@ -81,6 +81,7 @@ class Routes:
     def __init__(self, config: AppConfig, backends: Backends) -> None:
         self.config = config
         self.backends = backends
+        self.model_ids = frozenset(model.id for model in config.models)
 
     def register(self, app: FastAPI) -> None:
         post, get = app.post, app.get
@@ -119,7 +120,8 @@ class Routes:
         model: str | None,
         endpoint: str,
     ) -> Any:
-        request.state.model = model or "-"
+        # A metric label: only ids we serve, so arbitrary client strings never become labels.
+        request.state.model = model if model in self.model_ids else "other"
         key = credentials.credentials if credentials else None
         try:
             return await self.backends.auth.authorize.remote(key, model, endpoint)
