@@ -101,7 +101,9 @@ class Routes:
             response_model=ChatCompletion,
             responses={**COMMON_ERRORS, 200: {"content": {"text/event-stream": SSE_RESPONSE}}},
         )(self.chat)
-        get("/v1/models", response_model=ModelList, responses=LISTING_ERRORS)(self.list_models)
+        get("/v1/models", response_model=ModelList, responses=LISTING_ERRORS, name="list_models")(
+            self._listing(None)
+        )
         for endpoint in ("chat", "fim", "edit"):
             get(
                 f"/v1/{endpoint}/completions/models",
@@ -275,35 +277,29 @@ class Routes:
             await self.record(grant, model, endpoint, None, error.status_code)
             raise error from None
 
-    async def list_models(
-        self,
-        request: Request,
-        response: Response,
-        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
-    ) -> ModelList:
-        grant = await self.authorize(request, credentials, None, "models")
-        _apply_headers(response, grant)
-        allowed = await self.backends.auth.allowed_models.remote(grant)
-        cards = [m.card() for m in self.config.models if allowed is None or m.id in allowed]
-        return ModelList(data=cards)
+    def _listing(self, endpoint: str | None):
+        """The route of one model listing: every model (``None``, no ``supported_endpoints``)
+        or the models of one endpoint (with them), less those the account may not use."""
 
-    def _listing(self, endpoint: str):
-        async def list_endpoint_models(
+        async def list_models(
             request: Request,
             response: Response,
             credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
-        ) -> EndpointModelList:
+        ) -> ModelList | EndpointModelList:
             grant = await self.authorize(request, credentials, None, "models")
             _apply_headers(response, grant)
             allowed = await self.backends.auth.allowed_models.remote(grant)
+            visible = [m for m in self.config.models if allowed is None or m.id in allowed]
+            if endpoint is None:
+                return ModelList(data=[model.card() for model in visible])
             cards = []
-            for model in self.config.models:
+            for model in visible:
                 endpoints = self.config.endpoints_of(model.id)
-                if endpoint in endpoints and (allowed is None or model.id in allowed):
+                if endpoint in endpoints:
                     cards.append(model.card(endpoints))
             return EndpointModelList(data=cards)
 
-        return list_endpoint_models
+        return list_models
 
     async def health(self, request: Request) -> dict[str, str]:
         return {"status": "ok"}

@@ -15,7 +15,7 @@ from serve_app.api.chat import (
     ChatDelta,
     ChatResponseMessage,
 )
-from serve_app.api.common import new_id, now
+from serve_app.api.common import CompletionUsage, new_id, now
 from serve_app.engine.constraints import validate_output
 from serve_app.engine.protocol import GenerationRequest
 from serve_app.errors import UpstreamBadResponseError
@@ -69,16 +69,13 @@ class ChatService:
             )
 
         yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(role="assistant", content=""))])
-        last = None
-        async for piece in self.generator.stream(request):
-            last = piece
-            if piece.text or piece.finish_reason:
+        async for piece in self.generator.stream_then_usage(request):
+            if isinstance(piece, CompletionUsage):
+                yield chunk([], piece)
+            else:
                 delta = ChatDelta(content=piece.text) if piece.text else ChatDelta()
-                yield chunk(
-                    [ChatChunkChoice(index=0, delta=delta, finish_reason=piece.finish_reason)]
-                )
-        if last is not None:
-            yield chunk([], usage_of(last))
+                choice = ChatChunkChoice(index=0, delta=delta, finish_reason=piece.finish_reason)
+                yield chunk([choice])
 
 
 def json_instruction(body: ChatCompletionRequest) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from serve_app.api.common import new_id, now
+from serve_app.api.common import CompletionUsage, new_id, now
 from serve_app.api.fim import (
     FimChoice,
     FimChunkChoice,
@@ -50,11 +50,9 @@ class FimService:
                 id=completion_id, created=created, model=body.model, choices=choices, usage=usage
             )
 
-        last = None
-        async for piece in self.generator.stream(request):
-            last = piece
-            if piece.text or piece.finish_reason:
+        async for piece in self.generator.stream_then_usage(request):
+            if isinstance(piece, CompletionUsage):
+                yield chunk([], piece)
+            else:
                 choice = FimChunkChoice(index=0, text=piece.text, finish_reason=piece.finish_reason)
                 yield chunk([choice])
-        if last is not None:
-            yield chunk([], usage_of(last))

@@ -113,6 +113,19 @@ class Generator:
                 first, last = False, now
             yield chunk
 
+    async def stream_then_usage(
+        self, request: GenerationRequest
+    ) -> AsyncIterator[GenerationChunk | CompletionUsage]:
+        """The chunks worth sending (new text or a finish), then the request's usage once:
+        what every streaming endpoint turns into its own chunk shape."""
+        last = None
+        async for chunk in self.stream(request):
+            last = chunk
+            if chunk.text or chunk.finish_reason:
+                yield chunk
+        if last is not None:
+            yield usage_of(last)
+
     async def complete(self, request: GenerationRequest) -> tuple[str, GenerationChunk]:
         """All of a request's text and its last chunk (finish reason and usage)."""
         parts: list[str] = []
