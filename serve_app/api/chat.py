@@ -12,7 +12,14 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from serve_app.api.common import CompletionUsage, RequestModel, ResponseModel, StreamOptions
+from serve_app.api.common import (
+    MAX_NESTING,
+    CompletionUsage,
+    RequestModel,
+    ResponseModel,
+    StreamOptions,
+    json_depth,
+)
 from serve_app.engine.protocol import SamplingParams
 
 
@@ -39,10 +46,18 @@ class ChatMessage(RequestModel):
         return {"role": role, "content": self.text}
 
 
+def _shallow(value: Any) -> Any:
+    if json_depth(value) > MAX_NESTING:
+        raise ValueError(f"nests deeper than {MAX_NESTING} levels")
+    return value
+
+
 class JsonSchemaFormat(RequestModel):
     name: str = "response"
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
+
+    _schema_depth = field_validator("schema_")(_shallow)
 
 
 class ResponseFormat(RequestModel):
@@ -85,6 +100,8 @@ class ChatCompletionRequest(RequestModel):
         if tools:
             raise ValueError("tool calling is not supported by the models of this service")
         return tools
+
+    _tool_choice_depth = field_validator("tool_choice")(_shallow)
 
     @property
     def include_usage(self) -> bool:

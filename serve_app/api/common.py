@@ -11,6 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field
 # JSON text values the contract allows wherever a question carries free-form content.
 JsonText = str | dict[str, Any] | list[Any]
 
+# How deep free-form JSON in a request may nest (api-notes.md: state/instructions at most 64).
+# Deeper values are refused at validation: rendering them is a denial-of-service vector, and
+# handing them to a model deployment fails in pickle (excessively deep recursion) as a 500.
+MAX_NESTING = 64
+
 
 class RequestModel(BaseModel):
     """Base of request bodies: unknown fields are ignored, as OpenAI-style clients send extras."""
@@ -66,6 +71,20 @@ class ValidationErrorItem(BaseModel):
 
 class HTTPValidationError(BaseModel):
     detail: list[ValidationErrorItem]
+
+
+def json_depth(value: Any, limit: int = MAX_NESTING + 1) -> int:
+    """Nesting depth of a JSON value, counted iteratively (no recursion limit to hit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, depth)
+            if depth > limit:
+                return depth
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def new_id(prefix: str) -> str:

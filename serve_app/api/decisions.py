@@ -6,9 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from serve_app.api.common import JsonText, RequestModel, ResponseModel
-
-MAX_NESTING = 64
+from serve_app.api.common import MAX_NESTING, JsonText, RequestModel, ResponseModel, json_depth
 
 
 class NoulCriteria(RequestModel):
@@ -55,20 +53,6 @@ class DecisionRequest(RequestModel):
                 f"state, instructions and criteria may nest at most {MAX_NESTING} levels"
             )
         return self
-
-
-def json_depth(value: Any, limit: int = MAX_NESTING + 1) -> int:
-    """Nesting depth of a JSON value, counted iteratively (no recursion limit to hit)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict | list):
-            deepest = max(deepest, depth)
-            if depth > limit:
-                return depth
-            children = node.values() if isinstance(node, dict) else node
-            stack.extend((child, depth + 1) for child in children)
-    return deepest
 
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]

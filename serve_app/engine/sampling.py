@@ -184,7 +184,10 @@ class Sampler:
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
         self.processors = build_processors(params)
-        self.seed = params.seed if params.seed is not None else secrets.randbits(63)
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        # torch takes seeds in [-2**63, 2**64) and reads them modulo 2**64; any JSON integer
+        # is a valid seed, so reduce it the same way instead of overflowing (was a 500).
+        self.seed = seed % 2**64
         self._generator: torch.Generator | None = None
 
     def process(self, logits: torch.Tensor, history: TokenHistory) -> torch.Tensor:

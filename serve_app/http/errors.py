@@ -72,13 +72,16 @@ def validation_param(errors: list[dict]) -> str | None:
     """The top-level request field a validation failure is about (``param`` of the wire)."""
     for error in errors:
         loc = [part for part in error.get("loc", ()) if part != "body"]
-        if loc:
-            return str(loc[0])
+        if loc and isinstance(loc[0], str):  # not the character offset of a JSON syntax error
+            return loc[0]
     return None
 
 
 def validation_message(errors: list[dict]) -> str:
     first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        reason = (first.get("ctx") or {}).get("error")
+        return f"The request body is not valid JSON: {reason}." if reason else first["msg"]
     loc = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
     message = str(first.get("msg", "Invalid request."))
     message = message.removeprefix("Value error, ")
@@ -94,7 +97,13 @@ async def _on_service_error(request: Request, exc: ServiceError) -> JSONResponse
 async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = list(exc.errors())
     if request.url.path in VALIDATION_422_PATHS:
-        return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
+        try:
+            return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
+        except ValueError:
+            # An echoed input JSON cannot carry (1e309 parses to inf): answer without the
+            # echoes rather than fail rendering the answer (was a 500).
+            bare = [{k: v for k, v in e.items() if k not in ("input", "ctx")} for e in errors]
+            return JSONResponse({"detail": jsonable_encoder(bare)}, status_code=422)
     invalid = InvalidRequestError(validation_message(errors), param=validation_param(errors))
     return error_response(invalid)
 
