@@ -73,7 +73,13 @@ def start_graph(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> I
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_ready(url, process, workdir / "serve.log")
-        yield {"url": url, "db": str(workdir / "data" / "auth.sqlite3"), "workdir": workdir}
+        yield {
+            "url": url,
+            "db": str(workdir / "data" / "auth.sqlite3"),
+            "workdir": workdir,
+            "pid": process.pid,
+            "ray_address": gcs_address(process.pid),
+        }
     finally:
         # SIGINT is serve run's Ctrl-C: it shuts the app and its own Ray cluster down.
         os.killpg(process.pid, signal.SIGINT)
@@ -100,6 +106,31 @@ def wait_until_ready(url: str, process: subprocess.Popen, log: Path) -> None:
             pass
         time.sleep(1)
     pytest.fail(f"graph not ready after {START_TIMEOUT_S}s:\n{log.read_text()[-4000:]}")
+
+
+def gcs_address(session_id: int) -> str | None:
+    """The GCS address of the Ray cluster this graph's ``serve run`` started, or None.
+
+    Explicit rather than ``ray.init(address="auto")``, which picks whichever cluster on the
+    machine started last. ``serve run`` runs in its own session (``start_new_session``), its
+    Ray daemons inherit it, and several of them carry ``--gcs-address=IP:PORT`` on their
+    command lines. Linux (/proc) only.
+    """
+    if not Path("/proc").is_dir():
+        return None
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) != session_id:
+                continue
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        for arg in args:
+            if arg.startswith(b"--gcs-address="):
+                return arg.split(b"=", 1)[1].decode()
+    return None
 
 
 def auth(key: str = TEST_KEY) -> dict[str, str]:

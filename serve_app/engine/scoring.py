@@ -323,7 +323,10 @@ class LikelihoodScorer:
         hidden, cache = self._forward(rows, prefix_kv, prefix_len)
         usage.input_tokens += sum(len(r) for r in rows)
         last = torch.tensor([len(r) - 1 for r in rows], device=hidden.device)
-        logprobs = self._log_softmax(hidden[torch.arange(len(rows)), last])
+        # Moved once to the CPU: options index single entries, often hundreds of them.
+        logprobs = self._log_softmax(
+            hidden[torch.arange(len(rows), device=hidden.device), last]
+        ).cpu()
         for b, plan in enumerate(plans):
             if plan.first_token_path:
                 scores = _first_token_scores(logprobs[b], plan.answers)

@@ -1,0 +1,213 @@
+"""Faults: a model replica dies mid-request; a streaming client goes away.
+
+- On the real graph (``graph`` fixture): the FimModel replica's actor is killed with
+  ``ray.kill`` while FIM requests run on it. Requests in flight get a contract-shaped 503
+  (502 allowed), a stream already under way ends with an error event and ``[DONE]``, the other
+  deployments keep answering, Serve replaces the replica without the app restarting, and new
+  requests succeed. The test waits for that recovery, so later tests get a healthy graph.
+- In-process, at the service level: closing a FIM stream after one chunk frees the engine
+  slot within a second (``num_running`` back to 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from serve_app.api.common import ErrorResponse
+from tests.graph import MODEL, ROOT, auth
+
+RECOVERY_TIMEOUT_S = 120
+# Ray notices the dead actor and fails its calls within seconds (about 7 s on a loaded 2-core
+# box); a generous bound that still tells a prompt failure from a hang.
+FAILURE_SEEN_WITHIN_S = 30
+REPLICA_PREFIX = "SERVE_REPLICA::llm#"
+
+
+class RayAdmin:
+    """``tests/ray_admin.py`` in a child process, connected to the graph's cluster."""
+
+    def __init__(self, address: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.ray_admin", address],
+            cwd=ROOT,
+            env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.actors: list[str] = self.read(timeout=60)["actors"]
+
+    def read(self, timeout: float) -> dict:
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready:
+            pytest.fail(f"ray admin gave no answer in {timeout}s")
+        line = self.process.stdout.readline()
+        if not line:
+            pytest.fail(f"ray admin exited with {self.process.wait(timeout=10)}")
+        return json.loads(line)
+
+    def command(self, text: str, timeout: float = 30) -> dict:
+        self.process.stdin.write(text + "\n")
+        self.process.stdin.flush()
+        return self.read(timeout)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+def replicas(actors: list[str], deployment: str) -> list[str]:
+    return [name for name in actors if name.startswith(f"{REPLICA_PREFIX}{deployment}#")]
+
+
+# Greedy on the tiny random model from "x" with a small presence penalty repeats "class" and
+# never samples eos: a request with these settings runs its whole max_tokens (4000 tokens, some
+# seconds), so it is certainly still in flight when the replica dies or the client leaves.
+LONG_RUNNING = {"prompt": "x", "temperature": 0.0, "presence_penalty": 0.2, "stop": []}
+LONG_MAX_TOKENS = 4000
+
+
+def fim_body(max_tokens: int, **extra) -> dict:
+    return {"model": MODEL, **LONG_RUNNING, "max_tokens": max_tokens, **extra}
+
+
+def assert_unavailable(body: dict) -> None:
+    """The contract body of a model component that stopped: 503 (or 502) server_error."""
+    error = ErrorResponse.model_validate(body).error
+    assert error.type == "server_error", body
+    assert error.code in ("service_unavailable", "bad_gateway"), body
+    assert "Traceback" not in error.message
+
+
+@pytest.mark.ray
+def test_killing_the_fim_replica_fails_in_flight_requests_cleanly_and_recovers(graph):
+    url, address = graph["url"], graph["ray_address"]
+    if address is None and not sys.platform.startswith("linux"):
+        pytest.skip("finding the graph's Ray cluster needs /proc")
+    assert address, "could not find the graph's Ray cluster"
+    admin = RayAdmin(address)
+    try:
+        before = admin.actors
+        (fim_replica,) = replicas(before, "FimModel")
+        with ThreadPoolExecutor(max_workers=3) as pool, httpx.Client(timeout=60) as client:
+
+            def blocking_fim(index: int) -> tuple[httpx.Response, float]:
+                response = client.post(
+                    f"{url}/v1/fim/completions", json=fim_body(LONG_MAX_TOKENS), headers=auth()
+                )
+                return response, time.monotonic()
+
+            in_flight = [pool.submit(blocking_fim, index) for index in range(3)]
+            stream_body = fim_body(LONG_MAX_TOKENS, stream=True)
+            with client.stream(
+                "POST", f"{url}/v1/fim/completions", json=stream_body, headers=auth()
+            ) as stream:
+                assert stream.status_code == 200
+                lines = stream.iter_lines()
+                first = next(line for line in lines if line.startswith("data: "))
+                assert json.loads(first[6:])["choices"], first
+                assert not any(future.done() for future in in_flight)
+                killed_at = time.monotonic()
+                assert admin.command(f"kill {fim_replica}") == {"killed": fim_replica}
+                rest = [line for line in lines if line.startswith("data: ")]
+            stream_ended = time.monotonic() - killed_at
+            answers = [future.result(timeout=90) for future in in_flight]
+        answered = max(at for _, at in answers) - killed_at
+
+        # the stream was under way: its status line is sent, so the error travels as an event
+        assert rest[-1] == "data: [DONE]", rest[-3:]
+        assert_unavailable(json.loads(rest[-2][6:]))
+        # the blocking requests were running on the replica: a 503 (or 502) each
+        for response, _ in answers:
+            assert response.status_code in (502, 503), response.text
+            assert_unavailable(response.json())
+        print(
+            f"\nfaults: in-flight statuses {[r.status_code for r, _ in answers]} within "
+            f"{answered:.1f}s of the kill; the stream ended {stream_ended:.1f}s after it"
+        )
+        # failing fast, not by the client's 60 s timeout or the 4000 tokens running out
+        assert answered < FAILURE_SEEN_WITHIN_S and stream_ended < FAILURE_SEEN_WITHIN_S
+
+        # the rest of the graph is untouched meanwhile
+        decision = {"model": MODEL, "state": "s", "questions": {"q": {"type": "noul"}}}
+        response = httpx.post(f"{url}/v1/decisions", json=decision, headers=auth(), timeout=60)
+        assert response.status_code == 200, response.text
+
+        recovered_in = wait_for_fim(url, killed_at)
+        print(f"faults: FIM answered 200 again {recovered_in:.1f}s after the kill")
+
+        after = admin.command("list")["actors"]
+        (new_replica,) = replicas(after, "FimModel")
+        assert new_replica != fim_replica
+        # no app restart: every other actor (controller, proxy, other replicas) is the same
+        assert set(before) - {fim_replica} == set(after) - {new_replica}
+    finally:
+        admin.close()
+
+
+def wait_for_fim(url: str, since: float) -> float:
+    """Poll a small FIM request until Serve has a new replica answering; seconds since kill."""
+    deadline = since + RECOVERY_TIMEOUT_S
+    statuses = []
+    while time.monotonic() < deadline:
+        try:
+            response = httpx.post(
+                f"{url}/v1/fim/completions", json=fim_body(1), headers=auth(), timeout=30
+            )
+            statuses.append(response.status_code)
+            if response.status_code == 200:
+                return time.monotonic() - since
+            assert response.status_code in (502, 503, 504), response.text
+            assert_unavailable(response.json()) if response.status_code != 504 else None
+        except httpx.TimeoutException:
+            statuses.append("timeout")
+        time.sleep(0.5)
+    pytest.fail(f"FIM did not recover in {RECOVERY_TIMEOUT_S}s: {statuses[-10:]}")
+
+
+# --- client disconnect frees the engine slot (service level, in-process) -------------------------
+
+
+def test_closing_a_fim_stream_frees_its_engine_slot_within_a_second(app_config):
+    from serve_app.api.fim import FimCompletionRequest
+    from serve_app.serving.fim import FimService
+    from serve_app.serving.generation import Generator, start_engine
+
+    model = app_config.model(app_config.roles.fim)
+    engine = start_engine(app_config, model)
+    service = FimService(Generator(engine, model))
+    body = FimCompletionRequest(model=model.id, max_tokens=LONG_MAX_TOKENS, **LONG_RUNNING)
+
+    async def scenario() -> float:
+        stream = service.stream(body)
+        first = await anext(stream)
+        assert first.choices and engine.num_running == 1
+        await stream.aclose()  # what the router does when the HTTP client disconnects
+        closed_at = time.monotonic()
+        while engine.num_running and time.monotonic() - closed_at < 1.0:
+            await asyncio.sleep(0.01)
+        return time.monotonic() - closed_at
+
+    try:
+        freed_in = asyncio.run(scenario())
+        stats = engine.stats()
+        assert stats.num_running == 0 and stats.num_waiting == 0, (stats, freed_in)
+        assert stats.requests_aborted == 1 and stats.requests_finished == 0, stats
+        assert freed_in < 1.0
+    finally:
+        engine.shutdown()
