@@ -83,8 +83,8 @@ def test_ten_questions_share_one_state(embedded_client):
         f"q{i}": {"type": "noul", "instructions": f"More than {i * 200} customers are affected."}
         for i in range(10)
     }
-    body = decide(embedded_client, questions, state={**STATE, "id": "ten"})
+    body = decide(embedded_client, questions, state={"id": "ten", **STATE})
     assert set(body["answers"]) == set(questions)
-    single = decide(embedded_client, {"q0": questions["q0"]}, state={**STATE, "id": "one"})
+    single = decide(embedded_client, {"q0": questions["q0"]}, state={"id": "one", **STATE})
     # The shared state is encoded once: ten questions cost far less than ten single requests.
     assert body["usage"]["input_tokens"] < 0.6 * 10 * single["usage"]["input_tokens"]

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
+from serve_app.engine.batch import cache_from_kv, kv_from_cache
 from serve_app.engine.loader import LoadedModel
+from serve_app.engine.prefix_cache import PrefixCache
 from serve_app.engine.prompts import decisions as prompts
 from serve_app.errors import ContextLengthExceededError, UnprocessableRequestError
 
@@ -127,37 +128,6 @@ class _Usage:
     cached_tokens: int = 0
 
 
-@dataclass
-class _PrefixCache:
-    """LRU of state-prefix KV caches, bounded by entry count and bytes."""
-
-    entries: int
-    max_bytes: int
-    _items: OrderedDict[tuple[int, ...], tuple[KV, int]] = field(default_factory=OrderedDict)
-
-    def get(self, key: tuple[int, ...]) -> KV | None:
-        item = self._items.get(key)
-        if item is None:
-            return None
-        self._items.move_to_end(key)
-        return item[0]
-
-    def put(self, key: tuple[int, ...], kv: KV) -> None:
-        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
-        if self.entries <= 0 or size > self.max_bytes:
-            return
-        self._items[key] = (kv, size)
-        self._items.move_to_end(key)
-        while len(self._items) > self.entries or self._bytes() > self.max_bytes:
-            self._items.popitem(last=False)
-
-    def _bytes(self) -> int:
-        return sum(size for _, size in self._items.values())
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
 class LikelihoodScorer:
     """Scores decision questions on one loaded model. Synchronous; one request at a time."""
 
@@ -166,7 +136,6 @@ class LikelihoodScorer:
         loaded: LoadedModel,
         *,
         context_length: int,
-        prefix_cache_entries: int = 8,
         prefix_cache_bytes: int = 1 << 30,
         batch_kv_bytes: int = 256 << 20,
         max_batch_rows: int = 64,
@@ -178,7 +147,7 @@ class LikelihoodScorer:
         self.context_length = context_length
         self.batch_kv_bytes = batch_kv_bytes
         self.max_batch_rows = max_batch_rows
-        self.prefix_cache = _PrefixCache(prefix_cache_entries, prefix_cache_bytes)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._lock = threading.Lock()
         self._base = self.model.base_model
         self._head = self.model.get_output_embeddings()
@@ -291,22 +260,25 @@ class LikelihoodScorer:
     # ------------------------------------------------------------------ running
 
     def _prefix_kv(self, prefix: list[int], usage: _Usage) -> KV | None:
-        """KV cache of the shared prefix (batch 1), from the LRU or by running it once."""
+        """KV cache of the shared prefix (batch 1): the longest part the engine's prefix cache
+        already holds (the fixed system turn at least, the whole state when it repeats), and
+        the rest run once on top of it."""
         import torch
 
         if not prefix:
             return None
-        key = tuple(prefix)
-        kv = self.prefix_cache.get(key)
-        if kv is not None:
-            usage.cached_tokens += len(prefix)
-            return kv
-        ids = torch.tensor([prefix], device=self.device)
-        out = self._base(input_ids=ids, use_cache=True)
-        kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        usage.input_tokens += len(prefix)
-        self.prefix_cache.put(key, kv)
-        return kv
+        # A sentinel last token lets the lookup return the whole prefix (it keeps one back).
+        cached_len, cached = self.prefix_cache.lookup([*prefix, -1])
+        usage.cached_tokens += cached_len
+        if cached_len == len(prefix):
+            return list(cached)
+        ids = torch.tensor([prefix[cached_len:]], device=self.device)
+        past = cache_from_kv(cached) if cached_len else None
+        out = self._base(input_ids=ids, past_key_values=past, use_cache=True)
+        kv = kv_from_cache(out.past_key_values)
+        usage.input_tokens += len(prefix) - cached_len
+        self.prefix_cache.insert(prefix, kv)
+        return list(kv)
 
     def _score_rows(
         self,
