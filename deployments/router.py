@@ -12,9 +12,9 @@ from serve_app.http.app import Backends, build_router_app
 
 class Router:
     def __init__(self, config: AppConfig, auth: Any, scorer: Any, edit: Any, fim: Any) -> None:
-        self.http_app = build_router_app(
-            config, Backends(auth=auth, scorer=scorer, edit=edit, fim=fim)
-        )
+        backends = Backends(auth=auth, scorer=scorer, edit=edit, fim=fim)
+        # Serve's proxy sets and returns x-request-id itself.
+        self.http_app = build_router_app(config, backends, add_request_id=False)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return self.http_app

@@ -62,7 +62,11 @@ class Backends:
     fim: Any
 
 
-def build_router_app(config: AppConfig, backends: Backends) -> FastAPI:
+def build_router_app(
+    config: AppConfig, backends: Backends, *, add_request_id: bool = True
+) -> FastAPI:
+    """The router's FastAPI app. Behind Ray Serve's proxy, which already answers with
+    ``x-request-id`` (and logs it), pass ``add_request_id=False`` so it is not sent twice."""
     app = FastAPI(
         title="Language-Model Decision, Code-Edit and Fill-in-the-Middle API",
         version="1.0.0",
@@ -73,7 +77,8 @@ def build_router_app(config: AppConfig, backends: Backends) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_body_bytes)
     app.add_middleware(RequestMetrics, paths=frozenset(route.path for route in app.routes))
-    app.add_middleware(RequestId)
+    if add_request_id:
+        app.add_middleware(RequestId)
     return app
 
 

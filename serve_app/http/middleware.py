@@ -96,6 +96,7 @@ class RequestMetrics:
             await self.app(scope, receive, send)
             return
         start, status = time.perf_counter(), 500
+        scope.setdefault("state", {})  # shared with the route, which records the model here
 
         async def send_and_watch(message: Message) -> None:
             nonlocal status
