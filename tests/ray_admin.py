@@ -9,6 +9,7 @@ command and answer:
     <- {"actors": [...]}                 once connected: named actors in namespace "serve"
     -> list                             <- {"actors": [...]}
     -> kill NAME                        <- {"killed": NAME}   ray.kill(..., no_restart=True)
+    -> metrics                          <- {"ports": [...]}   each node's Prometheus port
 
 Connecting first and killing on command keeps the kill itself to milliseconds, so requests
 started just before it are still in flight when it lands.
@@ -40,6 +41,8 @@ def main() -> None:
         command, _, argument = line.strip().partition(" ")
         if command == "list":
             answer({"actors": actors()})
+        elif command == "metrics":
+            answer({"ports": [node["MetricsExportPort"] for node in ray.nodes() if node["Alive"]]})
         elif command == "kill":
             ray.kill(ray.get_actor(argument, namespace=SERVE_NAMESPACE), no_restart=True)
             answer({"killed": argument})
