@@ -34,6 +34,10 @@ test-fast: install
 fuzz: install
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-1000} $(PY) -m pytest -q -s -ra tests/test_fuzz.py
 
+# Benchmarks against a running `make run` (set SERVE_APP_API_KEY to its key).
+bench: install
+	$(PY) -m bench.fim && $(PY) -m bench.decisions && $(PY) -m bench.edit
+
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
