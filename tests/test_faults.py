@@ -216,3 +216,48 @@ def test_closing_a_fim_stream_frees_its_engine_slot_within_a_second(app_config):
         assert freed_in < 1.0
     finally:
         engine.shutdown()
+
+
+@pytest.mark.ray
+def test_restarting_the_auth_service_keeps_accounts_keys_and_usage(graph, capsys):
+    """Kill every AuthService replica: Serve starts new ones on the same store, and the key,
+    its account and its usage ledger are all still there."""
+    from serve_app.auth.cli import main as keys_cli
+
+    url, address = graph["url"], graph["ray_address"]
+    assert address, "could not find the graph's Ray cluster"
+    keys_cli(["--db", graph["db"], "create-account", "survivor"])
+    keys_cli(["--db", graph["db"], "create-key", "survivor"])
+    key = next(
+        w for w in capsys.readouterr().out.split() if w.startswith("sk-sa-") and "." not in w
+    )
+    body = {"model": MODEL, "prompt": "def f(", "max_tokens": 2}
+    assert (
+        httpx.post(
+            f"{url}/v1/fim/completions", json=body, headers=auth(key), timeout=60
+        ).status_code
+        == 200
+    )
+
+    admin = RayAdmin(address)
+    try:
+        killed = replicas(admin.actors, "AuthService")
+        for replica in killed:
+            admin.command(f"kill {replica}")
+        deadline = time.monotonic() + 120
+        status = None
+        while time.monotonic() < deadline:
+            try:
+                status = httpx.get(f"{url}/v1/models", headers=auth(key), timeout=10).status_code
+            except httpx.HTTPError:
+                status = None
+            if status == 200:
+                break
+            time.sleep(1)
+        assert status == 200, "the restarted auth service does not know the key"
+        restarted = replicas(admin.command("list")["actors"], "AuthService")
+    finally:
+        admin.close()
+    assert restarted and not set(restarted) & set(killed), "the AuthService was not restarted"
+    keys_cli(["--db", graph["db"], "usage", "survivor"])
+    assert "fim.completions" in capsys.readouterr().out
