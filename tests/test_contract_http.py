@@ -91,6 +91,9 @@ def test_openapi_documents_every_path(client):
     assert document["info"]["version"] == "1.0.0"
     for path, method in SPEC_PATHS.items():
         assert method in document["paths"][path], path
+    for path, method in SPEC_PATHS.items():
+        documented = set(document["paths"][path][method]["responses"])
+        assert ("422" in documented) == (path == "/v1/decisions"), (path, documented)
     schemas = document["components"]["schemas"]
     for name in (
         "DecisionRequest",

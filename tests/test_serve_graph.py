@@ -147,6 +147,7 @@ def test_quota_exhausted_is_402_and_usage_is_recorded(graph, capsys):
         graph["url"] + "/v1/fim/completions", json=body, headers=auth(key), timeout=60
     )
     assert first.status_code == 200  # the first request may overdraw; the next one cannot start
+    time.sleep(0.6)  # each auth replica trusts its cached account for cache_ttl_s (0.5 s)
     second = httpx.post(
         graph["url"] + "/v1/fim/completions", json=body, headers=auth(key), timeout=60
     )

@@ -31,7 +31,7 @@ from serve_app.errors import (
     UnprocessableRequestError,
     UpstreamBadResponseError,
 )
-from serve_app.http.errors import as_service_error, install_error_handlers
+from serve_app.http.errors import VALIDATION_422_PATHS, as_service_error, install_error_handlers
 from serve_app.http.middleware import BodySizeLimit, RequestId, RequestMetrics
 from serve_app.http.sse import open_event_stream, sse_event
 
@@ -74,6 +74,7 @@ def build_router_app(
     )
     routes = Routes(config, backends)
     routes.register(app)
+    app.openapi = lambda: _openapi_without_implicit_422(app)
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_body_bytes)
     app.add_middleware(RequestMetrics, paths=frozenset(route.path for route in app.routes))
@@ -308,6 +309,23 @@ class Routes:
 
     async def health(self, request: Request) -> dict[str, str]:
         return {"status": "ok"}
+
+
+def _openapi_without_implicit_422(app: FastAPI) -> dict[str, Any]:
+    """FastAPI documents a 422 on every route with a body; only /v1/decisions answers 422
+    (the others answer validation failures with 400), so the document says exactly that."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        document = get_openapi(
+            title=app.title, version=app.version, routes=app.routes, summary=app.summary
+        )
+        for path, operations in document["paths"].items():
+            if path not in VALIDATION_422_PATHS:
+                for operation in operations.values():
+                    operation.get("responses", {}).pop("422", None)
+        app.openapi_schema = document
+    return app.openapi_schema
 
 
 async def _await(response: Any) -> Any:
