@@ -96,7 +96,7 @@ def main() -> None:
     loaded = load_model(args.model, threads=args.threads)
     state, questions = make_state(), make_questions()
     cached = LikelihoodScorer(loaded, context_length=32768)
-    uncached = LikelihoodScorer(loaded, context_length=32768, prefix_cache_entries=0)
+    uncached = LikelihoodScorer(loaded, context_length=32768, prefix_cache_bytes=0)
     probe = uncached.score(state, questions[:1])
     plans, anchor = uncached._plan_all(state, questions)
     print(f"model {args.model}, threads {args.threads}, {args.repeats} rounds")
