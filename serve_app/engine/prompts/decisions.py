@@ -63,19 +63,27 @@ def _subject(name: str, instructions: Any) -> str:
 
 
 def noul_message(name: str, instructions: Any = None, criteria: Any = None) -> str:
-    """Ask whether the question's statement holds for the state; answer ``true``/``false``."""
+    """Ask whether the question's statement (a quoted "claim") holds for the state; yes/no.
+
+    The answer is read from the model's mass on the yes/no (and true/false) tokens. On
+    Qwen2.5-Coder-0.5B this yes/no wording, with a one-line claim in quotes, puts true claims
+    above 0.5 and false ones below it more often than "Is the statement true or false? Answer
+    true or false." (14-pair probe set over 4 states: both sides right on 10 pairs vs 9, each
+    statement on the right side 86% vs 79%, mean gap 0.22 vs 0.21). Asking the negated
+    question as well and averaging does not help at this size: the model barely reads the
+    negation ("contradict", "false") and answers both questions alike.
+    """
     criteria = criteria if isinstance(criteria, dict) else {}
+    subject = _subject(name, instructions)
+    claim = f'Claim: "{subject}"' if "\n" not in subject else _field("Claim", subject)
     described = _lines(
         [
-            _field("Statement", _subject(name, instructions)),
+            claim,
             _field("It is true when", criteria.get("true")),
             _field("It is false when", criteria.get("false")),
         ]
     )
-    return (
-        f"{described}\n\nIs the statement true or false for the state above? "
-        "Answer with exactly one word: true or false."
-    )
+    return f"{described}\n\nIs this claim true, given the state above? Answer yes or no."
 
 
 def choice_message(name: str, instructions: Any, labels: dict[str, Any]) -> str:
