@@ -50,3 +50,21 @@ def test_unknown_config_keys_fail_loudly():
         AppConfig.model_validate({"engine": {"max_batchsize": 4}})
     with pytest.raises(ValueError, match="unknown model"):
         AppConfig.model_validate({"roles": {"fim": "missing"}})
+
+
+def test_grafana_dashboard_queries_only_documented_metrics():
+    """Every series the dashboard plots is one README documents (test_metrics checks export)."""
+    import json
+    import re
+
+    dashboard = json.loads((ROOT / "configs" / "grafana" / "serve_app.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    documented = set(re.findall(r"^\| `(ray_serve_app_\w+)`", readme, re.MULTILINE))
+    queried = set()
+    for panel in dashboard["panels"]:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            for name in re.findall(r"ray_serve_app_\w+", target["expr"]):
+                queried.add(re.sub(r"_(bucket|sum|count)$", "", name))
+    assert len(documented) == 10
+    assert queried == documented  # nothing plotted that is not exported, nothing left out
