@@ -7,6 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 export SERVE_APP_DATA_DIR ?= $(CURDIR)/data
 export RAY_AUTH_MODE ?= disabled
+CONFIG ?= configs/local.yaml
 
 .PHONY: install model run test test-fast fuzz lint format bench clean
 
@@ -22,7 +23,7 @@ model: install
 	$(PY) -m serve_app.engine.embedded qwen2.5-coder-0.5b
 
 run: model
-	$(VENV)/bin/serve run configs/local.yaml
+	$(VENV)/bin/serve run $(CONFIG)
 
 test: model
 	$(PY) -m pytest -q -ra

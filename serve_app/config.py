@@ -19,6 +19,7 @@ from serve_app.api.models import (
     OpenRouterRef,
     Pricing,
 )
+from serve_app.engine.embedded import EMBEDDED_MODELS
 
 DEFAULT_MODEL_ID = "qwen2.5-coder-0.5b"
 
@@ -44,8 +45,8 @@ class ModelConfig(StrictConfig):
         default="embedded:qwen2.5-coder-0.5b",
         description="embedded:<name>, tiny, a Hugging Face model id, or a local folder.",
     )
-    name: str = "Qwen2.5-Coder 0.5B Instruct"
-    description: str = "Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), embedded; runs on a laptop CPU."
+    name: str | None = Field(default=None, description="Default: the embedded model's, else id.")
+    description: str | None = Field(default=None, description="Default: from the source.")
     created: int = 1730419200
     context_length: int = Field(default=32768, ge=16)
     max_output_length: int = Field(default=8192, ge=1)
@@ -62,6 +63,17 @@ class ModelConfig(StrictConfig):
     supported_features: list[str] = Field(default_factory=list)
     openrouter_slug: str | None = None
     datacenters: list[str] = Field(default_factory=lambda: ["US"])
+
+    @model_validator(mode="after")
+    def _describe_from_source(self) -> ModelConfig:
+        """Listings name what is really served: an embedded source brings its own metadata."""
+        embedded = EMBEDDED_MODELS.get(self.source.removeprefix("embedded:"))
+        if embedded is not None and self.source.startswith("embedded:"):
+            self.name = self.name or embedded.display_name
+            self.description = self.description or embedded.description
+        self.name = self.name or self.id
+        self.description = self.description or f"{self.id}, served from {self.source}."
+        return self
 
     def card(self, endpoints: list[Endpoint] | None = None) -> ModelCard | EndpointModelCard:
         fields = {

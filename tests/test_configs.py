@@ -68,3 +68,14 @@ def test_grafana_dashboard_queries_only_documented_metrics():
                 queried.add(re.sub(r"_(bucket|sum|count)$", "", name))
     assert len(documented) == 10
     assert queried == documented  # nothing plotted that is not exported, nothing left out
+
+
+def test_listing_metadata_follows_the_model_source():
+    """A model's listing describes what is served unless the config names it explicitly."""
+    from serve_app.config import ModelConfig
+
+    larger = ModelConfig(id="coder", source="embedded:qwen2.5-coder-1.5b").card()
+    assert larger.name == "Qwen2.5-Coder 1.5B Instruct" and "1.5B" in larger.description
+    hub = ModelConfig(id="big", source="Qwen/Qwen2.5-Coder-7B-Instruct").card()
+    assert hub.name == "big" and "Qwen/Qwen2.5-Coder-7B-Instruct" in hub.description
+    assert ModelConfig(id="x", source="tiny", name="Mine").card().name == "Mine"
