@@ -1,6 +1,6 @@
 """A bounded load test on the real graph: every answer is 200, 429 or 503 in the contract shape.
 
-``LOAD_REQUESTS`` requests (default 400) at concurrency ``LOAD_CONCURRENCY`` (32) over one
+``LOAD_REQUESTS`` requests (default 500) at concurrency ``LOAD_CONCURRENCY`` (32) over one
 shared aiohttp session (httpx's async client costs ~5 ms CPU per request on this box and
 would be the bottleneck), mixing every endpoint, JSON and streamed, with ``max_tokens`` <= 4.
 No request may outlive ``REQUEST_TIMEOUT_S`` and the whole run ``RUN_TIMEOUT_S``; afterwards
@@ -25,7 +25,7 @@ from tests.graph import MODEL, auth
 
 pytestmark = pytest.mark.ray
 
-LOAD_REQUESTS = int(os.environ.get("LOAD_REQUESTS", "400"))
+LOAD_REQUESTS = int(os.environ.get("LOAD_REQUESTS", "500"))
 LOAD_CONCURRENCY = int(os.environ.get("LOAD_CONCURRENCY", "32"))
 REQUEST_TIMEOUT_S = 30
 RUN_TIMEOUT_S = 120
