@@ -71,7 +71,9 @@ def noul_message(name: str, instructions: Any = None, criteria: Any = None) -> s
     true or false." (14-pair probe set over 4 states: both sides right on 10 pairs vs 9, each
     statement on the right side 86% vs 79%, mean gap 0.22 vs 0.21). Asking the negated
     question as well and averaging does not help at this size: the model barely reads the
-    negation ("contradict", "false") and answers both questions alike.
+    negation ("contradict", "false") and answers both questions alike. Contextual calibration
+    (dividing by p(yes) for an "N/A" state or claim) lowered a 28-claim probe from 18 to 14
+    right: "N/A" is not neutral for a yes/no claim, it reads as "no" (p(yes) 0.06-0.18).
     """
     criteria = criteria if isinstance(criteria, dict) else {}
     subject = _subject(name, instructions)
