@@ -19,7 +19,7 @@ from serve_app.api.models import (
     OpenRouterRef,
     Pricing,
 )
-from serve_app.engine.embedded import EMBEDDED_MODELS
+from serve_app.engine.embedded import EMBEDDED_MODELS, embedded_name
 
 DEFAULT_MODEL_ID = "qwen2.5-coder-0.5b"
 
@@ -67,8 +67,8 @@ class ModelConfig(StrictConfig):
     @model_validator(mode="after")
     def _describe_from_source(self) -> ModelConfig:
         """Listings name what is really served: an embedded source brings its own metadata."""
-        embedded = EMBEDDED_MODELS.get(self.source.removeprefix("embedded:"))
-        if embedded is not None and self.source.startswith("embedded:"):
+        embedded = EMBEDDED_MODELS.get(embedded_name(self.source) or "")
+        if embedded is not None:
             self.name = self.name or embedded.display_name
             self.description = self.description or embedded.description
         self.name = self.name or self.id

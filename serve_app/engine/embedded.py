@@ -168,6 +168,14 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "serve-app" / "models"
 
 
+SOURCE_PREFIX = "embedded:"
+
+
+def embedded_name(source: str) -> str | None:
+    """``name`` for a model source ``embedded:<name>``; None for any other source."""
+    return source.removeprefix(SOURCE_PREFIX) if source.startswith(SOURCE_PREFIX) else None
+
+
 def get_embedded_model(name: str) -> EmbeddedModel:
     try:
         return EMBEDDED_MODELS[name]

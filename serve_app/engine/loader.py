@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from serve_app.engine.embedded import embedded_name, ensure_embedded_model
+
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
@@ -54,10 +56,9 @@ def set_torch_threads(threads: int | None) -> None:
 
 def resolve_source(source: str, cache_dir: str | Path | None = None) -> str | Path:
     """Turn a source string into something ``from_pretrained`` accepts."""
-    if source.startswith("embedded:"):
-        from serve_app.engine.embedded import ensure_embedded_model
-
-        return ensure_embedded_model(source.removeprefix("embedded:"), cache_dir=cache_dir)
+    name = embedded_name(source)
+    if name is not None:
+        return ensure_embedded_model(name, cache_dir=cache_dir)
     if source == "tiny" or source.startswith("tiny:"):
         from serve_app.engine.tiny import build_tiny_model
 
