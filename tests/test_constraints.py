@@ -17,11 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from serve_app.engine.constraints import (
-    ANY_OBJECT,
-    MAX_WS_RUN,
     JsonConstraint,
     JsonValidator,
-    Node,
     SchemaError,
     TokenTexts,
     attach_constraint,
@@ -29,6 +26,8 @@ from serve_app.engine.constraints import (
     constraint_for_response_format,
     validate_output,
 )
+from serve_app.engine.json.automaton import MAX_WS_RUN
+from serve_app.engine.json.grammar import ANY_OBJECT, Node
 from serve_app.engine.protocol import SamplingParams
 from serve_app.engine.sampling import Sampler, TokenHistory
 

@@ -1,0 +1,1 @@
+"""JSON-constrained decoding: token bytes, the automaton, schema compile, post-check."""

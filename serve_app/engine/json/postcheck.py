@@ -1,0 +1,121 @@
+"""The after-the-fact check of a constrained answer, with every regex bounded.
+
+The automaton does not enforce value checks such as ``pattern``; ``validate_output`` runs
+them with ``jsonschema``. A stranger writes those patterns, and Python's ``re`` backtracks
+(``^(.|.)*Z$`` took 8.8 s on 26 characters), so:
+
+- ``check_patterns`` refuses, when the schema is compiled, the constructs no engine can run
+  in linear time (backreferences, lookaround) and over-long patterns;
+- ``pattern`` and ``patternProperties`` are evaluated with the ``regex`` module under a
+  per-match timeout; a pattern that runs out of time counts as not matching, so the answer
+  fails validation instead of holding a thread.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import regex
+
+from serve_app.engine.json.grammar import SchemaError
+
+MAX_PATTERN_CHARS = 1000
+PATTERN_TIMEOUT_S = 0.05
+# Backreferences (\1, \k<name>, (?P=name)) and lookaround need backtracking in any engine.
+_NON_LINEAR = regex.compile(r"\\[1-9]|\\k<|\(\?P=|\(\?<?[=!]")
+
+
+def check_patterns(schema: Any) -> None:
+    """Raise ``SchemaError`` naming ``pattern`` for a pattern that cannot be run safely."""
+    for where, pattern in _patterns(schema):
+        if not isinstance(pattern, str):
+            raise SchemaError(f"response_format.json_schema: pattern at {where} is not a string.")
+        if len(pattern) > MAX_PATTERN_CHARS:
+            raise SchemaError(
+                f"response_format.json_schema: pattern at {where} is longer than "
+                f"{MAX_PATTERN_CHARS} characters."
+            )
+        if _NON_LINEAR.search(pattern):
+            raise SchemaError(
+                f"response_format.json_schema: pattern at {where} uses a backreference or "
+                "lookaround, which this service does not run."
+            )
+        try:
+            regex.compile(pattern)
+        except regex.error as e:
+            raise SchemaError(
+                f"response_format.json_schema: pattern at {where} is not a valid regex: {e}."
+            ) from None
+
+
+def _patterns(schema: Any) -> Iterator[tuple[str, Any]]:
+    """Every ``pattern`` value and ``patternProperties`` key, iteratively (no recursion limit)."""
+    stack: list[tuple[str, Any]] = [("#", schema)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, Mapping):
+            if "pattern" in node and not isinstance(node["pattern"], Mapping):
+                yield f"{where}/pattern", node["pattern"]
+            pattern_properties = node.get("patternProperties")
+            if isinstance(pattern_properties, Mapping):
+                for key in pattern_properties:
+                    yield f"{where}/patternProperties", key
+            stack.extend((f"{where}/{k}", v) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((f"{where}/{i}", v) for i, v in enumerate(node))
+
+
+def pattern_search(pattern: str, text: str) -> bool:
+    """``re.search`` semantics with a deadline; running out of time counts as no match."""
+    try:
+        return regex.search(pattern, text, timeout=PATTERN_TIMEOUT_S) is not None
+    except TimeoutError:
+        return False
+
+
+def validate_output(text: str, schema: Mapping[str, Any] | None) -> str | None:
+    """Why ``text`` is not a valid answer (None when it is): parse, top-level object or schema.
+
+    The post-check for schemas the automaton does not fully enforce (``Grammar.notes``), and a
+    way to tell a caller that a length-cut answer is not JSON.
+    """
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        return f"not valid JSON: {e}"
+    if schema is None:
+        return None if isinstance(value, dict) else "the top-level value is not an object"
+    import jsonschema
+
+    check_patterns(schema)
+    validator = _bounded_validator(jsonschema.validators.validator_for(schema))
+    try:
+        validator(schema).validate(value)
+    except jsonschema.ValidationError as e:
+        return f"does not match the schema: {e.message}"
+    return None
+
+
+def _bounded_validator(base: type) -> type:
+    """``base`` with ``pattern`` and ``patternProperties`` run by ``pattern_search``."""
+    import jsonschema
+
+    def pattern(validator: Any, patrn: str, instance: Any, schema: Any) -> Iterator[Any]:
+        if validator.is_type(instance, "string") and not pattern_search(patrn, instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {patrn!r}")
+
+    def pattern_properties(
+        validator: Any, properties: Mapping[str, Any], instance: Any, schema: Any
+    ) -> Iterator[Any]:
+        if not validator.is_type(instance, "object"):
+            return
+        for patrn, subschema in properties.items():
+            for key, value in instance.items():
+                if pattern_search(patrn, key):
+                    yield from validator.descend(value, subschema, path=key, schema_path=patrn)
+
+    return jsonschema.validators.extend(
+        base, {"pattern": pattern, "patternProperties": pattern_properties}
+    )
