@@ -14,9 +14,12 @@ from pydantic import Field, field_validator, model_validator
 
 from serve_app.api.common import (
     MAX_NESTING,
+    MAX_STOP_CHARS,
+    MAX_STOP_SEQUENCES,
     CompletionUsage,
     RequestModel,
     ResponseModel,
+    StopSequences,
     StreamOptions,
     json_depth,
 )
@@ -80,7 +83,11 @@ class ChatCompletionRequest(RequestModel):
     top_p: float = Field(default=1.0, ge=0.0, le=1.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    stop: list[str] | str | None = None
+    stop: StopSequences = Field(
+        default=None,
+        description=f"At most {MAX_STOP_SEQUENCES} sequences of at most {MAX_STOP_CHARS} "
+        "characters.",
+    )
     seed: int | None = None
     n: Literal[1] = Field(default=1, description="Only one choice per request is supported.")
     stream: bool = False

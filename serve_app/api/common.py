@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,6 +15,15 @@ JsonText = str | dict[str, Any] | list[Any]
 # Deeper values are refused at validation: rendering them is a denial-of-service vector, and
 # handing them to a model deployment fails in pickle (excessively deep recursion) as a 500.
 MAX_NESTING = 64
+
+# Stop sequences are matched against every generated chunk and held back as prefixes, so their
+# count and length bound per-token work (one 40,000-character stop cost 1.85 s and 779 MB).
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_CHARS = 256
+StopSequence = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+StopSequences = (
+    StopSequence | Annotated[list[StopSequence], Field(max_length=MAX_STOP_SEQUENCES)] | None
+)
 
 
 class RequestModel(BaseModel):

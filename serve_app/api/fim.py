@@ -6,7 +6,15 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from serve_app.api.common import CompletionUsage, RequestModel, ResponseModel, StreamOptions
+from serve_app.api.common import (
+    MAX_STOP_CHARS,
+    MAX_STOP_SEQUENCES,
+    CompletionUsage,
+    RequestModel,
+    ResponseModel,
+    StopSequences,
+    StreamOptions,
+)
 from serve_app.engine.protocol import SamplingParams
 
 DEFAULT_FIM_STOP = ("\n\n", "\n \n")
@@ -25,8 +33,10 @@ class FimCompletionRequest(RequestModel):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=1.5, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
-    stop: list[str] | str | None = Field(
-        default=None, description='Stop sequences; default ["\\n\\n", "\\n \\n"].'
+    stop: StopSequences = Field(
+        default=None,
+        description='Stop sequences; default ["\\n\\n", "\\n \\n"]; at most '
+        f"{MAX_STOP_SEQUENCES} of at most {MAX_STOP_CHARS} characters.",
     )
     stream: bool = False
     stream_options: StreamOptions | None = None

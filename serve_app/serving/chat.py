@@ -16,9 +16,9 @@ from serve_app.api.chat import (
     ChatResponseMessage,
 )
 from serve_app.api.common import CompletionUsage, new_id, now
-from serve_app.engine.constraints import validate_output
+from serve_app.engine.constraints import SchemaError, compile_schema, validate_output
 from serve_app.engine.protocol import GenerationRequest
-from serve_app.errors import UpstreamBadResponseError
+from serve_app.errors import InvalidRequestError, UpstreamBadResponseError
 from serve_app.serving.generation import Generator, usage_of
 
 DEFAULT_CHAT_MAX_TOKENS = 1024
@@ -30,21 +30,34 @@ class ChatService:
     def __init__(self, generator: Generator) -> None:
         self.generator = generator
 
-    def _request(self, body: ChatCompletionRequest) -> GenerationRequest:
+    async def _request(self, body: ChatCompletionRequest) -> GenerationRequest:
+        """Bound, then tokenise (and compile the schema) off the event loop."""
         messages = [message.to_template() for message in body.messages]
         if body.json_mode is not None:
             messages = [{"role": "system", "content": json_instruction(body)}, *messages]
-        prompt_ids = self.generator.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        chars = sum(len(message["content"]) for message in messages)
+        self.generator.check_input_size(chars, "messages")
+        schema = requested_schema(body)
+        if schema is not None:
+            try:  # cached: the engine's compile of the same schema is then a lookup
+                await self.generator.off_loop(compile_schema, schema)
+            except SchemaError as e:
+                raise InvalidRequestError(str(e), param="response_format") from None
+        prompt_ids = await self.generator.off_loop(
+            self.generator.tokenizer.apply_chat_template,
+            messages,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
         )
         max_tokens = min(DEFAULT_CHAT_MAX_TOKENS, self.generator.model.max_output_length)
         params = body.to_sampling_params(default_max_tokens=max_tokens)
         return self.generator.request(list(prompt_ids), params, prompt_param="messages")
 
     async def complete(self, body: ChatCompletionRequest) -> ChatCompletion:
-        text, last = await self.generator.complete(self._request(body))
+        text, last = await self.generator.complete(await self._request(body))
         if body.json_mode is not None and last.finish_reason == "stop":
-            check_json_output(text, body)
+            await self.generator.off_loop(check_json_output, text, body)
         choice = ChatChoice(
             index=0,
             message=ChatResponseMessage(content=text),
@@ -60,7 +73,7 @@ class ChatService:
 
     async def stream(self, body: ChatCompletionRequest) -> AsyncIterator[ChatCompletionChunk]:
         """Role delta, content deltas, the finish chunk, then always a usage chunk."""
-        request = self._request(body)
+        request = await self._request(body)
         completion_id, created = new_id("chatcmpl"), now()
 
         def chunk(choices: list[ChatChunkChoice], usage=None) -> ChatCompletionChunk:
@@ -88,12 +101,17 @@ def json_instruction(body: ChatCompletionRequest) -> str:
     )
 
 
+def requested_schema(body: ChatCompletionRequest) -> dict | None:
+    fmt = body.response_format
+    if fmt is None or fmt.type != "json_schema" or fmt.json_schema is None:
+        return None
+    return fmt.json_schema.schema_
+
+
 def check_json_output(text: str, body: ChatCompletionRequest) -> None:
     """A belt-and-braces check: schema keywords the decoder cannot enforce (``pattern``,
     ``minimum``, ...) are validated after the fact; failing them is the model's fault (502)."""
-    fmt = body.response_format
-    schema = fmt.json_schema.schema_ if fmt and fmt.json_schema else None
-    problem = validate_output(text, schema)
+    problem = validate_output(text, requested_schema(body))
     if problem is not None:
         logger.warning("constrained output failed validation: %s", problem)
         raise UpstreamBadResponseError(

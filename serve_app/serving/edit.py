@@ -21,7 +21,9 @@ class EditService:
         prompt = parse_edit_prompt(body.content)
         params = body.to_sampling_params()
         context_length = self.generator.model.context_length
-        _, prompt_ids = fit_to_context(
+        # Tokenised (several times, while fitting) off the event loop: see Generator.off_loop.
+        _, prompt_ids = await self.generator.off_loop(
+            fit_to_context,
             prompt,
             self.generator.tokenizer,
             max_prompt_tokens=context_length - params.max_tokens,

@@ -23,15 +23,18 @@ class FimService:
         loaded = generator.loaded
         self.format = fim_format_for(loaded.tokenizer, loaded.model_type)
 
-    def _request(self, body: FimCompletionRequest) -> GenerationRequest:
-        prompt_ids = build_fim_prompt(
-            self.format, self.generator.tokenizer, body.prompt, body.suffix or ""
+    async def _request(self, body: FimCompletionRequest) -> GenerationRequest:
+        """Bound, then tokenise off the event loop."""
+        suffix = body.suffix or ""
+        self.generator.check_input_size(len(body.prompt) + len(suffix), "prompt")
+        prompt_ids = await self.generator.off_loop(
+            build_fim_prompt, self.format, self.generator.tokenizer, body.prompt, suffix
         )
         params = body.to_sampling_params(self.generator.model.default_temperature)
         return self.generator.request(prompt_ids, params, prompt_param="prompt")
 
     async def complete(self, body: FimCompletionRequest) -> FimCompletion:
-        text, last = await self.generator.complete(self._request(body))
+        text, last = await self.generator.complete(await self._request(body))
         return FimCompletion(
             id=new_id("cmpl"),
             created=now(),
@@ -42,7 +45,7 @@ class FimService:
 
     async def stream(self, body: FimCompletionRequest) -> AsyncIterator[FimCompletionChunk]:
         """Content chunks, then always one usage chunk (the router drops it unless asked)."""
-        request = self._request(body)
+        request = await self._request(body)
         completion_id, created = new_id("cmpl"), now()
 
         def chunk(choices: list[FimChunkChoice], usage=None) -> FimCompletionChunk:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol, TypeVar
 
 from serve_app.api.common import CompletionUsage
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.engine.engine import EngineConfig, LLMEngine
+from serve_app.engine.json.token_bytes import TokenTexts
 from serve_app.engine.loader import LoadedModel, load_model
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest, SamplingParams
 from serve_app.errors import (
@@ -18,6 +20,8 @@ from serve_app.errors import (
     InvalidRequestError,
     UpstreamUnavailableError,
 )
+
+T = TypeVar("T")
 
 
 def load_configured_model(
@@ -84,6 +88,18 @@ class Generator:
     @property
     def tokenizer(self):
         return self.engine.loaded.tokenizer
+
+    def check_input_size(self, chars: int, param: str) -> None:
+        """Refuse, before tokenising it, text that cannot fit the context: a character is at
+        least one byte and no token spells more than ``max_token_bytes`` bytes."""
+        max_token_bytes = TokenTexts.for_tokenizer(self.tokenizer).max_token_bytes
+        if chars > self.model.context_length * max_token_bytes:
+            raise ContextLengthExceededError.for_limit(self.model.context_length, param)
+
+    async def off_loop(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run CPU work (tokenising a prompt, compiling a schema) on a worker thread, so one
+        large request cannot stall the other streams this replica's event loop serves."""
+        return await asyncio.to_thread(work, *args, **kwargs)
 
     def request(
         self, prompt_ids: list[int], params: SamplingParams, prompt_param: str

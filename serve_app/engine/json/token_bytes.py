@@ -53,6 +53,8 @@ class TokenTexts:
         for i, b in enumerate(self.token_bytes):
             if len(b) == 1:
                 self.byte_token_ids.setdefault(b[0], i)
+        # No token spells more bytes: bounds the tokens any text can become, cheaply.
+        self.max_token_bytes = max((len(b) for b in self.token_bytes), default=1)
         self._first_bytes = torch.tensor([b[0] if b else 256 for b in self.token_bytes])
         self._first_bytes_sized: dict[int, torch.Tensor] = {}
 
