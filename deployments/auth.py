@@ -29,6 +29,9 @@ class AuthDeployment:
         if config.auth.bootstrap_local_key:
             announce_new_key(bootstrap_local(store, os.environ.get("SERVE_APP_API_KEY")))
 
+    async def authenticate(self, api_key: str | None) -> None:
+        await self._in_thread(self.service.authenticate, api_key)
+
     async def authorize(self, api_key: str | None, model: str | None, endpoint: str) -> Grant:
         return await self._in_thread(self.service.authorize, api_key, model, endpoint)
 

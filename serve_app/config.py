@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -123,12 +124,21 @@ class AuthOptions(StrictConfig):
     )
     cache_ttl_s: float = Field(default=0.5, ge=0.0, le=1.0)
     bootstrap_local_key: bool = Field(
-        default=True, description="Create a local account and key on an empty store."
+        default=False,
+        description="Create a local account (every model, no limits) and key on an empty "
+        "store. Only for a laptop: configs/local.yaml turns it on.",
+    )
+    docs: Literal["key", "open", "off"] = Field(
+        default="key",
+        description="/docs and /openapi.json: behind the API key, open to anyone, or off.",
     )
 
 
 class Limits(StrictConfig):
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    body_timeout_s: float = Field(
+        default=30.0, gt=0, description="Longest a client may take to send its body (408)."
+    )
     max_questions: int = Field(default=64, ge=1)
     request_timeout_s: float = Field(default=300.0, gt=0)
     decision_timeout_s: float = Field(default=120.0, gt=0)

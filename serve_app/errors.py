@@ -108,6 +108,13 @@ class RequestTooLargeError(ServiceError):
     default_message = "The request body exceeds the size limit."
 
 
+class RequestTimeoutError(ServiceError):
+    status_code = 408
+    error_type = "invalid_request_error"
+    code = "request_timeout"
+    default_message = "The request body did not arrive in time."
+
+
 class UnprocessableRequestError(ServiceError):
     """A decision request that validated but cannot be answered (422 on /v1/decisions)."""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.config import AppConfig, EngineOptions, Limits, ModelConfig, Roles
+from serve_app.config import AppConfig, AuthOptions, EngineOptions, Limits, ModelConfig, Roles
 
 TEST_KEY = "sk-sa-test-0123456789abcdefghijklmnop"
 TINY_ID = "tiny-qwen2"
@@ -47,6 +47,8 @@ def tiny_config(tiny_source: str, data_dir: Path, **overrides) -> AppConfig:
         "roles": Roles(fim=TINY_ID, edit=TINY_ID, decisions=TINY_ID),
         "engine": EngineOptions(torch_threads=1, max_batch_size=4, prefill_chunk_tokens=64),
         "limits": Limits(max_body_bytes=1_000_000, max_questions=32),
+        # As configs/local.yaml: the test key bootstraps a local account; docs open.
+        "auth": AuthOptions(bootstrap_local_key=True, docs="open"),
         "data_dir": str(data_dir),
     }
     return AppConfig(**{**fields, **overrides})
@@ -90,6 +92,7 @@ def embedded_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
         models=[ModelConfig(id=EMBEDDED_ID, source="embedded:qwen2.5-coder-0.5b")],
         roles=Roles(fim=EMBEDDED_ID, edit=EMBEDDED_ID, decisions=EMBEDDED_ID),
         engine=EngineOptions(torch_threads=2, max_batch_size=8, prefill_chunk_tokens=128),
+        auth=AuthOptions(bootstrap_local_key=True, docs="open"),
         data_dir=str(tmp_path_factory.mktemp("embedded-data")),
     )
     os.environ["SERVE_APP_API_KEY"] = TEST_KEY

@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # JSON text values the contract allows wherever a question carries free-form content.
 JsonText = str | dict[str, Any] | list[Any]
@@ -27,9 +27,42 @@ StopSequences = (
 
 
 class RequestModel(BaseModel):
-    """Base of request bodies: unknown fields are ignored, as OpenAI-style clients send extras."""
+    """Base of request bodies: unknown fields are ignored, as OpenAI-style clients send extras.
+
+    Every string must be encodable as UTF-8: JSON can spell a lone surrogate (``"\\ud800"``),
+    which no tokenizer or response can carry (it was a 500). Nested request models check
+    their own fields, so each string is looked at once.
+    """
 
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="after")
+    def _encodable_text(self) -> RequestModel:
+        for name in type(self).model_fields:
+            if not _encodable(getattr(self, name)):
+                raise ValueError(
+                    f"{name} contains text that is not valid Unicode (a lone surrogate such as "
+                    "\\ud800); send UTF-8 text"
+                )
+        return self
+
+
+def _encodable(value: Any) -> bool:
+    """Whether every string in ``value`` (not inside a nested model) encodes as UTF-8."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return True
 
 
 class ResponseModel(BaseModel):

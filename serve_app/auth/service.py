@@ -129,6 +129,11 @@ class AuthService:
             headers=verdict.headers if verdict else {},
         )
 
+    def authenticate(self, api_key: str | None) -> None:
+        """The checks that need only the key: a known, unrevoked key (401) of an active
+        account within its quota (402). Cached like ``authorize``; no store write."""
+        self._check_account(self._lookup(api_key).account, self._clock())
+
     def record_usage(
         self,
         grant: Grant,

@@ -32,7 +32,7 @@ from serve_app.errors import (
     UpstreamBadResponseError,
 )
 from serve_app.http.errors import VALIDATION_422_PATHS, as_service_error, install_error_handlers
-from serve_app.http.middleware import BodySizeLimit, RequestId, RequestMetrics
+from serve_app.http.middleware import Authenticate, BoundedBody, RequestId, RequestMetrics
 from serve_app.http.sse import open_event_stream, sse_event
 
 logger = logging.getLogger(__name__)
@@ -67,17 +67,31 @@ def build_router_app(
 ) -> FastAPI:
     """The router's FastAPI app. Behind Ray Serve's proxy, which already answers with
     ``x-request-id`` (and logs it), pass ``add_request_id=False`` so it is not sent twice."""
+    docs_off = config.auth.docs == "off"
     app = FastAPI(
         title="Language-Model Decision, Code-Edit and Fill-in-the-Middle API",
         version="1.0.0",
         summary=f"serve-app {__version__}",
+        docs_url=None if docs_off else "/docs",
+        redoc_url=None if docs_off else "/redoc",
+        openapi_url=None if docs_off else "/openapi.json",
     )
     routes = Routes(config, backends)
     routes.register(app)
     app.openapi = lambda: _openapi_without_implicit_422(app)
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_body_bytes)
-    app.add_middleware(RequestMetrics, paths=frozenset(route.path for route in app.routes))
+    paths = frozenset(route.path for route in app.routes)
+    guarded = paths - {"/health"}
+    if config.auth.docs == "open":
+        guarded -= {"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
+    # Outermost last: request id -> metrics -> key check -> bounded body -> routes.
+    app.add_middleware(
+        BoundedBody,
+        max_bytes=config.limits.max_body_bytes,
+        timeout_s=config.limits.body_timeout_s,
+    )
+    app.add_middleware(Authenticate, authenticate=routes.authenticate, paths=guarded)
+    app.add_middleware(RequestMetrics, paths=paths)
     if add_request_id:
         app.add_middleware(RequestId)
     return app
@@ -120,6 +134,10 @@ class Routes:
         get("/health", include_in_schema=False)(self.health)
 
     # --- auth and usage -------------------------------------------------------------------
+
+    async def authenticate(self, key: str | None) -> None:
+        """The key check the middleware runs before the body is read (401/402)."""
+        await self.backends.auth.authenticate.remote(key)
 
     async def authorize(
         self,

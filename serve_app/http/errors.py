@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -31,6 +32,10 @@ logger = logging.getLogger(__name__)
 # Paths whose validation failures answer FastAPI's 422 HTTPValidationError (api-spec.md 7.1);
 # every other endpoint answers 400 invalid_request_error naming the parameter (api-notes.md).
 VALIDATION_422_PATHS = frozenset({"/v1/decisions"})
+# What a 422 may echo of the input: a few errors, each input a short preview.
+MAX_ERRORS_SHOWN = 10
+MAX_ECHO_CHARS = 256
+MAX_ECHO_ITEMS = 32
 
 
 def error_body(exc: ServiceError) -> ErrorResponse:
@@ -68,6 +73,18 @@ def as_service_error(exc: BaseException) -> ServiceError:
     return ServerError()
 
 
+def _preview(value: Any) -> Any:
+    """``value`` when small; else a string of its beginning (an 8 MiB body was echoed whole)."""
+    if isinstance(value, str):
+        return value if len(value) <= MAX_ECHO_CHARS else value[:MAX_ECHO_CHARS] + "..."
+    if isinstance(value, dict | list) and len(value) > MAX_ECHO_ITEMS:
+        return f"<{type(value).__name__} of {len(value)} items>"
+    if isinstance(value, dict | list):
+        text = repr(value)
+        return value if len(text) <= MAX_ECHO_CHARS else text[:MAX_ECHO_CHARS] + "..."
+    return value
+
+
 def validation_param(errors: list[dict]) -> str | None:
     """The top-level request field a validation failure is about (``param`` of the wire)."""
     for error in errors:
@@ -97,6 +114,8 @@ async def _on_service_error(request: Request, exc: ServiceError) -> JSONResponse
 async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = list(exc.errors())
     if request.url.path in VALIDATION_422_PATHS:
+        # Never echo a large input back: the first errors, each input cut to a preview.
+        errors = [{**e, "input": _preview(e.get("input"))} for e in errors[:MAX_ERRORS_SHOWN]]
         try:
             return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
         except ValueError:

@@ -1,58 +1,116 @@
-"""ASGI middleware: the body-size limit and the request id."""
+"""ASGI middleware: authentication from the header, the bounded body and the request id."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app import metrics
-from serve_app.errors import RequestTooLargeError
-from serve_app.http.errors import error_response
+from serve_app.errors import RequestTimeoutError, RequestTooLargeError
+from serve_app.http.errors import as_service_error, error_response
 
 
-class BodySizeLimit:
-    """Answer 413 for bodies over ``max_bytes`` without reading (let alone parsing) them.
+class Authenticate:
+    """Answer 401 (no or unknown key) or 402 (inactive account) from the Authorization header
+    alone, before a byte of the body is read, let alone parsed and validated.
 
-    A declared Content-Length over the limit is refused before any byte is read; a chunked
-    body is counted as it arrives and refused as soon as it passes the limit.
+    ``authenticate`` is the auth deployment's key check, the same lookup (and short-lived
+    cache) as the routes' ``authorize``, which still checks the model and the rate limits once
+    the body is known. Only ``paths`` are guarded: /health stays open and unknown paths 404.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        authenticate: Callable[[str | None], Awaitable[None]],
+        paths: frozenset[str],
+    ) -> None:
+        self.app = app
+        self.authenticate = authenticate
+        self.paths = paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self.authenticate(bearer_key(scope))
+        except Exception as exc:
+            error = as_service_error(exc)
+            metrics.auth_rejections().inc(tags={"reason": error.code or "unknown"})
+            await error_response(error)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def bearer_key(scope: Scope) -> str | None:
+    """The key of ``Authorization: Bearer <key>`` (None without one), as HTTPBearer reads it."""
+    header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+    scheme, _, key = header.partition(" ")
+    return (key.strip() or None) if scheme.lower() == "bearer" else None
+
+
+class BoundedBody:
+    """Read the whole body before the app sees it: at most ``max_bytes`` (else 413, whether
+    the size was declared or the body came chunked) within ``timeout_s`` (else 408), so a slow
+    or endless upload cannot hold a request open. The app then reads it from memory.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(scope, receive, send)
+        try:
+            if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+                raise self._too_large()
+            first = await asyncio.wait_for(self._read(receive), self.timeout_s)
+        except TimeoutError:
+            await error_response(RequestTimeoutError())(scope, receive, send)
             return
-        await self.app(scope, self._counting(receive), send)
+        except RequestTooLargeError as error:
+            await error_response(error)(scope, receive, send)
+            return
+        await self.app(scope, _replay(first, receive), send)
 
-    def _counting(self, receive: Receive) -> Receive:
+    async def _read(self, receive: Receive) -> Message:
+        chunks: list[bytes] = []
         seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
+        while True:
             message = await receive()
-            seen += len(message.get("body", b""))
+            if message["type"] != "http.request":
+                return message  # the client went away; the app sees that
+            chunk = message.get("body", b"")
+            seen += len(chunk)
             if seen > self.max_bytes:
-                raise self._error()
-            return message
+                raise self._too_large()
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
 
-        return counted
-
-    def _error(self) -> RequestTooLargeError:
+    def _too_large(self) -> RequestTooLargeError:
         return RequestTooLargeError(
             f"The request body exceeds the limit of {self.max_bytes} bytes."
         )
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await error_response(self._error())(scope, receive, send)
+
+def _replay(first: Message, receive: Receive) -> Receive:
+    """The body read already, then the client's own messages (a disconnect, later)."""
+    pending = [first]
+
+    async def replayed() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return replayed
 
 
 class RequestId:
