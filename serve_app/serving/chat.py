@@ -35,14 +35,14 @@ class ChatService:
         messages = [message.to_template() for message in body.messages]
         if body.json_mode is not None:
             messages = [{"role": "system", "content": json_instruction(body)}, *messages]
-        chars = sum(len(message["content"]) for message in messages)
-        self.generator.check_input_size(chars, "messages")
         schema = requested_schema(body)
-        if schema is not None:
+        if schema is not None:  # first: a schema over a cap is named, whatever its size
             try:  # cached: the engine's compile of the same schema is then a lookup
                 await self.generator.off_loop(compile_schema, schema)
             except SchemaError as e:
                 raise InvalidRequestError(str(e), param="response_format") from None
+        chars = sum(len(message["content"]) for message in messages)
+        self.generator.check_input_size(chars, "messages")
         prompt_ids = await self.generator.off_loop(
             self.generator.tokenizer.apply_chat_template,
             messages,
