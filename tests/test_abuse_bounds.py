@@ -24,6 +24,7 @@ CHAT_PROBE = {
     "messages": [{"role": "user", "content": "hi"}],
     "max_tokens": 1,
 }
+FIM_PROBE = {"model": TINY_ID, "prompt": "x", "max_tokens": 1}
 BLOCKED_LIMIT_S = 0.1  # the event loop may never stall longer than this
 
 
@@ -37,15 +38,21 @@ def chat_with_schema(schema: dict, max_tokens: int = 8) -> dict:
     }
 
 
-def longest_probe(client, work: Callable[[], Any]) -> tuple[Any, float]:
-    """Run ``work`` while chat probes go to the same model replica; return its result and
-    how much longer than usual the slowest probe took (a stalled event loop delays every
-    probe in flight)."""
-    client.post("/v1/chat/completions", json=CHAT_PROBE, headers=AUTH)
+def longest_probe(client, work: Callable[[], Any], fim: bool) -> tuple[Any, float]:
+    """Run ``work`` while probes go to the same model replica (FIM or the edit/chat one);
+    return its result and how much longer than usual the slowest probe took (a stalled event
+    loop delays every probe in flight)."""
+
+    def probe() -> int:
+        if fim:
+            return client.post("/v1/fim/completions", json=FIM_PROBE, headers=AUTH).status_code
+        return client.post("/v1/chat/completions", json=CHAT_PROBE, headers=AUTH).status_code
+
+    probe()
     baseline = []
     for _ in range(3):
         start = time.perf_counter()
-        client.post("/v1/chat/completions", json=CHAT_PROBE, headers=AUTH)
+        probe()
         baseline.append(time.perf_counter() - start)
     result: dict[str, Any] = {}
     worker = threading.Thread(target=lambda: result.setdefault("value", work()))
@@ -53,19 +60,19 @@ def longest_probe(client, work: Callable[[], Any]) -> tuple[Any, float]:
     latencies = []
     while worker.is_alive() or not latencies:
         start = time.perf_counter()
-        assert client.post("/v1/chat/completions", json=CHAT_PROBE, headers=AUTH).status_code == 200
+        assert probe() == 200
         latencies.append(time.perf_counter() - start)
     worker.join()
     return result["value"], max(latencies) - min(baseline)
 
 
-def assert_never_blocks(client, send: Callable[[int], Any]) -> Any:
+def assert_never_blocks(client, send: Callable[[int], Any], fim: bool = False) -> Any:
     """``send(attempt)`` never stalls the replica past ``BLOCKED_LIMIT_S``. The machine is
     shared, so one slow probe may be noise: up to three attempts (each a new request, so no
     cache helps the next); a real stall is deterministic and fails all three."""
     stalls = []
     for attempt in range(3):
-        response, stall = longest_probe(client, lambda attempt=attempt: send(attempt))
+        response, stall = longest_probe(client, lambda attempt=attempt: send(attempt), fim)
         if stall < BLOCKED_LIMIT_S:
             return response
         stalls.append(round(stall, 3))
@@ -197,7 +204,7 @@ def test_huge_prompt_is_refused_before_tokenising(client, endpoint):
     else:
         path, body = "/v1/fim/completions", {"model": TINY_ID, "prompt": text, "max_tokens": 1}
     response = assert_never_blocks(
-        client, lambda attempt: client.post(path, json=body, headers=AUTH)
+        client, lambda attempt: client.post(path, json=body, headers=AUTH), endpoint == "fim"
     )
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "context_length_exceeded"
