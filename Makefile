@@ -22,7 +22,10 @@ $(STAMP): pyproject.toml
 model: install
 	$(PY) -m serve_app.engine.embedded qwen2.5-coder-0.5b
 
+# The bootstrap step prints a new local key here, once (Ray would copy a replica's print
+# into its log files); the key is also kept in $(SERVE_APP_DATA_DIR)/local-api-key (0600).
 run: model
+	$(PY) -m serve_app.auth.cli bootstrap --config $(CONFIG)
 	$(VENV)/bin/serve run $(CONFIG)
 
 test: model

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 from typing import Any
 
-from serve_app.auth.service import AuthConfig, AuthService, Grant, bootstrap_local
+from serve_app.auth.local_key import bootstrap_key_file
+from serve_app.auth.service import AuthConfig, AuthService, Grant
 from serve_app.auth.store import open_store
 from serve_app.config import AppConfig
 from serve_app.errors import ServiceError, UpstreamUnavailableError
@@ -27,7 +27,11 @@ class AuthDeployment:
             ),
         )
         if config.auth.bootstrap_local_key:
-            announce_new_key(bootstrap_local(store, os.environ.get("SERVE_APP_API_KEY")))
+            key, path = bootstrap_key_file(
+                store, config.auth_db, os.environ.get("SERVE_APP_API_KEY")
+            )
+            if key is not None:  # the key itself would land in Ray's log files
+                logger.warning("created account 'local'; its API key is in %s (mode 0600)", path)
 
     async def authenticate(self, api_key: str | None) -> None:
         await self._in_thread(self.service.authenticate, api_key)
@@ -76,16 +80,3 @@ class AuthDeployment:
             },
             "ray_actor_options": {"num_cpus": 0.1},
         }
-
-
-def announce_new_key(key: str | None) -> None:
-    """Show a generated local key once, where the person who ran ``make run`` will see it."""
-    if key is None:
-        return
-    banner = (
-        "\n" + "=" * 72 + "\n"
-        "  Created account 'local' with API key (shown once, store it now):\n"
-        f"    {key}\n"
-        f"  export SERVE_APP_API_KEY={key}\n" + "=" * 72 + "\n"
-    )
-    print(banner, file=sys.stderr, flush=True)

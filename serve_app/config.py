@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -20,16 +18,10 @@ from serve_app.api.models import (
     OpenRouterRef,
     Pricing,
 )
+from serve_app.auth.store import default_data_dir, resolve_auth_db
 from serve_app.engine.embedded import EMBEDDED_MODELS, embedded_name
 
 DEFAULT_MODEL_ID = "qwen2.5-coder-0.5b"
-
-
-def default_data_dir() -> str:
-    """An absolute path: replicas do not run in the directory ``serve run`` was started from."""
-    configured = os.environ.get("SERVE_APP_DATA_DIR")
-    base = Path(configured) if configured else Path.home() / ".local" / "share" / "serve-app"
-    return str(base.expanduser().resolve())
 
 
 class StrictConfig(BaseModel):
@@ -154,7 +146,7 @@ class AppConfig(StrictConfig):
         default=None, description="Where converted models live; default ~/.cache/serve-app/models."
     )
     data_dir: str = Field(
-        default_factory=lambda: default_data_dir(),
+        default_factory=lambda: str(default_data_dir()),
         description="Where the auth store lives (SQLite); default $SERVE_APP_DATA_DIR.",
     )
 
@@ -183,5 +175,4 @@ class AppConfig(StrictConfig):
 
     @property
     def auth_db(self) -> str:
-        configured = self.auth.db or os.environ.get("SERVE_APP_AUTH_DB")
-        return configured or str(Path(self.data_dir) / "auth.sqlite3")
+        return resolve_auth_db(self.auth.db, self.data_dir)

@@ -1,7 +1,8 @@
 """Operator CLI for accounts and API keys: ``serve-app-keys`` / ``python -m serve_app.auth.cli``.
 
 The store is ``--db PATH`` (a SQLite file or a ``postgresql://`` DSN), else
-``$SERVE_APP_AUTH_DB``, else ``$SERVE_APP_DATA_DIR/auth.sqlite3`` (data dir ``./data``).
+``$SERVE_APP_AUTH_DB``, else ``$SERVE_APP_DATA_DIR/auth.sqlite3`` (``resolve_auth_db``; the data
+dir defaults to ``~/.local/share/serve-app``, ``make`` sets ``./data``).
 Changes reach running replicas within their cache TTL (0.5 s by default): no restart.
 
 A new key is printed once, alone on stdout (so ``KEY=$(serve-app-keys create-key acme)``
@@ -11,17 +12,29 @@ works); nothing else ever prints a key, only its hint (``sk-sa-...abcd``).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from serve_app.auth.keys import generate_key, hash_key, key_hint
-from serve_app.auth.store import KEEP, PERIODS, Account, AuthStore, StoreError, open_store
+from serve_app.auth.local_key import bootstrap_key_file
+from serve_app.auth.store import (
+    KEEP,
+    PERIODS,
+    Account,
+    AuthStore,
+    StoreError,
+    open_store,
+    resolve_auth_db,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     store = open_store(args.db)
+    args.db = resolve_auth_db(args.db)
     try:
         return args.handler(store, args)
     except StoreError as error:
@@ -60,6 +73,35 @@ def _create_key(store: AuthStore, args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _bootstrap(store: AuthStore, args: argparse.Namespace) -> int:
+    """``make run``'s first step: when the Serve config asks for ``auth.bootstrap_local_key``,
+    an empty store gets account ``local`` and a key, printed here once (and kept in a 0600
+    file beside the store); later runs only say where the key is."""
+    if args.config is not None and not _wants_local_key(args.config):
+        return 0
+    key, path = bootstrap_key_file(store, args.db, os.environ.get("SERVE_APP_API_KEY"))
+    if key is not None:
+        rule = "=" * 72
+        print(
+            f"{rule}\n  Created account 'local' with API key (shown once; also in {path}):\n"
+            f"    {key}\n  export SERVE_APP_API_KEY={key}\n{rule}"
+        )
+    elif path.exists():
+        print(f"the local API key is in {path}", file=sys.stderr)
+    return 0
+
+
+def _wants_local_key(config_path: str) -> bool:
+    """Whether every application of a Serve config file enables ``bootstrap_local_key``."""
+    import yaml
+
+    from serve_app.config import AppConfig
+
+    document = yaml.safe_load(Path(config_path).read_text())
+    configs = [AppConfig(**(app.get("args") or {})) for app in document["applications"]]
+    return all(config.auth.bootstrap_local_key for config in configs)
 
 
 def _list(store: AuthStore, args: argparse.Namespace) -> int:
@@ -187,6 +229,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = command("create-key", _create_key, "create an API key (printed once)")
     sub.add_argument("account")
     command("list", _list, "list accounts and keys (no secrets)")
+    sub = command("bootstrap", _bootstrap, "make an empty store usable locally (prints a key)")
+    sub.add_argument("--config", help="a Serve config: only if it enables bootstrap_local_key")
     sub = command("revoke", _revoke, "revoke an API key")
     sub.add_argument("key_id", type=int)
     sub = command("set-status", _set_status, "activate or deactivate an account")

@@ -32,7 +32,6 @@ logger = logging.getLogger(__name__)
 
 STATUSES = ("active", "inactive")
 PERIODS = ("total", "daily", "monthly")
-DEFAULT_DATA_DIR = "./data"
 DB_FILENAME = "auth.sqlite3"
 
 
@@ -130,18 +129,24 @@ def period_key(period: str, now: float) -> str:
     return "total"
 
 
-def default_db_path() -> Path:
-    return Path(os.environ.get("SERVE_APP_DATA_DIR") or DEFAULT_DATA_DIR) / DB_FILENAME
+def default_data_dir() -> Path:
+    """``$SERVE_APP_DATA_DIR``, else ``~/.local/share/serve-app``; absolute, because replicas
+    do not run in the directory ``serve run`` was started from."""
+    configured = os.environ.get("SERVE_APP_DATA_DIR")
+    base = Path(configured) if configured else Path.home() / ".local" / "share" / "serve-app"
+    return base.expanduser().resolve()
 
 
-def resolve_db(db: str | Path | None = None) -> str:
-    """``db``, else ``$SERVE_APP_AUTH_DB``, else ``$SERVE_APP_DATA_DIR/auth.sqlite3``."""
-    return str(db or os.environ.get("SERVE_APP_AUTH_DB") or default_db_path())
+def resolve_auth_db(db: str | Path | None = None, data_dir: str | Path | None = None) -> str:
+    """The one answer to "which auth store": ``db``, else ``$SERVE_APP_AUTH_DB``, else
+    ``<data_dir>/auth.sqlite3`` (``data_dir`` defaults to ``default_data_dir()``)."""
+    configured = db or os.environ.get("SERVE_APP_AUTH_DB")
+    return str(configured or Path(data_dir or default_data_dir()) / DB_FILENAME)
 
 
 def open_store(db: str | Path | None = None) -> AuthStore:
     """Open the configured store: a ``postgresql://`` DSN selects PostgreSQL, else SQLite."""
-    target = resolve_db(db)
+    target = resolve_auth_db(db)
     if target.startswith(("postgres://", "postgresql://")):
         from serve_app.auth.postgres import PostgresAuthStore
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from serve_app.api.decisions import DecisionRequest, DecisionResponse
 from serve_app.api.edit import EditCompletion, EditCompletionRequest
 from serve_app.api.fim import FimCompletion, FimCompletionChunk, FimCompletionRequest
 from serve_app.api.models import EndpointModelList, ModelList
+from serve_app.auth.keys import hash_key
 from serve_app.config import AppConfig
 from serve_app.errors import (
     InvalidRequestError,
@@ -49,6 +51,7 @@ DECISION_ERRORS: dict[int | str, dict[str, Any]] = {
 LISTING_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (401, 500)
 }
+MAX_RECENT_KEYS = 10_000
 SSE_RESPONSE = {"description": "text/event-stream of chunks, ending with `data: [DONE]`."}
 
 
@@ -102,6 +105,7 @@ class Routes:
         self.config = config
         self.backends = backends
         self.model_ids = frozenset(model.id for model in config.models)
+        self.recent_keys: dict[str, float] = {}  # key digest -> trusted until (monotonic)
 
     def register(self, app: FastAPI) -> None:
         post, get = app.post, app.get
@@ -136,8 +140,18 @@ class Routes:
     # --- auth and usage -------------------------------------------------------------------
 
     async def authenticate(self, key: str | None) -> None:
-        """The key check the middleware runs before the body is read (401/402)."""
+        """The key check the middleware runs before the body is read (401/402). A key that
+        passed is trusted for ``cache_ttl_s`` (as the auth replicas' own cache), so a busy
+        client costs no extra hop; the route's ``authorize`` checks everything again."""
+        digest = hash_key(key) if key else None
+        now = time.monotonic()
+        if digest is not None and self.recent_keys.get(digest, 0.0) > now:
+            return
         await self.backends.auth.authenticate.remote(key)
+        if digest is not None:
+            if len(self.recent_keys) >= MAX_RECENT_KEYS:
+                self.recent_keys.clear()
+            self.recent_keys[digest] = now + self.config.auth.cache_ttl_s
 
     async def authorize(
         self,
