@@ -213,11 +213,9 @@ def test_huge_prompt_is_refused_before_tokenising(client, endpoint):
 # --------------------------------------------------------------------------- bodies
 
 
-def asgi_post(client, path: str, chunks: list[bytes], headers: dict[str, str]) -> dict:
-    """POST ``chunks`` as a chunked body straight to the ASGI app; count what it read."""
-    state: dict[str, Any] = {"read": 0, "status": None, "body": b""}
-    raw_headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-    scope = {
+def http_scope(path: str, headers: dict[str, str]) -> dict:
+    """An ASGI scope for a POST with a chunked (undeclared length) JSON body."""
+    return {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
@@ -227,10 +225,19 @@ def asgi_post(client, path: str, chunks: list[bytes], headers: dict[str, str]) -
         "raw_path": path.encode(),
         "query_string": b"",
         "root_path": "",
-        "headers": [(b"content-type", b"application/json"), *raw_headers],
+        "headers": [
+            (b"content-type", b"application/json"),
+            *((k.lower().encode(), v.encode()) for k, v in headers.items()),
+        ],
         "client": ("127.0.0.1", 1234),
         "server": ("testserver", 80),
     }
+
+
+def asgi_post(client, path: str, chunks: list[bytes], headers: dict[str, str]) -> dict:
+    """POST ``chunks`` as a chunked body straight to the ASGI app; count what it read."""
+    state: dict[str, Any] = {"read": 0, "status": None, "body": b""}
+    scope = http_scope(path, headers)
 
     async def receive() -> dict:
         if state["read"] < len(chunks):
@@ -312,3 +319,82 @@ def test_huge_edit_prompt_is_tokenised_off_the_event_loop(client):
         client, lambda attempt: client.post("/v1/edit/completions", json=body, headers=AUTH)
     )
     assert response.status_code == 200, response.text  # the big snippet is dropped to fit
+
+
+def test_inactive_account_is_refused_before_the_body_is_read(client, app_config):
+    from serve_app.auth.keys import generate_key, hash_key, key_hint
+    from serve_app.auth.store import open_store
+
+    store = open_store(app_config.auth_db)
+    account = store.create_account("abuse-inactive", status="inactive")
+    key = generate_key()
+    store.add_key(account.id, hash_key(key), key_hint(key))
+    store.close()
+    state = asgi_post(
+        client, "/v1/fim/completions", [b"{}"] * 4, {"Authorization": f"Bearer {key}"}
+    )
+    assert state["status"] == 402
+    assert state["read"] == 0
+
+
+# --------------------------------------------------------------------------- hardened defaults
+
+
+@pytest.fixture(scope="module")
+def default_app(app_config):
+    """The router with the defaults of a config that says nothing (docs behind the key) and a
+    short body deadline; only the auth deployment is real here, the routes tested need no
+    model."""
+    from fastapi.testclient import TestClient
+    from ray import serve
+
+    from deployments.auth import AuthDeployment
+    from serve_app.app import deploy
+    from serve_app.config import AuthOptions, Limits
+    from serve_app.http.app import Backends, build_router_app
+
+    config = app_config.model_copy(
+        update={
+            "auth": AuthOptions(bootstrap_local_key=True),
+            "limits": Limits(max_body_bytes=1_000_000, body_timeout_s=0.3),
+        }
+    )
+    auth = serve.run(
+        deploy(AuthDeployment, config).bind(config),
+        name="abuse-defaults-auth",
+        route_prefix=None,
+        _local_testing_mode=True,
+    )
+    app = build_router_app(config, Backends(auth=auth, scorer=auth, edit=auth, fim=auth))
+    with TestClient(app, raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+@pytest.mark.parametrize("path", ["/docs", "/openapi.json"])
+def test_docs_need_the_key_by_default(default_app, path):
+    assert default_app.get(path).status_code == 401
+    assert default_app.get(path, headers=AUTH).status_code == 200
+
+
+def test_a_body_that_never_arrives_is_cut_off(default_app):
+    state: dict[str, Any] = {"status": None, "read": 0}
+
+    async def call() -> None:
+        import asyncio
+
+        async def receive() -> dict:
+            state["read"] += 1
+            if state["read"] == 1:
+                return {"type": "http.request", "body": b'{"model": ', "more_body": True}
+            await asyncio.sleep(3600)  # the rest never comes
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                state["status"] = message["status"]
+
+        scope = http_scope("/v1/fim/completions", {"Authorization": f"Bearer {TEST_KEY}"})
+        await asyncio.wait_for(default_app.app(scope, receive, send), 30)
+
+    default_app.portal.call(call)
+    assert state["status"] == 408
