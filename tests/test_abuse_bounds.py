@@ -291,8 +291,14 @@ def test_invalid_422_does_not_echo_a_large_input(client):
             400,
         ),
         ("/v1/fim/completions", '{"model": "%s", "prompt": "a\\ud800b", "max_tokens": 1}', 400),
+        (
+            "/v1/decisions",
+            '{"model": "%s", "state": "sky \\udfff", '
+            '"questions": {"q": {"type": "noul", "instructions": "Blue?"}}}',
+            422,
+        ),
     ],
-    ids=["chat", "fim"],
+    ids=["chat", "fim", "decisions"],
 )
 def test_lone_surrogates_are_a_client_error(client, path, body, status):
     response = client.post(
