@@ -18,10 +18,11 @@ class EditService:
         self.generator = generator
 
     async def complete(self, body: EditCompletionRequest) -> EditCompletion:
-        prompt = parse_edit_prompt(body.content)
+        # Parsed and tokenised (several times, while fitting) off the event loop: a prompt near
+        # the body limit would otherwise stall every stream of this replica.
+        prompt = await self.generator.off_loop(parse_edit_prompt, body.content)
         params = body.to_sampling_params()
         context_length = self.generator.model.context_length
-        # Tokenised (several times, while fitting) off the event loop: see Generator.off_loop.
         _, prompt_ids = await self.generator.off_loop(
             fit_to_context,
             prompt,
