@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT
 from tests.conftest import AUTH, EMBEDDED_ID
+from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 
 pytestmark = pytest.mark.embedded
 

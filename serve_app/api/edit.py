@@ -1,4 +1,5 @@
-"""POST /v1/edit/completions: next-edit rewriting from a tagged prompt (api-spec.md 4.2)."""
+"""POST /v1/edit/completions: next-edit rewriting from a tagged prompt (api-spec.md 4.2,
+api-notes.md "Edit": sections in any order, the answer fenced)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,13 @@ class EditCompletionRequest(RequestModel):
 
 class AssistantMessage(ResponseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str = Field(
+        description=(
+            'The rewritten code_to_edit region in a plain fence: "```\\n" + region + '
+            '"\\n```" (no language tag, no section tags, no cursor marker). A region the '
+            "model leaves alone comes back unchanged."
+        )
+    )
 
 
 class EditChoice(ResponseModel):
@@ -60,7 +67,7 @@ class EditChoice(ResponseModel):
 
 
 class EditCompletion(ResponseModel):
-    id: str
+    id: str = Field(description='Starts with "cmpl-".')
     object: Literal["edit.completion"] = "edit.completion"
     created: int
     model: str
