@@ -221,7 +221,7 @@ def test_section_inside_another_section_is_refused() -> None:
     )
 
 
-@pytest.mark.parametrize("empty", ["\n", ""])
+@pytest.mark.parametrize("empty", ["\n\n", "\n", ""])
 def test_empty_sections_written_either_way(empty: str) -> None:
     text = content(snippets=empty, history=empty)
     prompt = parse_edit_prompt(text)
