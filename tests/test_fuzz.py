@@ -37,8 +37,8 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT
 from tests.conftest import AUTH, TINY_ID
+from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 
 FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "50"))
 MAX_TOKENS = 8

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from openai import OpenAI
 
-from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT
 from tests.conftest import TEST_KEY
+from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 from tests.graph import MODEL
 
 pytestmark = pytest.mark.ray

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from serve_app.auth.cli import main as keys_cli
-from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT
+from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 from tests.graph import MODEL, auth
 
 pytestmark = pytest.mark.ray
