@@ -130,6 +130,11 @@ class AuthOptions(StrictConfig):
     bootstrap_local_key: bool = Field(
         default=True, description="Create a local account and key on an empty store."
     )
+    max_concurrent_requests: int | None = Field(
+        default=32,
+        ge=1,
+        description="Requests one account may have in flight at once (429 past it); null: no cap.",
+    )
 
 
 class Limits(StrictConfig):
