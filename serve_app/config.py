@@ -131,7 +131,7 @@ class AuthOptions(StrictConfig):
         default=True, description="Create a local account and key on an empty store."
     )
     max_concurrent_requests: int | None = Field(
-        default=32,
+        default=64,
         ge=1,
         description="Requests one account may have in flight at once (429 past it); null: no cap.",
     )
