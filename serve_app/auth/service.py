@@ -109,7 +109,8 @@ class AuthService:
     ) -> Grant:
         """Admit one request or raise the first applicable typed error.
 
-        ``model=None`` is a listing endpoint: no model check and nothing reserved.
+        ``model=None`` is a listing endpoint: no model check, counted against the request
+        window but nothing reserved.
         ``estimated_tokens`` (prompt plus max output) is reserved against the quota and the
         tokens-per-minute window; the grant carries the reservation to ``record_usage``.
         """
@@ -119,9 +120,7 @@ class AuthService:
         self._check_account(account, now)
         self._check_model(account, model)
         estimated = max(0, int(estimated_tokens))
-        verdict, reservation_id = None, None
-        if model is not None:
-            verdict, reservation_id = self._admit(account, estimated)
+        verdict, reservation_id = self._admit(account, estimated, hold=model is not None)
         self._touch(entry.key, now)
         logger.debug("authorized account %d key %d for %s", account.id, entry.key.id, endpoint)
         return Grant(
@@ -228,16 +227,21 @@ class AuthService:
         if not known or (account.models is not None and model not in account.models):
             raise ModelNotFoundError(model)
 
-    def _admit(self, account: Account, estimated: int) -> tuple[Verdict | None, int | None]:
-        """Reserve ``estimated`` tokens, or raise 402 (quota) / 429 (window or cap)."""
-        limited = (account.rpm, account.tpm, account.quota_tokens, self.config.max_concurrent)
+    def _admit(
+        self, account: Account, estimated: int, *, hold: bool
+    ) -> tuple[Verdict | None, int | None]:
+        """Reserve ``estimated`` tokens, or raise 402 (quota) / 429 (window or cap).
+        ``hold=False`` (listings): only counted against the request window."""
+        limited = (account.rpm, account.tpm)
+        if hold:
+            limited += (account.quota_tokens, self.config.max_concurrent)
         if all(limit is None for limit in limited):
-            return None, None  # unlimited: no store write at all
+            return None, None  # nothing to count: no store write at all
         admission = self.store.admit(
             account.id,
             estimated_tokens=estimated,
             max_concurrent=self.config.max_concurrent,
-            hold_seconds=self.config.reservation_ttl,
+            hold_seconds=self.config.reservation_ttl if hold else None,
         )
         if admission.refused == "quota":
             self._update_cached_usage(account.id, admission.quota_used, self.store.now())

@@ -255,11 +255,13 @@ class AuthStore(abc.ABC):
         *,
         estimated_tokens: int,
         max_concurrent: int | None,
-        hold_seconds: float,
+        hold_seconds: float | None,
     ) -> Admission:
         """In one transaction: check quota, rate windows and concurrent requests against the
         reservation of ``estimated_tokens``; if everything fits, count the request and hold
-        the reservation (charged to quota and token window) for at most ``hold_seconds``."""
+        the reservation (charged to quota and token window) for at most ``hold_seconds``.
+        ``hold_seconds=None``: a request that costs no tokens (a listing), counted in the
+        request window only, with nothing held."""
 
     @abc.abstractmethod
     def record_usage(self, record: UsageRecord, reservation_id: int | None = None) -> int:
@@ -616,9 +618,9 @@ class SqlAuthStore(AuthStore):
         *,
         estimated_tokens: int,
         max_concurrent: int | None,
-        hold_seconds: float,
+        hold_seconds: float | None,
     ) -> Admission:
-        estimate = max(0, int(estimated_tokens))
+        estimate = max(0, int(estimated_tokens)) if hold_seconds is not None else 0
         with self._write() as db:
             self._lock_account(db, account_id)
             now = self._now(db)
@@ -640,7 +642,7 @@ class SqlAuthStore(AuthStore):
                 "DELETE FROM reservations WHERE account_id = ? AND expires_at <= ?",
                 (account_id, now),
             )
-            if max_concurrent is not None:
+            if max_concurrent is not None and hold_seconds is not None:
                 held = self._execute(
                     db, "SELECT count(*) FROM reservations WHERE account_id = ?", (account_id,)
                 ).fetchone()[0]
@@ -657,6 +659,8 @@ class SqlAuthStore(AuthStore):
                     return Admission("rate", None, verdict, used)
             bucket = ratelimit.bucket_start(now)
             self._execute(db, _UPSERT_WINDOW, (account_id, bucket, 1, estimate))
+            if hold_seconds is None:
+                return Admission(None, None, verdict, used)
             used = self._add_to_quota(db, account_id, period_now, estimate)
             reservation_id = self._execute(
                 db,
