@@ -301,6 +301,28 @@ def test_concurrent_requests_cannot_overrun_the_quota(billing_client, billing_co
         store.close()
 
 
+def test_a_request_refused_after_admission_keeps_no_reservation(billing_client, billing_config):
+    """Admission reserved its estimate; a refusal before any model work refunds it."""
+    key, account = new_account(billing_config.auth_db, "refused-late", quota_tokens=100_000)
+    questions = {
+        f"q{i}": {"type": "noul", "instructions": "Is it?"}
+        for i in range(billing_config.limits.max_questions + 1)
+    }
+    body = {"model": TINY_ID, "state": {"x": 1}, "questions": questions}
+    response = billing_client.post("/v1/decisions", json=body, headers=bearer(key))
+    assert response.status_code == 422, response.text
+    store = open_store(billing_config.auth_db)
+    try:
+        deadline = time.monotonic() + 10  # the refund is sent detached
+        while store.get_account(account).tokens_used_at(store.now()) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        assert store.get_account(account).tokens_used_at(store.now()) == 0
+    finally:
+        store.close()
+
+
 class FakeClock:
     def __init__(self, now: float) -> None:
         self.now = now

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -202,9 +202,14 @@ class Routes:
         _count_tokens(model, endpoint, getattr(result, "usage", None))
         return result
 
-    def require_role(self, model: str, role: str) -> None:
+    def require_role(self, grant: Any, model: str, role: str) -> None:
         if model != getattr(self.config.roles, role):
-            raise ModelNotFoundError(model)
+            self.refuse(grant, ModelNotFoundError(model))
+
+    def refuse(self, grant: Any, error: ServiceError) -> NoReturn:
+        """Refuse an admitted request before any model work: its reservation is refunded."""
+        self.release(grant)
+        raise error
 
     # --- endpoints --------------------------------------------------------------------------
 
@@ -217,11 +222,14 @@ class Routes:
     ) -> DecisionResponse:
         grant = await self.authorize(request, credentials, body.model, "decisions", body)
         _apply_headers(response, grant)
-        self.require_role(body.model, "decisions")
+        self.require_role(grant, body.model, "decisions")
         if len(body.questions) > self.config.limits.max_questions:
-            raise UnprocessableRequestError(
-                f"At most {self.config.limits.max_questions} questions per request.",
-                param="questions",
+            limit = self.config.limits.max_questions
+            self.refuse(
+                grant,
+                UnprocessableRequestError(
+                    f"At most {limit} questions per request.", param="questions"
+                ),
             )
         try:
             result = await self.call(
@@ -240,7 +248,7 @@ class Routes:
     ) -> EditCompletion:
         grant = await self.authorize(request, credentials, body.model, "edit.completions", body)
         _apply_headers(response, grant)
-        self.require_role(body.model, "edit")
+        self.require_role(grant, body.model, "edit")
         result = await self.call(
             grant, body.model, "edit.completions", self.backends.edit.edit, body
         )
@@ -255,7 +263,7 @@ class Routes:
     ) -> Any:
         grant = await self.authorize(request, credentials, body.model, "fim.completions", body)
         _apply_headers(response, grant)
-        self.require_role(body.model, "fim")
+        self.require_role(grant, body.model, "fim")
         if body.stream:
             context = self.context(grant, body.model, "fim.completions")
             stream = self.backends.fim.options(stream=True).stream.remote(body, context)
@@ -277,8 +285,8 @@ class Routes:
         grant = await self.authorize(request, credentials, body.model, "chat.completions", body)
         _apply_headers(response, grant)
         if not self.config.roles.chat:
-            raise ModelNotFoundError(body.model)
-        self.require_role(body.model, "edit")
+            self.refuse(grant, ModelNotFoundError(body.model))
+        self.require_role(grant, body.model, "edit")
         if body.stream:
             context = self.context(grant, body.model, "chat.completions")
             stream = self.backends.edit.options(stream=True).chat_stream.remote(body, context)
