@@ -207,9 +207,9 @@ class AuthService:
 
     @staticmethod
     def _check_account(account: Account, now: float) -> None:
-        """Quota is exhausted once used >= budget. Requests already admitted still finish
-        and are charged, so usage may end slightly above the budget; refusing on estimates
-        instead would block the last requests of every period for tokens never spent."""
+        """The cheap early answer from the cached account: inactive, or quota spent. The
+        binding check is ``_admit``'s, which refuses a request whose reservation (prompt +
+        max_tokens) does not fit what is left, so concurrent requests cannot overdraw."""
         if not account.active:
             raise AccountError("This account is inactive. Contact the server operator.")
         remaining = account.quota_remaining(now)
