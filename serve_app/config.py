@@ -101,6 +101,11 @@ class EngineOptions(StrictConfig):
     prefill_chunk_tokens: int = Field(default=256, ge=16)
     prefix_cache_mb: int = Field(default=512, ge=0)
     max_waiting: int = Field(default=64, ge=1)
+    shared_prefix_cache: bool = Field(
+        default=False,
+        description="One prefix cache for every account. Only for one-tenant deployments: "
+        "shared, an account can read another's prompts back through cached_input_tokens.",
+    )
     torch_threads: int | None = Field(
         default=None, ge=1, description="Intra-op threads per replica; default: the CPU allotment."
     )
@@ -124,6 +129,11 @@ class AuthOptions(StrictConfig):
     cache_ttl_s: float = Field(default=0.5, ge=0.0, le=1.0)
     bootstrap_local_key: bool = Field(
         default=True, description="Create a local account and key on an empty store."
+    )
+    max_concurrent_requests: int | None = Field(
+        default=64,
+        ge=1,
+        description="Requests one account may have in flight at once (429 past it); null: no cap.",
     )
 
 
