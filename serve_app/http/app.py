@@ -97,11 +97,13 @@ class Routes:
         post("/v1/edit/completions", response_model=EditCompletion, responses=COMMON_ERRORS)(
             self.edit
         )
-        post(
-            "/v1/fim/completions",
-            response_model=FimCompletion,
-            responses={**COMMON_ERRORS, 200: {"content": {"text/event-stream": SSE_RESPONSE}}},
-        )(self.fim)
+        for fim_path in ("/v1/fim/completions", "/v1/completions"):
+            # The OpenAI legacy path is the same FIM service: clients post FIM there.
+            post(
+                fim_path,
+                response_model=FimCompletion,
+                responses={**COMMON_ERRORS, 200: {"content": {"text/event-stream": SSE_RESPONSE}}},
+            )(self.fim)
         post(
             "/v1/chat/completions",
             response_model=ChatCompletion,
