@@ -154,10 +154,26 @@ def _locate(original: list[str], cursor: int, segment: list[str]) -> tuple[int, 
     if not blocks:
         return None
     start, end = blocks[0].a, blocks[-1].a + blocks[-1].size
+    while end > start and not rest[end - 1]:  # blank lines at the edges stay where they are
+        end -= 1
+    while start < end and not rest[start]:
+        start += 1
+    # Unmatched lines at the segment's edges replace the original lines next to the span when
+    # they are edits of them ("return x" -> "return y"); otherwise they are insertions.
+    tail = [line for line in wanted[blocks[-1].b + blocks[-1].size :] if line]
+    while tail and end < len(rest) and _similar(rest[end], tail[0]):
+        end, tail = end + 1, tail[1:]
+    head = [line for line in wanted[: blocks[0].b] if line]
+    while head and start > 0 and _similar(rest[start - 1], head[-1]):
+        start, head = start - 1, head[:-1]
     matched = sum(block.size for block in blocks)
     if (end - start) - matched > len(segment):
         return None
     return cursor + start, cursor + end
+
+
+def _similar(original: str, edited: str) -> bool:
+    return difflib.SequenceMatcher(None, original, edited, autojunk=False).ratio() >= 0.6
 
 
 def _spans(original: list[str], snippet: str) -> list[tuple[int, int, list[str]]] | None:
