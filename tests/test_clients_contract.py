@@ -6,80 +6,26 @@ point is that each client's exact request is accepted and its parser survives th
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from openai import OpenAI
 
+from tests.clients import (
+    CONTINUE_HEADERS,
+    CONTINUE_STOP,
+    continue_apply_messages,
+    continue_apply_text,
+    continue_stream_texts,
+    sse_chunks,
+    tagged_apply,
+    updated_code,
+)
 from tests.conftest import AUTH, TEST_KEY, TINY_ID
 
-CONTINUE_STOP = ["/src/", "#- coding: utf-8", "```", "\n\n", "\n \n"]
-CONTINUE_HEADERS = {**AUTH, "Accept": "application/json"}
 ORIGINAL = "import os\n\n\ndef main():\n    print('hi')\n\n\nif __name__ == '__main__':\n    main()"
 SNIPPET = "# ... existing code ...\ndef main():\n    print('hello')\n# ... existing code ..."
 MERGED = ORIGINAL.replace("print('hi')", "print('hello')")
-TAGGED = (
-    f"<|original_code|>\n{ORIGINAL}\n<|/original_code|>\n\n"
-    f"<|update_snippet|>\n{SNIPPET}\n<|/update_snippet|>"
-)
-CONTINUE_APPLY = [
-    {
-        "role": "user",
-        "content": f"ORIGINAL CODE:\n```\n{ORIGINAL}\n```\n\nSUGGESTED EDIT:\n```\n{SNIPPET}\n```"
-        "\n\nApply the SUGGESTED EDIT to the ORIGINAL CODE. Output the full updated code.",
-    },
-    {"role": "assistant", "content": "```\n"},
-]
-
-
-def continue_stream_texts(response) -> list[str]:
-    """Continue's reader: `data:` lines are JSON; `error` throws; a missing `choices` throws;
-    an empty `choices` is skipped; the text is `choices[0].text`."""
-    texts = []
-    for line in response.text.splitlines():
-        if not line.startswith("data:"):
-            continue
-        data = line[len("data:") :].strip()
-        if data == "[DONE]":
-            break
-        chunk = json.loads(data)
-        if "error" in chunk:
-            raise AssertionError(chunk["error"])
-        if "choices" not in chunk:
-            raise AssertionError(f"chunk without choices: {chunk}")
-        if chunk["choices"]:
-            texts.append(chunk["choices"][0]["text"])
-    return texts
-
-
-def sse_chunks(response) -> list[dict]:
-    lines = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
-    assert lines[-1] == "[DONE]"
-    return [json.loads(line) for line in lines[:-1]]
-
-
-def updated_code(content: str) -> str:
-    """ProxyAI's reader: what sits between the updated_code tags, trimmed."""
-    start = content.index("<|updated_code|>") + len("<|updated_code|>")
-    return content[start : content.index("<|/updated_code|>")].strip()
-
-
-def continue_apply_lines(response) -> str:
-    """Continue's apply reader: delta.content, fence lines and <|updated_code|> lines dropped,
-    reading stops at ``` or <|/updated_code|>."""
-    text = "".join(
-        chunk["choices"][0]["delta"].get("content") or ""
-        for chunk in sse_chunks(response)
-        if chunk["choices"]
-    )
-    kept = []
-    for line in text.split("\n"):
-        if line.startswith("<|/updated_code|>") or (kept and line.startswith("```")):
-            break
-        if line.startswith("```") or line.startswith("<|updated_code|>"):
-            continue
-        kept.append(line)
-    return "\n".join(kept)
+TAGGED = tagged_apply(ORIGINAL, SNIPPET)
+CONTINUE_APPLY = continue_apply_messages(ORIGINAL, SNIPPET)
 
 
 # --- POST /v1/completions ------------------------------------------------------------------
@@ -276,7 +222,7 @@ def test_continue_apply_stream(client):
     assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
-    assert continue_apply_lines(response) == MERGED
+    assert continue_apply_text(response) == MERGED
 
 
 @pytest.mark.parametrize(
