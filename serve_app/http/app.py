@@ -17,6 +17,7 @@ from fastapi import Depends, FastAPI, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from serve_app import __version__, metrics
+from serve_app.api.apply import ApplyCompletionRequest
 from serve_app.api.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
 from serve_app.api.common import ErrorResponse, HTTPValidationError
 from serve_app.api.decisions import DecisionRequest, DecisionResponse
@@ -105,20 +106,27 @@ class Routes:
         post("/v1/edit/completions", response_model=EditCompletion, responses=COMMON_ERRORS)(
             self.edit
         )
-        post(
-            "/v1/fim/completions",
-            response_model=FimCompletion,
-            responses={**COMMON_ERRORS, 200: {"content": {"text/event-stream": SSE_RESPONSE}}},
-        )(self.fim)
+        for fim_path in ("/v1/fim/completions", "/v1/completions"):
+            # The OpenAI legacy path is the same FIM service: clients post FIM there.
+            post(
+                fim_path,
+                response_model=FimCompletion,
+                responses={**COMMON_ERRORS, 200: {"content": {"text/event-stream": SSE_RESPONSE}}},
+            )(self.fim)
         post(
             "/v1/chat/completions",
             response_model=ChatCompletion,
             responses={**COMMON_ERRORS, 200: {"content": {"text/event-stream": SSE_RESPONSE}}},
         )(self.chat)
+        post(
+            "/v1/apply/completions",
+            response_model=ChatCompletion,
+            responses={**COMMON_ERRORS, 200: {"content": {"text/event-stream": SSE_RESPONSE}}},
+        )(self.apply)
         get("/v1/models", response_model=ModelList, responses=LISTING_ERRORS, name="list_models")(
             self._listing(None)
         )
-        for endpoint in ("chat", "fim", "edit"):
+        for endpoint in ("chat", "fim", "edit", "apply"):
             get(
                 f"/v1/{endpoint}/completions/models",
                 response_model=EndpointModelList,
@@ -298,6 +306,28 @@ class Routes:
         )
         return _checked(result, ChatCompletion)
 
+    async def apply(
+        self,
+        request: Request,
+        body: ApplyCompletionRequest,
+        response: Response,
+        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
+    ) -> Any:
+        """Merge an update snippet into code; served by the edit model's deployment."""
+        grant = await self.authorize(request, credentials, body.model, "apply.completions", body)
+        _apply_headers(response, grant)
+        self.require_role(grant, body.model, "edit")
+        if body.stream:
+            context = self.context(grant, body.model, "apply.completions")
+            stream = self.backends.edit.options(stream=True).apply_stream.remote(body, context)
+            return await self.stream(
+                grant, body.model, "apply.completions", stream, body.include_usage
+            )
+        result = await self.call(
+            grant, body.model, "apply.completions", self.backends.edit.apply, body
+        )
+        return _checked(result, ChatCompletion)
+
     async def stream(
         self, grant: Any, model: str, endpoint: str, chunks: Any, include_usage: bool
     ) -> Response:
@@ -340,12 +370,12 @@ class Routes:
             allowed = await self.backends.auth.allowed_models.remote(grant)
             visible = [m for m in self.config.models if allowed is None or m.id in allowed]
             if endpoint is None:
-                return ModelList(data=[model.card() for model in visible])
-            cards = []
-            for model in visible:
-                endpoints = self.config.endpoints_of(model.id)
-                if endpoint in endpoints:
-                    cards.append(model.card(endpoints))
+                return ModelList(data=[self.config.card(model.id) for model in visible])
+            cards = [
+                self.config.card(model.id, endpoint)
+                for model in visible
+                if endpoint in self.config.endpoints_of(model.id)
+            ]
             return EndpointModelList(data=cards)
 
         return list_models
@@ -392,6 +422,8 @@ def _max_output(body: Any, model: ModelConfig | None) -> int:
         return int(asked)
     if isinstance(body, ChatCompletionRequest) and model is not None:
         return min(DEFAULT_CHAT_MAX_TOKENS, model.max_output_length)
+    if isinstance(body, ApplyCompletionRequest) and model is not None:
+        return min(model.max_output_length, model.context_length)  # apply's default: all left
     return 0
 
 

@@ -17,6 +17,7 @@ from serve_app.api.chat import (
 )
 from serve_app.api.common import CompletionUsage, new_id, now
 from serve_app.engine.constraints import validate_output
+from serve_app.engine.prompts.chat_encoding import encode_chat
 from serve_app.engine.protocol import GenerationRequest
 from serve_app.errors import UpstreamBadResponseError
 from serve_app.serving.generation import Generator, usage_of
@@ -34,12 +35,11 @@ class ChatService:
         messages = [message.to_template() for message in body.messages]
         if body.json_mode is not None:
             messages = [{"role": "system", "content": json_instruction(body)}, *messages]
-        prompt_ids = self.generator.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
+        # Message contents are encoded as plain text: a user cannot write turn markers.
+        prompt_ids = encode_chat(self.generator.tokenizer, messages)
         max_tokens = min(DEFAULT_CHAT_MAX_TOKENS, self.generator.model.max_output_length)
         params = body.to_sampling_params(default_max_tokens=max_tokens)
-        return self.generator.request(list(prompt_ids), params, prompt_param="messages")
+        return self.generator.request(prompt_ids, params, prompt_param="messages")
 
     async def complete(self, body: ChatCompletionRequest) -> ChatCompletion:
         text, last = await self.generator.complete(self._request(body))
