@@ -13,7 +13,7 @@ import asyncio
 import time
 
 from bench.common import base_parser, percentile, session, table
-from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT
+from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 
 
 async def run(args) -> list[list[str]]:

@@ -24,6 +24,10 @@ class AuthDeployment:
             AuthConfig(
                 model_ids=frozenset(model.id for model in config.models),
                 cache_ttl=config.auth.cache_ttl_s,
+                max_concurrent=config.auth.max_concurrent_requests,
+                # Held past the longest deadline, so only a dead router's reservation expires.
+                reservation_ttl=2
+                * max(config.limits.request_timeout_s, config.limits.decision_timeout_s),
             ),
         )
         if config.auth.bootstrap_local_key:
@@ -36,8 +40,15 @@ class AuthDeployment:
     async def authenticate(self, api_key: str | None) -> None:
         await self._in_thread(self.service.authenticate, api_key)
 
-    async def authorize(self, api_key: str | None, model: str | None, endpoint: str) -> Grant:
-        return await self._in_thread(self.service.authorize, api_key, model, endpoint)
+    async def authorize(
+        self, api_key: str | None, model: str | None, endpoint: str, estimated_tokens: int = 0
+    ) -> Grant:
+        return await self._in_thread(
+            self.service.authorize, api_key, model, endpoint, estimated_tokens
+        )
+
+    async def release(self, grant: Grant) -> None:
+        await self._in_thread(self.service.release, grant)
 
     async def record_usage(
         self,

@@ -1,18 +1,22 @@
-"""The edit model deployment: next-edit rewriting, and chat on the same instruct model.
+"""The edit model deployment: next-edit rewriting, apply, and chat on the same instruct model.
 
-Chat lives here rather than in a deployment of its own because both are chat-template
-generation on the same instruct model: one copy of the weights serves both, and both share
-one engine batch.
+Chat and apply live here rather than in deployments of their own because all three are
+chat-template generation on the same instruct model: one copy of the weights serves them, and
+they share one engine batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
-from deployments.common import EngineDeployment
+from deployments.common import EngineDeployment, usage_recorder
+from serve_app.api.apply import ApplyCompletionRequest
 from serve_app.api.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
 from serve_app.api.edit import EditCompletion, EditCompletionRequest
 from serve_app.config import AppConfig
+from serve_app.serving.apply import ApplyService
+from serve_app.serving.billing import RequestContext
 from serve_app.serving.chat import ChatService
 from serve_app.serving.edit import EditService
 
@@ -20,17 +24,36 @@ from serve_app.serving.edit import EditService
 class EditModel(EngineDeployment):
     deployment_name = "EditModel"
 
-    def __init__(self, config: AppConfig) -> None:
+    def __init__(self, config: AppConfig, auth: Any = None) -> None:
         generator = self.start_generator(config, config.model(config.roles.edit))
         self.editor = EditService(generator)
         self.chatter = ChatService(generator)
+        self.applier = ApplyService(generator)
+        self.usage = usage_recorder(auth, config.limits.request_timeout_s)
 
-    async def edit(self, body: EditCompletionRequest) -> EditCompletion:
-        return await self.editor.complete(body)
+    async def edit(
+        self, body: EditCompletionRequest, context: RequestContext | None = None
+    ) -> EditCompletion:
+        return await self.usage.run(context, lambda: self.editor.complete(body))
 
-    async def chat(self, body: ChatCompletionRequest) -> ChatCompletion:
-        return await self.chatter.complete(body)
+    async def chat(
+        self, body: ChatCompletionRequest, context: RequestContext | None = None
+    ) -> ChatCompletion:
+        return await self.usage.run(context, lambda: self.chatter.complete(body))
 
-    async def chat_stream(self, body: ChatCompletionRequest) -> AsyncIterator[ChatCompletionChunk]:
-        async for chunk in self.chatter.stream(body):
+    async def chat_stream(
+        self, body: ChatCompletionRequest, context: RequestContext | None = None
+    ) -> AsyncIterator[ChatCompletionChunk]:
+        async for chunk in self.usage.stream(context, lambda: self.chatter.stream(body)):
+            yield chunk
+
+    async def apply(
+        self, body: ApplyCompletionRequest, context: RequestContext | None = None
+    ) -> ChatCompletion:
+        return await self.usage.run(context, lambda: self.applier.complete(body))
+
+    async def apply_stream(
+        self, body: ApplyCompletionRequest, context: RequestContext | None = None
+    ) -> AsyncIterator[ChatCompletionChunk]:
+        async for chunk in self.usage.stream(context, lambda: self.applier.stream(body)):
             yield chunk

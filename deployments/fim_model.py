@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
-from deployments.common import EngineDeployment
+from deployments.common import EngineDeployment, usage_recorder
 from serve_app.api.fim import FimCompletion, FimCompletionChunk, FimCompletionRequest
 from serve_app.config import AppConfig
+from serve_app.serving.billing import RequestContext
 from serve_app.serving.fim import FimService
 
 
 class FimModel(EngineDeployment):
     deployment_name = "FimModel"
 
-    def __init__(self, config: AppConfig) -> None:
+    def __init__(self, config: AppConfig, auth: Any = None) -> None:
         self.fim = FimService(self.start_generator(config, config.model(config.roles.fim)))
+        self.usage = usage_recorder(auth, config.limits.request_timeout_s)
 
-    async def complete(self, body: FimCompletionRequest) -> FimCompletion:
-        return await self.fim.complete(body)
+    async def complete(
+        self, body: FimCompletionRequest, context: RequestContext | None = None
+    ) -> FimCompletion:
+        return await self.usage.run(context, lambda: self.fim.complete(body))
 
-    async def stream(self, body: FimCompletionRequest) -> AsyncIterator[FimCompletionChunk]:
-        async for chunk in self.fim.stream(body):
+    async def stream(
+        self, body: FimCompletionRequest, context: RequestContext | None = None
+    ) -> AsyncIterator[FimCompletionChunk]:
+        async for chunk in self.usage.stream(context, lambda: self.fim.stream(body)):
             yield chunk

@@ -4,24 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from deployments.common import replica_cpus
+from deployments.common import replica_cpus, usage_recorder
 from serve_app.api.decisions import DecisionRequest, DecisionResponse
 from serve_app.config import AppConfig
 from serve_app.engine.scoring import LikelihoodScorer
+from serve_app.serving.billing import RequestContext
 from serve_app.serving.decisions import DecisionService
 from serve_app.serving.generation import load_configured_model
 
 
 class DecisionScorer:
-    def __init__(self, config: AppConfig) -> None:
+    def __init__(self, config: AppConfig, auth: Any = None) -> None:
         model = config.model(config.roles.decisions)
         loaded = load_configured_model(config, model, cpus=replica_cpus())
         self.decisions = DecisionService(
             LikelihoodScorer(loaded, context_length=model.context_length)
         )
+        self.usage = usage_recorder(auth, config.limits.decision_timeout_s)
 
-    async def decide(self, body: DecisionRequest) -> DecisionResponse:
-        return await self.decisions.decide(body)
+    async def decide(
+        self, body: DecisionRequest, context: RequestContext | None = None
+    ) -> DecisionResponse:
+        return await self.usage.run(context, lambda: self.decisions.decide(body))
 
     @staticmethod
     def get_deployment_options(config: AppConfig) -> dict[str, Any]:

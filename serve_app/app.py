@@ -32,8 +32,9 @@ def deploy(cls: type, config: AppConfig, **overrides: Any):
 def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     config = args if isinstance(args, AppConfig) else AppConfig.model_validate(args or {})
     auth = deploy(AuthDeployment, config).bind(config)
-    scorer = deploy(DecisionScorer, config).bind(config)
-    edit = deploy(EditModel, config).bind(config)
-    fim = deploy(FimModel, config).bind(config)
+    # The model deployments write their own ledger rows (serve_app.serving.billing).
+    scorer = deploy(DecisionScorer, config).bind(config, auth)
+    edit = deploy(EditModel, config).bind(config, auth)
+    fim = deploy(FimModel, config).bind(config, auth)
     ingress = serve.ingress()(Router)
     return deploy(ingress, config).bind(config, auth, scorer, edit, fim)

@@ -10,6 +10,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from serve_app.api.apply import ApplyCompletionRequest
+from serve_app.api.chat import ChatCompletionRequest
+from serve_app.api.common import RequestModel
+from serve_app.api.edit import EditCompletionRequest
+from serve_app.api.fim import FimCompletionRequest
 from serve_app.api.models import (
     Datacenter,
     Endpoint,
@@ -22,6 +27,33 @@ from serve_app.auth.store import default_data_dir, resolve_auth_db
 from serve_app.engine.embedded import EMBEDDED_MODELS, embedded_name
 
 DEFAULT_MODEL_ID = "qwen2.5-coder-0.5b"
+
+# The sampling parameters a listing may name, and the request model of each endpoint: an
+# endpoint honours exactly the ones its request model has as fields (each is passed on to
+# SamplingParams), so a listing never names a parameter that the endpoint would not take.
+SAMPLING_PARAMETERS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop",
+    "seed",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+)
+ENDPOINT_REQUESTS: dict[Endpoint, type[RequestModel]] = {
+    "chat.completions": ChatCompletionRequest,
+    "edit.completions": EditCompletionRequest,
+    "apply.completions": ApplyCompletionRequest,
+    "fim.completions": FimCompletionRequest,
+}
+# What chat answers can be asked for (response_format), named as the listings name features.
+CHAT_FEATURES = ("json_mode", "structured_outputs")
+
+
+def honoured_parameters(endpoint: Endpoint) -> set[str]:
+    fields = ENDPOINT_REQUESTS[endpoint].model_fields
+    return {name for name in SAMPLING_PARAMETERS if name in fields}
 
 
 class StrictConfig(BaseModel):
@@ -68,7 +100,17 @@ class ModelConfig(StrictConfig):
         self.description = self.description or f"{self.id}, served from {self.source}."
         return self
 
-    def card(self, endpoints: list[Endpoint] | None = None) -> ModelCard | EndpointModelCard:
+    def card(
+        self, endpoints: list[Endpoint] | None = None, listing: Endpoint | None = None
+    ) -> ModelCard | EndpointModelCard:
+        """The model's card in ``GET /v1/models`` (``listing`` None: what any of its
+        ``endpoints`` honours) or in one endpoint's listing (what that endpoint honours)."""
+        endpoints = endpoints or []
+        shown = endpoints if listing is None else [listing]
+        honoured = set().union(*(honoured_parameters(endpoint) for endpoint in shown))
+        features = list(self.supported_features)
+        if "chat.completions" in shown:
+            features += [name for name in CHAT_FEATURES if name not in features]
         fields = {
             "id": self.id,
             "name": self.name,
@@ -77,12 +119,14 @@ class ModelConfig(StrictConfig):
             "context_length": self.context_length,
             "max_output_length": self.max_output_length,
             "pricing": self.pricing,
-            "supported_sampling_parameters": self.supported_sampling_parameters,
-            "supported_features": self.supported_features,
+            "supported_sampling_parameters": [
+                name for name in self.supported_sampling_parameters if name in honoured
+            ],
+            "supported_features": features,
             "openrouter": OpenRouterRef(slug=self.openrouter_slug or self.id),
             "datacenters": [Datacenter(country_code=code) for code in self.datacenters],
         }
-        if endpoints is None:
+        if listing is None:
             return ModelCard(**fields)
         return EndpointModelCard(**fields, supported_endpoints=endpoints)
 
@@ -94,6 +138,11 @@ class EngineOptions(StrictConfig):
     prefill_chunk_tokens: int = Field(default=256, ge=16)
     prefix_cache_mb: int = Field(default=512, ge=0)
     max_waiting: int = Field(default=64, ge=1)
+    shared_prefix_cache: bool = Field(
+        default=False,
+        description="One prefix cache for every account. Only for one-tenant deployments: "
+        "shared, an account can read another's prompts back through cached_input_tokens.",
+    )
     torch_threads: int | None = Field(
         default=None, ge=1, description="Intra-op threads per replica; default: the CPU allotment."
     )
@@ -123,6 +172,11 @@ class AuthOptions(StrictConfig):
     docs: Literal["key", "open", "off"] = Field(
         default="key",
         description="/docs and /openapi.json: behind the API key, open to anyone, or off.",
+    )
+    max_concurrent_requests: int | None = Field(
+        default=64,
+        ge=1,
+        description="Requests one account may have in flight at once (429 past it); null: no cap.",
     )
 
 
@@ -163,12 +217,15 @@ class AppConfig(StrictConfig):
     def model(self, model_id: str) -> ModelConfig:
         return next(model for model in self.models if model.id == model_id)
 
+    def card(self, model_id: str, listing: Endpoint | None = None) -> ModelCard | EndpointModelCard:
+        return self.model(model_id).card(self.endpoints_of(model_id), listing)
+
     def endpoints_of(self, model_id: str) -> list[Endpoint]:
         endpoints: list[Endpoint] = []
         if self.roles.chat and model_id == self.roles.edit:
             endpoints.append("chat.completions")
         if model_id == self.roles.edit:
-            endpoints.append("edit.completions")
+            endpoints += ["edit.completions", "apply.completions"]
         if model_id == self.roles.fim:
             endpoints.append("fim.completions")
         return endpoints

@@ -19,10 +19,10 @@ from serve_app.config import AppConfig
 from serve_app.http.app import Backends, build_router_app
 
 
-def local_handle(cls: type, config: AppConfig):
+def local_handle(cls: type, config: AppConfig, *args):
     deployment = deploy(cls, config)
     return serve.run(
-        deployment.bind(config),
+        deployment.bind(config, *args),
         name=f"local-{deployment.name}",
         route_prefix=None,
         _local_testing_mode=True,
@@ -30,10 +30,13 @@ def local_handle(cls: type, config: AppConfig):
 
 
 def local_router_app(config: AppConfig) -> FastAPI:
+    # Model deployments bill through an auth deployment of their own: in local testing mode
+    # a handle passed as an argument cannot be used, a bound deployment can (same store).
+    billing = deploy(AuthDeployment, config).bind(config)
     backends = Backends(
         auth=local_handle(AuthDeployment, config),
-        scorer=local_handle(DecisionScorer, config),
-        edit=local_handle(EditModel, config),
-        fim=local_handle(FimModel, config),
+        scorer=local_handle(DecisionScorer, config, billing),
+        edit=local_handle(EditModel, config, billing),
+        fim=local_handle(FimModel, config, billing),
     )
     return build_router_app(config, backends)

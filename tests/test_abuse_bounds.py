@@ -310,23 +310,6 @@ def test_lone_surrogates_are_a_client_error(client, path, body, status):
     assert "Unicode" in json.dumps(response.json())
 
 
-def test_huge_edit_prompt_is_tokenised_off_the_event_loop(client):
-    from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT
-
-    opening = "<|recently_viewed_code_snippets|>\n"
-    snippet = (
-        "<|recently_viewed_code_snippet|>\ncode_snippet_file_path: big.txt\n"
-        + "word " * 30_000
-        + "\n<|/recently_viewed_code_snippet|>\n"
-    )
-    content = EXAMPLE_EDIT_CONTENT.replace(opening, opening + snippet, 1)
-    body = {"model": TINY_ID, "messages": [{"role": "user", "content": content}], "max_tokens": 1}
-    response = assert_never_blocks(
-        client, lambda attempt: client.post("/v1/edit/completions", json=body, headers=AUTH)
-    )
-    assert response.status_code == 200, response.text  # the big snippet is dropped to fit
-
-
 def test_inactive_account_is_refused_before_the_body_is_read(client, app_config):
     from serve_app.auth.keys import generate_key, hash_key, key_hint
     from serve_app.auth.store import open_store

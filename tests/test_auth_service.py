@@ -112,7 +112,7 @@ def store(db):
 def replica(db, clock=None, ttl: float = 0.5) -> AuthService:
     """Another AuthService with its own connection to the same store: a second replica."""
     config = AuthConfig(MODELS, cache_ttl=ttl)
-    return AuthService(open_store(db), config, clock=clock or time.time)
+    return AuthService(open_store(db, clock=clock), config)
 
 
 def new_key(store, account_name: str, **account_fields) -> str:
@@ -338,17 +338,17 @@ def test_last_used_is_recorded_and_throttled(store, db, clock):
 
 
 def test_reopening_keeps_accounts_keys_and_usage(db, clock):
-    store = open_store(db)
+    store = open_store(db, clock=clock)
     key = new_key(store, "acme", rpm=10, models=["m1"])
-    service = AuthService(store, AuthConfig(MODELS), clock=clock)
+    service = AuthService(store, AuthConfig(MODELS))
     service.record_usage(service.authorize(key, "m1", "/v1/chat"), "m1", "/v1/chat", 3, 4, 200)
     store.close()
-    reopened = open_store(db)
-    assert reopened.schema_version() == 1
+    reopened = open_store(db, clock=clock)
+    assert reopened.schema_version() == 2
     account = reopened.get_account_by_name("acme")
     assert (account.rpm, account.models, account.tokens_used_at(clock())) == (10, ("m1",), 7)
     assert len(reopened.list_usage(account.id)) == 1
-    grant = AuthService(reopened, AuthConfig(MODELS), clock=clock).authorize(key, "m1", "/v1/chat")
+    grant = AuthService(reopened, AuthConfig(MODELS)).authorize(key, "m1", "/v1/chat")
     assert grant.headers["x-ratelimit-remaining-requests"] == "8"  # the earlier request counts
     reopened.close()
 

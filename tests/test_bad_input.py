@@ -13,8 +13,8 @@ import time
 import pytest
 
 from serve_app.api.common import ErrorResponse, HTTPValidationError
-from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT
 from tests.conftest import AUTH, TINY_ID
+from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 
 DECISIONS = "/v1/decisions"
 POSTS = [DECISIONS, "/v1/edit/completions", "/v1/fim/completions", "/v1/chat/completions"]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT
 from tests.conftest import AUTH, TINY_ID
+from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 
 FIM = {"model": TINY_ID, "prompt": "def add(a, b):\n    return", "suffix": "\n", "max_tokens": 4}
 EDIT = {
@@ -153,10 +153,22 @@ def test_edit_completion_shape(client):
     body = response.json()
     assert set(body) == {"id", "object", "created", "model", "choices", "usage"}
     assert body["object"] == "edit.completion"
+    assert body["id"].startswith("cmpl-")
     (choice,) = body["choices"]
     assert choice["message"]["role"] == "assistant"
+    assert choice["finish_reason"] in {"stop", "length"}
     content = choice["message"]["content"]
-    assert "<|" not in content and "```" not in content
+    # The region in a plain fence, nothing else: no language tag, no tags, no cursor.
+    assert content.startswith("```\n") and content.endswith("\n```")
+    region = content[4:-4]
+    assert "<|" not in region and "```" not in region
+    assert set(body["usage"]) == {
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "reasoning_tokens",
+        "cached_input_tokens",
+    }
 
 
 @pytest.mark.parametrize(

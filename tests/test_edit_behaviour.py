@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT
 from tests.conftest import AUTH, EMBEDDED_ID
+from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 
 pytestmark = pytest.mark.embedded
 
@@ -40,7 +40,8 @@ class Cart:
 <|/current_file_content|>"""
 
 
-def edit(client, content: str, max_tokens: int = 96) -> dict:
+def edit(client, content: str, max_tokens: int = 96) -> tuple[str, dict]:
+    """The region the answer holds (its plain fence cut off, as clients do) and the answer."""
     body = {
         "model": EMBEDDED_ID,
         "temperature": 0,
@@ -49,25 +50,24 @@ def edit(client, content: str, max_tokens: int = 96) -> dict:
     }
     response = client.post("/v1/edit/completions", json=body, headers=AUTH)
     assert response.status_code == 200, response.text
-    return response.json()
+    answer = response.json()
+    fenced = answer["choices"][0]["message"]["content"]
+    assert fenced.startswith("```\n") and fenced.endswith("\n```"), fenced
+    region = fenced[4:-4]
+    # Only the region: no tags, no cursor marker, no second fence.
+    assert "<|" not in region and "|>" not in region and "```" not in region
+    return region, answer
 
 
 def test_rename_from_the_diff_history_is_applied(embedded_client):
-    body = edit(embedded_client, EXAMPLE_EDIT_CONTENT)
-    content = body["choices"][0]["message"]["content"]
-    assert "subtotal" in content
-    assert "total <" not in content.replace("subtotal", "")
-    assert body["usage"]["prompt_tokens"] > 200
+    region, answer = edit(embedded_client, EXAMPLE_EDIT_CONTENT)
+    assert "subtotal" in region
+    assert "total <" not in region.replace("subtotal", "")
+    assert answer["usage"]["prompt_tokens"] > 200
 
 
 def test_unfinished_line_is_completed_and_the_rest_kept(embedded_client):
-    content = edit(embedded_client, UNFINISHED)["choices"][0]["message"]["content"]
-    assert "item.price)" in content
-    assert "def is_empty(self):" in content
-    assert "return not self.items" in content
-
-
-def test_output_never_contains_tags_or_the_cursor(embedded_client):
-    for content in (EXAMPLE_EDIT_CONTENT, UNFINISHED):
-        answer = edit(embedded_client, content, max_tokens=48)["choices"][0]["message"]["content"]
-        assert "<|" not in answer and "|>" not in answer and "```" not in answer
+    region, _ = edit(embedded_client, UNFINISHED)
+    assert "item.price)" in region
+    assert "def is_empty(self):" in region
+    assert "return not self.items" in region

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from serve_app.engine.prompts.chat_encoding import encode_chat
 from serve_app.engine.prompts.edit import (
     CURSOR,
-    EXAMPLE_EDIT_CONTENT,
     EditPrompt,
     Snippet,
     build_messages,
     extract_edited_region,
+    fence_region,
     fit_to_context,
     parse_edit_prompt,
     recent_renames,
@@ -24,6 +26,7 @@ from serve_app.engine.prompts.edit import (
 )
 from serve_app.engine.tiny import build_tiny_model
 from serve_app.errors import ContextLengthExceededError, InvalidRequestError
+from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 
 TAGS = [
     "recently_viewed_code_snippets",
@@ -34,6 +37,8 @@ TAGS = [
 EXAMPLE = parse_edit_prompt(EXAMPLE_EDIT_CONTENT)
 REGION = region_without_cursor(EXAMPLE)
 RENAMED = "        if subtotal < 0:\n            subtotal = 0.0\n        return add_tax(subtotal)"
+OPTIONAL = TAGS[:2]
+REQUIRED = TAGS[2:]
 
 
 def section(tag: str, body: str = "\n") -> str:
@@ -77,11 +82,11 @@ def test_example_parses_into_its_parts() -> None:
     assert EXAMPLE.file_text.count("\n") == 40
     assert EXAMPLE.file_before.startswith('"""Shopping cart')
     assert EXAMPLE.file_before.endswith("subtotal = apply_discount(subtotal, code)\n")
-    assert (
-        REGION == "        if total < 0:\n            total = 0.0\n        return add_tax(total)\n"
-    )
+    # The region is exactly the lines between the tags: the newline ending its last line
+    # belongs to the file after it.
+    assert REGION == "        if total < 0:\n            total = 0.0\n        return add_tax(total)"
     assert EXAMPLE.region[EXAMPLE.cursor_offset :].startswith(CURSOR + "if total")
-    assert EXAMPLE.file_after == ""
+    assert EXAMPLE.file_after == "\n"
     assert EXAMPLE.region_inline
 
 
@@ -105,8 +110,8 @@ def test_region_after_the_file_is_located_in_it() -> None:
     prompt = parse_edit_prompt(text)
     assert (prompt.file_before, prompt.region, prompt.file_after) == (
         "x = 1\n",
-        "y = <|cursor|>2\n",
-        "z = 3\n",
+        "y = <|cursor|>2",
+        "\nz = 3\n",
     )
     assert not prompt.region_inline
     assert parse_edit_prompt(render_edit_prompt(prompt)) == prompt
@@ -121,18 +126,34 @@ def test_region_after_the_file_that_is_not_in_it_follows_the_file() -> None:
 
 
 def test_region_without_trailing_newline_keeps_the_text_after_it() -> None:
+    # Zed's layout: the region ends where its last line's text does, the closing tag follows
+    # it directly and the newline after the tag is layout.
     prompt = parse_edit_prompt(content(region=f"\n    return {CURSOR}a") + "")
     assert prompt.region == f"    return {CURSOR}a"
-    assert prompt.file_after == "\n"
+    assert prompt.file_after == ""
+    zed = content(region=f"\n    return {CURSOR}a").replace(
+        "<|/code_to_edit|>\n", "<|/code_to_edit|>\n\nprint(f(1))"
+    )
+    assert parse_edit_prompt(zed).file_after == "\nprint(f(1))"
+    assert parse_edit_prompt(zed).file_text.endswith("    return a\nprint(f(1))")
 
 
 # --- every malformed request names what is wrong --------------------------------------------
 
 
-@pytest.mark.parametrize("tag", TAGS)
+@pytest.mark.parametrize("tag", REQUIRED)
 def test_missing_tag(tag: str) -> None:
     text = EXAMPLE_EDIT_CONTENT.replace(f"<|{tag}|>", "").replace(f"<|/{tag}|>", "")
     assert f"missing tag <|{tag}|>" in invalid(text).message
+
+
+@pytest.mark.parametrize("tag", OPTIONAL)
+def test_missing_snippets_or_history_section_is_empty(tag: str) -> None:
+    start = EXAMPLE_EDIT_CONTENT.index(f"<|{tag}|>")
+    end = EXAMPLE_EDIT_CONTENT.index(f"<|/{tag}|>") + len(f"<|/{tag}|>")
+    prompt = parse_edit_prompt(EXAMPLE_EDIT_CONTENT[:start] + EXAMPLE_EDIT_CONTENT[end:])
+    assert (prompt.snippets if tag == TAGS[0] else prompt.diffs) == []
+    assert prompt.region == EXAMPLE.region
 
 
 @pytest.mark.parametrize("tag", TAGS)
@@ -170,16 +191,53 @@ def test_closing_marker_before_opening_marker() -> None:
     )
 
 
-@pytest.mark.parametrize(("first", "second"), [(0, 1), (1, 2)])
-def test_sections_out_of_order(first: int, second: int) -> None:
-    one, two = section(TAGS[first]), section(TAGS[second])
-    text = content()
-    swapped = text.replace(one, "\0").replace(two, one).replace("\0", two) if second < 2 else None
-    if swapped is None:  # move the history after the whole file section
-        swapped = text.replace(one, "") + one
-    message = invalid(swapped).message
-    assert f"tags out of order: <|{TAGS[first]}|>...<|/{TAGS[first]}|>" in message
-    assert f"must come before <|{TAGS[second]}|>" in message
+def top_level_sections(text: str) -> list[str]:
+    """The example's three top-level sections, each with its tags."""
+    return [
+        text[text.index(f"<|{tag}|>") : text.index(f"<|/{tag}|>") + len(tag) + 5]
+        for tag in TAGS[:3]
+    ]
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+@pytest.mark.parametrize("separator", ["", "\n", "\n\n"])
+def test_top_level_sections_in_any_order_and_spacing(
+    order: tuple[int, ...], separator: str
+) -> None:
+    sections = top_level_sections(EXAMPLE_EDIT_CONTENT)
+    text = separator.join(sections[i] for i in order) + "\n"
+    assert parse_edit_prompt(text) == EXAMPLE
+
+
+def test_section_inside_another_section_is_refused() -> None:
+    snippets, history, file = top_level_sections(EXAMPLE_EDIT_CONTENT)
+    nested = snippets.replace(
+        "<|/recently_viewed_code_snippets|>", history + "<|/recently_viewed_code_snippets|>"
+    )
+    message = invalid(nested + file).message
+    assert (
+        "sections overlap: <|edit_diff_history|> starts inside <|recently_viewed_code_snippets|>"
+        in message
+    )
+
+
+@pytest.mark.parametrize("empty", ["\n\n", "\n", ""])
+def test_empty_sections_written_either_way(empty: str) -> None:
+    text = content(snippets=empty, history=empty)
+    prompt = parse_edit_prompt(text)
+    assert prompt.snippets == [] and prompt.diffs == []
+
+
+def test_trailing_next_edit_marker_is_dropped() -> None:
+    assert parse_edit_prompt(EXAMPLE_EDIT_CONTENT + "\n\n<|!@#IS_NEXT_EDIT!@#|>") == EXAMPLE
+    assert parse_edit_prompt(EXAMPLE_EDIT_CONTENT.rstrip() + "<|!@#IS_NEXT_EDIT!@#|>\n") == EXAMPLE
+
+
+def test_code_to_edit_after_text_on_the_same_line() -> None:
+    text = content().replace("def f(a):\n<|code_to_edit|>", "def f(a):<|code_to_edit|>")
+    prompt = parse_edit_prompt(text)
+    assert prompt.file_before == "def f(a):"
+    assert prompt.region == f"    return {CURSOR}a"
 
 
 def test_region_before_the_file_is_out_of_order() -> None:
@@ -269,6 +327,28 @@ def test_split_diffs_keeps_git_headers_and_multi_hunk_diffs_together() -> None:
     assert split_diffs(f"\n{git}\n\n{two_hunks}\n{git}\n") == [git, two_hunks, git]
 
 
+DIFF_A = "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b"
+DIFF_B = "--- y.py\n+++ y.py\n@@ -2,2 +2,2 @@\n c\n-d\n+e"
+
+
+@pytest.mark.parametrize("separator", ["\n", "\n\n", "\n\n\n"])
+def test_split_diffs_with_any_number_of_newlines_between(separator: str) -> None:
+    assert split_diffs(separator.join([DIFF_A, DIFF_B, DIFF_A])) == [DIFF_A, DIFF_B, DIFF_A]
+
+
+def test_split_diffs_keeps_index_and_separator_lines_with_their_diff() -> None:
+    svn = (
+        "Index: y.py\n===================================================================\n"
+        + DIFF_B
+    )
+    assert split_diffs(f"{svn}\n{svn}\n\n{DIFF_A}") == [svn, svn, DIFF_A]
+
+
+def test_split_diffs_keeps_zeds_accepted_prediction_note_with_its_diff() -> None:
+    accepted = "// User accepted prediction:\n" + DIFF_A
+    assert split_diffs(f"{DIFF_B}\n{accepted}\n{DIFF_B}\n") == [DIFF_B, accepted, DIFF_B]
+
+
 def test_split_diffs_splits_bare_hunks_one_per_edit() -> None:
     hunks = ["@@ -1 +1 @@\n-a\n+b", "@@ -5,2 +5,2 @@\n x\n-c\n+d"]
     assert split_diffs("\n".join(hunks)) == hunks
@@ -313,6 +393,8 @@ def _prompts(draw: st.DrawFn) -> EditPrompt:
 @settings(max_examples=150, deadline=None)
 @given(_prompts())
 def test_render_then_parse_is_the_identity(prompt: EditPrompt) -> None:
+    # A region's trailing newline is the file's, once the text after it starts a new line.
+    assume(not (prompt.region.endswith("\n") and not prompt.file_after.startswith("\n")))
     assert parse_edit_prompt(render_edit_prompt(prompt)) == prompt
 
 
@@ -325,7 +407,7 @@ def test_messages_show_snippets_file_diffs_then_the_region_and_the_task() -> Non
     assert user["role"] == "user"
     text = user["content"]
     file_block = f"File shop/cart.py:\n```python\n{EXAMPLE.file_text}```"
-    region_block = f"Region:\n```python\n{EXAMPLE.region}```"
+    region_block = f"Region:\n```python\n{EXAMPLE.region}\n```"
     assert text.index("shop/models.py") < text.index(file_block) < text.index("```diff")
     assert text.index("```diff") < text.index(region_block)
     assert "+        subtotal = apply_discount(subtotal, code)" in text
@@ -369,11 +451,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory):
 
 
 def token_count(tokenizer, messages: list[dict[str, str]]) -> int:
-    return len(
-        tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)[
-            "input_ids"
-        ]
-    )
+    return len(encode_chat(tokenizer, messages))
 
 
 @pytest.mark.parametrize(("drop_snippets", "drop_diffs"), [(0, 0), (1, 0), (3, 0), (3, 2), (3, 3)])
@@ -385,12 +463,48 @@ def test_fit_to_context_drops_oldest_snippets_then_oldest_diffs(
     messages, ids = fit_to_context(EXAMPLE, tokenizer, budget)
     assert messages == expected
     assert len(ids) == budget
-    assert (
-        ids
-        == tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)[
-            "input_ids"
-        ]
-    )
+    assert ids == encode_chat(tokenizer, messages)
+
+
+def many_diffs(count: int) -> EditPrompt:
+    diffs = [
+        f"--- a/m.py\n+++ b/m.py\n@@ -{n} +{n} @@\n-v{n} = {n}\n+w{n} = {n}" for n in range(count)
+    ]
+    return EditPrompt("m.py", "x = 1\n", f"y = {CURSOR}2", "\n", EXAMPLE.snippets, diffs)
+
+
+@pytest.mark.parametrize("budget_drop", [1, 5, 17, 40])
+def test_fit_to_context_drops_the_fewest_and_encodes_the_prompt_a_few_times(
+    tokenizer, budget_drop: int
+) -> None:
+    prompt = many_diffs(40)
+    sizes = []
+    for drop in range(41):
+        sizes.append(
+            token_count(tokenizer, build_messages(prompt, drop_snippets=3, drop_diffs=drop))
+        )
+    budget = sizes[budget_drop]
+    calls = []
+    counting = CountingTokenizer(tokenizer, calls)
+    messages, ids = fit_to_context(prompt, counting, budget)
+    assert messages == build_messages(prompt, drop_snippets=3, drop_diffs=budget_drop)
+    assert len(ids) == budget
+    # Whole-prompt encodings (each a chat template render): the first, then a few to confirm.
+    assert calls.count("template") <= 4
+
+
+class CountingTokenizer:
+    """The tokenizer, counting how often a whole chat prompt is rendered."""
+
+    def __init__(self, tokenizer, calls: list[str]) -> None:
+        self._tokenizer, self._calls = tokenizer, calls
+
+    def apply_chat_template(self, *args, **kwargs):
+        self._calls.append("template")
+        return self._tokenizer.apply_chat_template(*args, **kwargs)
+
+    def encode(self, *args, **kwargs):
+        return self._tokenizer.encode(*args, **kwargs)
 
 
 def test_fit_to_context_keeps_the_newest_diff_when_dropping() -> None:
@@ -412,13 +526,13 @@ def test_fit_to_context_raises_when_even_the_file_does_not_fit(tokenizer) -> Non
 
 def test_extract_fenced_answer_with_prose_around_it() -> None:
     completion = f"Here is the updated region:\n```python\n{RENAMED}\n```\nThe variable is renamed."
-    assert extract_edited_region(completion, EXAMPLE) == (RENAMED + "\n", True)
+    assert extract_edited_region(completion, EXAMPLE) == (RENAMED, True)
 
 
 def test_extract_unfenced_answer() -> None:
-    assert extract_edited_region(RENAMED, EXAMPLE) == (RENAMED + "\n", True)
+    assert extract_edited_region(RENAMED, EXAMPLE) == (RENAMED, True)
     prose = f"Sure, here is the code:\n\n{RENAMED}\n\nThis renames total to subtotal."
-    assert extract_edited_region(prose, EXAMPLE) == (RENAMED + "\n", True)
+    assert extract_edited_region(prose, EXAMPLE) == (RENAMED, True)
 
 
 def test_extract_strips_stray_tags_and_the_cursor() -> None:
@@ -427,12 +541,12 @@ def test_extract_strips_stray_tags_and_the_cursor() -> None:
         "            subtotal = 0.0\n        return add_tax(subtotal)\n"
         "<|/code_to_edit|>\n```<|im_end|>"
     )
-    assert extract_edited_region(completion, EXAMPLE) == (RENAMED + "\n", True)
+    assert extract_edited_region(completion, EXAMPLE) == (RENAMED, True)
 
 
 def test_extract_handles_a_lone_fence() -> None:
-    assert extract_edited_region(f"{RENAMED}\n```\nDone.", EXAMPLE) == (RENAMED + "\n", True)
-    assert extract_edited_region(f"```python\n{RENAMED}", EXAMPLE) == (RENAMED + "\n", True)
+    assert extract_edited_region(f"{RENAMED}\n```\nDone.", EXAMPLE) == (RENAMED, True)
+    assert extract_edited_region(f"```python\n{RENAMED}", EXAMPLE) == (RENAMED, True)
 
 
 @pytest.mark.parametrize(
@@ -445,7 +559,13 @@ def test_extract_falls_back_to_the_original_region(completion: str) -> None:
 def test_extract_keeps_tags_the_users_own_code_holds() -> None:
     prompt = parse_edit_prompt(content(region=f'\n    return a + "<|endoftext|>"{CURSOR}\n'))
     completion = '```python\n    return a + "<|endoftext|>"<|cursor|>\n```'
-    assert extract_edited_region(completion, prompt) == ('    return a + "<|endoftext|>"\n', True)
+    assert extract_edited_region(completion, prompt) == ('    return a + "<|endoftext|>"', True)
+
+
+def test_fence_region_is_what_zed_and_continue_cut() -> None:
+    fenced = fence_region(RENAMED)
+    assert fenced.startswith("```\n") and fenced.endswith("\n```")
+    assert fenced[4:-4] == RENAMED
 
 
 _noise = st.lists(

@@ -14,8 +14,8 @@ Two adjustments keep the run fast and deep (``_shape``):
   this CPU, so uncapped cases would cost seconds each. Out-of-range values are sent as generated.
 - The ``model`` field is a free string in the schema, so almost every generated value is
   unknown (404). In positive mode, three in four cases with a string ``model`` get the served
-  model's id instead, so generation, scoring and their errors are fuzzed too (and an edit
-  case then carries the example edit prompt, since random text never has the tags).
+  model's id instead, so generation, scoring and their errors are fuzzed too (and an edit or
+  apply case then carries a real prompt, since random text never has the tags).
 
 A failing case is printed with a curl line and hypothesis' seed; the example database
 (.hypothesis/) replays it on the next run.
@@ -37,8 +37,8 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT
 from tests.conftest import AUTH, TINY_ID
+from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 
 FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "50"))
 MAX_TOKENS = 8
@@ -47,12 +47,20 @@ OPERATIONS = {
     "POST /v1/decisions",
     "POST /v1/edit/completions",
     "POST /v1/fim/completions",
+    "POST /v1/completions",
     "POST /v1/chat/completions",
+    "POST /v1/apply/completions",
     "GET /v1/models",
     "GET /v1/chat/completions/models",
     "GET /v1/fim/completions/models",
     "GET /v1/edit/completions/models",
+    "GET /v1/apply/completions/models",
 }
+# A served-model apply case carries a real apply prompt, since random text never has the tags.
+APPLY_CONTENT = (
+    "<|original_code|>\nx = 1\ny = 2\n<|/original_code|>\n\n"
+    "<|update_snippet|>\ny = 3\n<|/update_snippet|>"
+)
 
 # The contract answers 400 to requests that fit the JSON schema but break a rule it cannot
 # express (top_k is -1 or 1..1000, exactly one edit message, tools refused, prompt + max_tokens
@@ -101,6 +109,8 @@ def _shape(case: schemathesis.Case, use_served_model: bool) -> None:
         body["model"] = TINY_ID
         if case.path == "/v1/edit/completions":
             body["messages"] = [{"role": "user", "content": EXAMPLE_EDIT_CONTENT}]
+        if case.path == "/v1/apply/completions":
+            body["messages"] = [{"role": "user", "content": APPLY_CONTENT}]
 
 
 @pytest.mark.parametrize("label, mode", RUNS)

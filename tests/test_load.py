@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from serve_app.api.common import ErrorResponse
-from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT
+from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 from tests.graph import MODEL, auth
 
 pytestmark = pytest.mark.ray

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from openai import OpenAI
 
-from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT
 from tests.conftest import TEST_KEY
+from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 from tests.graph import MODEL
 
 pytestmark = pytest.mark.ray
@@ -71,6 +71,27 @@ def test_fim_through_the_completions_api(graph):
     )
     texts = [chunk.choices[0].text for chunk in streamed if chunk.choices]
     assert "".join(texts) == completion.choices[0].text  # greedy: the same text both ways
+
+
+def test_completions_on_v1_are_fim(sdk):
+    """With base /v1 the SDK posts to /v1/completions: the same FIM service."""
+    completion = sdk.completions.create(
+        model=MODEL, prompt="def add(a, b):\n    return", suffix="\n", max_tokens=4
+    )
+    assert completion.object == "text_completion"
+    assert completion.choices[0].finish_reason in {"stop", "length"}
+    assert completion.usage.prompt_tokens > 0
+
+
+def test_apply_through_the_generic_post(sdk):
+    content = (
+        "<|original_code|>\nx = 1\ny = 2\n<|/original_code|>\n\n"
+        "<|update_snippet|>\ny = 3\n<|/update_snippet|>"
+    )
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 8}
+    applied = sdk.post("/apply/completions", body=body, cast_to=object)
+    assert applied["object"] == "chat.completion"
+    assert applied["choices"][0]["message"]["content"].startswith("<|updated_code|>\n")
 
 
 def test_edit_through_the_generic_post(sdk):

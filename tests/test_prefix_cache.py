@@ -102,3 +102,17 @@ def test_stored_tensors_are_not_views_of_the_callers() -> None:
     assert cache.bytes_used == kv_nbytes(make_kv([1, 2, 3, 4, 5]))
     _, kv = cache.lookup([1, 2, 3, 4, 5, 6])
     assert kv[0][0].untyped_storage().data_ptr() != big[0][0].untyped_storage().data_ptr()
+
+
+def test_entries_of_one_salt_are_invisible_to_another() -> None:
+    """The cross-account oracle: a prompt cached under one account's salt is no hit for
+    another account, however long the common prefix; the shared cache (salt None) is a
+    partition of its own."""
+    cache = PrefixCache(1 << 20)
+    secret = [1, 2, 3, 4, 5, 6]
+    cache.insert(secret, make_kv(secret), salt="a")
+    assert cache.lookup([*secret, 7], salt="b") == (0, None)
+    assert cache.lookup([*secret, 7]) == (0, None)
+    assert cache.lookup([*secret, 7], salt="a")[0] == len(secret)
+    cache.insert(secret, make_kv(secret), salt="b")  # same tokens, other account: own entry
+    assert len(cache) == 2

@@ -224,7 +224,8 @@ def test_prefix_cache_reuses_state(tiny: LoadedModel) -> None:
     first = scorer.score(STATE, questions)
     second = scorer.score(STATE, questions)
     assert first.cached_tokens == 0 and second.cached_tokens > 0
-    assert second.input_tokens == first.input_tokens - second.cached_tokens
+    # A cache hit saves work, not billing: the state is charged whether run or reused.
+    assert second.input_tokens == first.input_tokens
     for name in first.outcomes:
         assert_close(second.outcomes[name].probabilities, first.outcomes[name].probabilities, 1e-5)
     # Another state still reuses the fixed system turn, but not the state itself.
@@ -233,6 +234,17 @@ def test_prefix_cache_reuses_state(tiny: LoadedModel) -> None:
     fresh = LikelihoodScorer(tiny, context_length=4096).score({"other": 1}, questions)
     for name in fresh.outcomes:
         assert_close(other.outcomes[name].probabilities, fresh.outcomes[name].probabilities, 1e-4)
+
+
+def test_prefix_cache_is_partitioned_by_salt(tiny: LoadedModel) -> None:
+    """Another account (salt) never hits the state one account cached."""
+    scorer = LikelihoodScorer(tiny, context_length=4096)
+    questions = mixed_questions()[:2]
+    scorer.score(STATE, questions, cache_salt="account-a")
+    other = scorer.score(STATE, questions, cache_salt="account-b")
+    assert other.cached_tokens == 0
+    again = scorer.score(STATE, questions, cache_salt="account-a")
+    assert again.cached_tokens > 0
 
 
 def test_context_length_exceeded(tiny: LoadedModel) -> None:

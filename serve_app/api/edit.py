@@ -1,4 +1,5 @@
-"""POST /v1/edit/completions: next-edit rewriting from a tagged prompt (api-spec.md 4.2)."""
+"""POST /v1/edit/completions: next-edit rewriting from a tagged prompt (api-spec.md 4.2,
+api-notes.md "Edit": sections in any order, the answer fenced)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,14 @@ class InputMessage(RequestModel):
 
 class EditCompletionRequest(RequestModel):
     model: str = Field(min_length=1)
-    messages: list[InputMessage]
+    messages: list[InputMessage] = Field(
+        description=(
+            "Exactly one user message whose content holds the tagged sections "
+            "recently_viewed_code_snippets, edit_diff_history and current_file_content (in any "
+            "order; snippets and history may be empty or left out), with code_to_edit and its "
+            "one <|cursor|> inside current_file_content."
+        )
+    )
     max_tokens: int = Field(default=1024, ge=1, le=8192)
     temperature: float = Field(default=0.2, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, ge=0.0, le=1.0)
@@ -50,7 +58,13 @@ class EditCompletionRequest(RequestModel):
 
 class AssistantMessage(ResponseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str = Field(
+        description=(
+            'The rewritten code_to_edit region in a plain fence: "```\\n" + region + '
+            '"\\n```" (no language tag, no section tags, no cursor marker). A region the '
+            "model leaves alone comes back unchanged."
+        )
+    )
 
 
 class EditChoice(ResponseModel):
@@ -60,7 +74,7 @@ class EditChoice(ResponseModel):
 
 
 class EditCompletion(ResponseModel):
-    id: str
+    id: str = Field(description='Starts with "cmpl-".')
     object: Literal["edit.completion"] = "edit.completion"
     created: int
     model: str

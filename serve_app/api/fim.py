@@ -41,6 +41,34 @@ class FimCompletionRequest(RequestModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     seed: int | None = None
+    # OpenAI legacy-completion fields that clients of POST /v1/completions send: accepted at
+    # the values this service honours (one choice, no echo, no logprobs), refused otherwise.
+    n: int = Field(default=1, description="Only 1 is supported.")
+    best_of: int | None = Field(default=None, description="Only 1 (or omitted) is supported.")
+    echo: bool = Field(default=False, description="Only false is supported.")
+    logprobs: int | None = Field(default=None, description="Not supported: omit it or send null.")
+    user: str | None = Field(default=None, description="Accepted and ignored.")
+
+    @field_validator("n", "best_of")
+    @classmethod
+    def _one_choice(cls, value: int | None) -> int | None:
+        if value is not None and value != 1:
+            raise ValueError("only one choice per request is supported; send 1 or omit it")
+        return value
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, echo: bool) -> bool:
+        if echo:
+            raise ValueError("echoing the prompt is not supported; send false or omit it")
+        return echo
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, logprobs: int | None) -> int | None:
+        if logprobs is not None:
+            raise ValueError("log probabilities are not supported; send null or omit it")
+        return logprobs
 
     @field_validator("top_k")
     @classmethod

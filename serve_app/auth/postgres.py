@@ -19,13 +19,14 @@ What differs from SQLite, and why:
   quota and key changes keep full durability.
 - Connection: one per store object (each replica has its own), re-opened if the server
   dropped it. Statements are prepared automatically after a few uses (psycopg's default).
-- Time: each replica passes its own wall clock, as with SQLite; nodes must be NTP-synced
-  (a skew of s seconds shifts a request by s seconds inside the one-minute window).
+- Time: the server's ``now()`` (the transaction's start), read inside each transaction, so
+  every replica on every node measures windows and quota periods on one clock.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from serve_app.auth.store import SqlAuthStore
@@ -49,8 +50,10 @@ class PostgresAuthStore(SqlAuthStore):
     begin_write = "BEGIN"
     placeholder = "%s"
 
-    def __init__(self, dsn: str, *, connect_timeout: int = 10) -> None:
-        super().__init__()
+    def __init__(
+        self, dsn: str, *, connect_timeout: int = 10, clock: Callable[[], float] | None = None
+    ) -> None:
+        super().__init__(clock)
         psycopg = _psycopg()
         self.dsn = dsn
         self.connect_timeout = connect_timeout
@@ -77,6 +80,9 @@ class PostgresAuthStore(SqlAuthStore):
 
     def _lock_migrations(self, db: Any) -> None:
         db.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_ID,))
+
+    def _server_now(self, db: Any) -> float:
+        return float(db.execute("SELECT EXTRACT(EPOCH FROM now())").fetchone()[0])
 
     def _relax_durability(self, db: Any) -> None:
         db.execute("SET LOCAL synchronous_commit = off")

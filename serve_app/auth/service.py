@@ -6,7 +6,10 @@ state that must agree across replicas (keys, account status, rate windows, quota
 the store; the only per-process state is a short-lived cache of key lookups.
 
 Checks run in a fixed order so clients see the most fundamental problem first:
-key (401) -> account status and quota (402) -> model (404) -> rate limits (429).
+key (401) -> account status and quota (402) -> model (404) -> rate limits and the
+concurrency cap (429). Quota, windows and the cap are then checked once more, atomically, in
+the store transaction that reserves the request's estimated tokens (``AuthStore.admit``):
+``record_usage`` settles that reservation to the actual count, ``release`` refunds it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from serve_app.auth.keys import (
@@ -48,6 +51,10 @@ class AuthConfig:
     model_ids: frozenset[str] = frozenset()
     cache_ttl: float = 0.5
     touch_interval: float = 60.0
+    # Requests one account may have in flight at once (None: no cap), and how long a
+    # reservation is held at most (past the longest request timeout) before it expires.
+    max_concurrent: int | None = None
+    reservation_ttl: float = 600.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_ids", frozenset(self.model_ids))
@@ -71,6 +78,7 @@ class Grant:
     limits: Limits
     models: tuple[str, ...] | None  # the account's allow-list; None: every model
     headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-* for set limits
+    reservation_id: int | None = None  # tokens reserved at admission, settled by the ledger
 
 
 @dataclass(frozen=True)
@@ -83,16 +91,9 @@ class _Entry:
 class AuthService:
     """Authorization, rate limiting and usage accounting over an ``AuthStore``."""
 
-    def __init__(
-        self,
-        store: AuthStore,
-        config: AuthConfig | None = None,
-        *,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
+    def __init__(self, store: AuthStore, config: AuthConfig | None = None) -> None:
         self.store = store
         self.config = config or AuthConfig()
-        self._clock = clock  # wall time shared by all replicas: rate buckets, ledger, quota
         self._cache: dict[str, _Entry] = {}
         self._touched: dict[int, float] = {}
         self._lock = threading.Lock()
@@ -108,16 +109,18 @@ class AuthService:
     ) -> Grant:
         """Admit one request or raise the first applicable typed error.
 
-        ``model=None`` is a listing endpoint: no model check. ``estimated_tokens`` (prompt
-        plus max output) is checked against the tokens-per-minute headroom; the window
-        itself only counts tokens recorded by ``record_usage``.
+        ``model=None`` is a listing endpoint: no model check, counted against the request
+        window but nothing reserved.
+        ``estimated_tokens`` (prompt plus max output) is reserved against the quota and the
+        tokens-per-minute window; the grant carries the reservation to ``record_usage``.
         """
-        now = self._clock()
+        now = self.store.now()
         entry = self._lookup(api_key)
         account = entry.account
         self._check_account(account, now)
         self._check_model(account, model)
-        verdict = self._take_request(account, now, max(0, int(estimated_tokens)))
+        estimated = max(0, int(estimated_tokens))
+        verdict, reservation_id = self._admit(account, estimated, hold=model is not None)
         self._touch(entry.key, now)
         logger.debug("authorized account %d key %d for %s", account.id, entry.key.id, endpoint)
         return Grant(
@@ -127,12 +130,15 @@ class AuthService:
             limits=Limits(account.rpm, account.tpm, account.quota_tokens, account.quota_period),
             models=account.models,
             headers=verdict.headers if verdict else {},
+            reservation_id=reservation_id,
         )
 
     def authenticate(self, api_key: str | None) -> None:
-        """The checks that need only the key: a known, unrevoked key (401) of an active
-        account within its quota (402). Cached like ``authorize``; no store write."""
-        self._check_account(self._lookup(api_key).account, self._clock())
+        """The checks that need only the key and the cached account: a known, unrevoked key
+        (401) of an active account (402). No store write, no clock read: quota and limits
+        are ``authorize``'s, once the body says what the request will cost."""
+        if not self._lookup(api_key).account.active:
+            raise AccountError("This account is inactive. Contact the server operator.")
 
     def record_usage(
         self,
@@ -143,7 +149,8 @@ class AuthService:
         output_tokens: int,
         status: int,
     ) -> None:
-        """Append to the ledger and charge quota and TPM window in one store transaction.
+        """Append to the ledger and charge quota and TPM window in one store transaction,
+        settling the grant's reservation to the actual count.
 
         Call it for every admitted request, failed ones included (with the tokens actually
         spent, often 0), so the ledger is a complete record.
@@ -156,10 +163,15 @@ class AuthService:
             input_tokens=max(0, int(input_tokens)),
             output_tokens=max(0, int(output_tokens)),
             status=int(status),
-            created_at=self._clock(),
+            created_at=0.0,  # the store sets it from its own clock
         )
-        used = self.store.record_usage(record)
-        self._update_cached_usage(grant.account_id, used, record.created_at)
+        used = self.store.record_usage(record, grant.reservation_id)
+        self._update_cached_usage(grant.account_id, used, self.store.now())
+
+    def release(self, grant: Grant) -> None:
+        """Refund the grant's reservation if no ledger row settled it (idempotent)."""
+        if grant.reservation_id is not None:
+            self.store.release(grant.reservation_id)
 
     def allowed_models(self, grant: Grant) -> set[str] | None:
         """The account's allow-list for filtering model listings; None means every model."""
@@ -202,9 +214,9 @@ class AuthService:
 
     @staticmethod
     def _check_account(account: Account, now: float) -> None:
-        """Quota is exhausted once used >= budget. Requests already admitted still finish
-        and are charged, so usage may end slightly above the budget; refusing on estimates
-        instead would block the last requests of every period for tokens never spent."""
+        """The cheap early answer from the cached account: inactive, or quota spent. The
+        binding check is ``_admit``'s, which refuses a request whose reservation (prompt +
+        max_tokens) does not fit what is left, so concurrent requests cannot overdraw."""
         if not account.active:
             raise AccountError("This account is inactive. Contact the server operator.")
         remaining = account.quota_remaining(now)
@@ -222,18 +234,38 @@ class AuthService:
         if not known or (account.models is not None and model not in account.models):
             raise ModelNotFoundError(model)
 
-    def _take_request(self, account: Account, now: float, estimated: int) -> Verdict | None:
-        if account.rpm is None and account.tpm is None:
-            return None  # unlimited: no store write at all
-        verdict = self.store.take_request(
-            account.id, now, rpm=account.rpm, tpm=account.tpm, estimated_tokens=estimated
+    def _admit(
+        self, account: Account, estimated: int, *, hold: bool
+    ) -> tuple[Verdict | None, int | None]:
+        """Reserve ``estimated`` tokens, or raise 402 (quota) / 429 (window or cap).
+        ``hold=False`` (listings): only counted against the request window."""
+        limited = (account.rpm, account.tpm)
+        if hold:
+            limited += (account.quota_tokens, self.config.max_concurrent)
+        if all(limit is None for limit in limited):
+            return None, None  # nothing to count: no store write at all
+        admission = self.store.admit(
+            account.id,
+            estimated_tokens=estimated,
+            max_concurrent=self.config.max_concurrent,
+            hold_seconds=self.config.reservation_ttl if hold else None,
         )
-        if not verdict.allowed:
+        if admission.refused == "quota":
+            self._update_cached_usage(account.id, admission.quota_used, self.store.now())
+            raise AccountError(_quota_message(account, estimated))
+        if admission.refused == "concurrency":
+            raise RateLimitError(
+                f"Too many concurrent requests (limit {self.config.max_concurrent} per "
+                "account). Retry when one of them has finished.",
+                headers={"Retry-After": "1"},
+            )
+        verdict = admission.verdict
+        if admission.refused == "rate" and verdict is not None:
             raise RateLimitError(
                 _rate_message(account, verdict, estimated),
                 headers={"Retry-After": str(verdict.retry_after), **verdict.headers},
             )
-        return verdict
+        return verdict, admission.reservation_id
 
     def _touch(self, key: ApiKey, now: float) -> None:
         """Record last use, at most once per ``touch_interval`` per key and replica."""
@@ -257,6 +289,14 @@ class AuthService:
                         usage_period=period_key(entry.account.quota_period, at),
                     )
                     self._cache[digest] = dataclasses.replace(entry, account=account)
+
+
+def _quota_message(account: Account, estimated: int) -> str:
+    period = "" if account.quota_period == "total" else f" {account.quota_period}"
+    return (
+        f"This request (about {estimated} tokens with max_tokens) does not fit in what is "
+        f"left of your{period} token quota ({account.quota_tokens} tokens)."
+    )
 
 
 def _rate_message(account: Account, verdict: Verdict, estimated: int) -> str:

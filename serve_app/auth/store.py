@@ -7,19 +7,30 @@ which takes the write lock up front, so two processes can never both pass a rate
 that only one of them should. The PostgreSQL store (``postgres.py``) implements the same
 interface with the same tables for a multi-node cluster.
 
-Times are epoch seconds (``float``) supplied by the caller, so tests can drive the clock.
+Times are epoch seconds (``float``) on the *store's* clock: every rate window, quota period
+and ledger time is read inside the transaction that uses it, from one source (SQLite: the
+node's clock, the one every process sharing the file has; PostgreSQL: the server's ``now()``),
+never from each replica's own clock. Tests pass ``clock=`` to drive it.
+
+Admission reserves before work: ``admit`` checks quota, windows and the concurrency cap and,
+in the same transaction, charges the request's estimate (prompt + max output) to the quota and
+the token window and holds a ``reservations`` row; ``record_usage`` settles it to the actual
+count, ``release`` refunds it. So concurrent requests cannot all pass a check that only some
+of them fit, and a reservation whose owner died expires (its charge stays: over-, never
+under-billing).
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 import json
 import logging
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +123,17 @@ class UsageRecord:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """The outcome of ``admit``. ``refused``: None (admitted), "quota", "rate" or
+    "concurrency"; ``verdict``: the window check (None when the account has no rate limit)."""
+
+    refused: str | None
+    reservation_id: int | None
+    verdict: Verdict | None
+    quota_used: int = 0
+
+
+@dataclass(frozen=True)
 class UsageTotal:
     model: str | None
     endpoint: str
@@ -144,14 +166,17 @@ def resolve_auth_db(db: str | Path | None = None, data_dir: str | Path | None = 
     return str(configured or Path(data_dir or default_data_dir()) / DB_FILENAME)
 
 
-def open_store(db: str | Path | None = None) -> AuthStore:
-    """Open the configured store: a ``postgresql://`` DSN selects PostgreSQL, else SQLite."""
+def open_store(
+    db: str | Path | None = None, *, clock: Callable[[], float] | None = None
+) -> AuthStore:
+    """Open the configured store: a ``postgresql://`` DSN selects PostgreSQL, else SQLite.
+    ``clock`` replaces the store's clock (tests only)."""
     target = resolve_auth_db(db)
     if target.startswith(("postgres://", "postgresql://")):
         from serve_app.auth.postgres import PostgresAuthStore
 
-        return PostgresAuthStore(target)
-    return SQLiteAuthStore(target)
+        return PostgresAuthStore(target, clock=clock)
+    return SQLiteAuthStore(target, clock=clock)
 
 
 class AuthStore(abc.ABC):
@@ -223,25 +248,35 @@ class AuthStore(abc.ABC):
     def touch_key(self, key_id: int, now: float, min_interval: float) -> None:
         """Set ``last_used_at`` unless it was set less than ``min_interval`` ago."""
 
-    # Rate windows and usage
+    # Time, admission, rate windows and usage
     @abc.abstractmethod
-    def take_request(
+    def now(self) -> float:
+        """The store's clock (epoch seconds): the one every replica's limits are measured on."""
+
+    @abc.abstractmethod
+    def admit(
         self,
         account_id: int,
-        now: float,
         *,
-        rpm: int | None,
-        tpm: int | None,
         estimated_tokens: int,
-    ) -> Verdict:
-        """Atomically check the account's windows and, if allowed, count one request."""
+        max_concurrent: int | None,
+        hold_seconds: float | None,
+    ) -> Admission:
+        """In one transaction: check quota, rate windows and concurrent requests against the
+        reservation of ``estimated_tokens``; if everything fits, count the request and hold
+        the reservation (charged to quota and token window) for at most ``hold_seconds``.
+        ``hold_seconds=None``: a request that costs no tokens (a listing), counted in the
+        request window only, with nothing held."""
 
     @abc.abstractmethod
-    def record_usage(self, record: UsageRecord) -> int:
-        """Append to the ledger, charge the quota and the token window in one transaction.
+    def record_usage(self, record: UsageRecord, reservation_id: int | None = None) -> int:
+        """Append to the ledger and charge the actual tokens in one transaction, settling the
+        reservation (charge ``actual - reserved``) when it is still held. ``created_at`` is
+        set from the store's clock. Returns the tokens used in the current quota period."""
 
-        Returns the account's tokens used in the current quota period after charging.
-        """
+    @abc.abstractmethod
+    def release(self, reservation_id: int) -> None:
+        """Refund a reservation that no ledger row settled (a no-op once settled)."""
 
     @abc.abstractmethod
     def list_usage(self, account_id: int, limit: int = 100) -> list[UsageRecord]:
@@ -304,6 +339,18 @@ MIGRATIONS: dict[int, list[str]] = {
             PRIMARY KEY (account_id, bucket)
         )""",
     ],
+    # Admission reservations: tokens charged before work, settled by the ledger row.
+    2: [
+        """CREATE TABLE reservations (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            account_id INTEGER NOT NULL REFERENCES accounts (id),
+            tokens INTEGER NOT NULL,
+            bucket INTEGER NOT NULL,
+            usage_period TEXT NOT NULL,
+            expires_at REAL NOT NULL
+        )""",
+        "CREATE INDEX reservations_account ON reservations (account_id, expires_at)",
+    ],
 }
 
 _ACCOUNT_COLUMNS = (
@@ -331,9 +378,10 @@ class SqlAuthStore(AuthStore):
     integrity_errors: tuple[type[Exception], ...] = ()
     placeholder = "?"
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
         self._lock = threading.RLock()
         self._conn: Any = None
+        self._clock = clock
 
     # -- dialect hooks
 
@@ -556,38 +604,80 @@ class SqlAuthStore(AuthStore):
                 (now, key_id, now - min_interval),
             )
 
-    # -- rate windows and usage
+    # -- time, admission, rate windows and usage
 
-    def take_request(
+    def now(self) -> float:
+        with self._lock:
+            return self._now(self._connection())
+
+    def _now(self, db: Any) -> float:
+        """The store's clock, read inside the caller's transaction (see the module docstring)."""
+        return self._clock() if self._clock is not None else self._server_now(db)
+
+    def _server_now(self, db: Any) -> float:
+        return time.time()
+
+    def admit(
         self,
         account_id: int,
-        now: float,
         *,
-        rpm: int | None,
-        tpm: int | None,
         estimated_tokens: int,
-    ) -> Verdict:
-        if rpm is None:  # nothing to count: a plain read decides the token limit
-            with self._lock:
-                buckets = self._buckets(self._connection(), account_id, now)
-            return ratelimit.evaluate(
-                buckets, now, rpm=None, tpm=tpm, estimated_tokens=estimated_tokens
-            )
+        max_concurrent: int | None,
+        hold_seconds: float | None,
+    ) -> Admission:
+        estimate = max(0, int(estimated_tokens)) if hold_seconds is not None else 0
         with self._write() as db:
-            self._relax_durability(db)
             self._lock_account(db, account_id)
-            self._prune(db, account_id, now)
-            buckets = self._buckets(db, account_id, now)
-            verdict = ratelimit.evaluate(
-                buckets, now, rpm=rpm, tpm=tpm, estimated_tokens=estimated_tokens
+            now = self._now(db)
+            row = self._execute(
+                db,
+                "SELECT rpm, tpm, quota_tokens, quota_period, tokens_used, usage_period "
+                "FROM accounts WHERE id = ?",
+                (account_id,),
+            ).fetchone()
+            if row is None:
+                raise StoreError(f"no account with id {account_id}")
+            rpm, tpm, quota, period, used, used_period = row
+            period_now = period_key(period, now)
+            used = used if used_period == period_now else 0
+            if quota is not None and (used >= quota or used + estimate > quota):
+                return Admission("quota", None, None, used)
+            self._execute(
+                db,
+                "DELETE FROM reservations WHERE account_id = ? AND expires_at <= ?",
+                (account_id, now),
             )
-            if verdict.allowed:
-                bucket = ratelimit.bucket_start(now)
-                self._execute(db, _UPSERT_WINDOW, (account_id, bucket, 1, 0))
-        return verdict
+            if max_concurrent is not None and hold_seconds is not None:
+                held = self._execute(
+                    db, "SELECT count(*) FROM reservations WHERE account_id = ?", (account_id,)
+                ).fetchone()[0]
+                if held >= max_concurrent:
+                    return Admission("concurrency", None, None, used)
+            verdict = None
+            if rpm is not None or tpm is not None:
+                self._prune(db, account_id, now)
+                buckets = self._buckets(db, account_id, now)
+                verdict = ratelimit.evaluate(
+                    buckets, now, rpm=rpm, tpm=tpm, estimated_tokens=estimate
+                )
+                if not verdict.allowed:
+                    return Admission("rate", None, verdict, used)
+            bucket = ratelimit.bucket_start(now)
+            self._execute(db, _UPSERT_WINDOW, (account_id, bucket, 1, estimate))
+            if hold_seconds is None:
+                return Admission(None, None, verdict, used)
+            used = self._add_to_quota(db, account_id, period_now, estimate)
+            reservation_id = self._execute(
+                db,
+                "INSERT INTO reservations (account_id, tokens, bucket, usage_period, expires_at) "
+                "VALUES (?, ?, ?, ?, ?) RETURNING id",
+                (account_id, estimate, bucket, period_now, now + hold_seconds),
+            ).fetchall()[0][0]
+        return Admission(None, reservation_id, verdict, used)
 
-    def record_usage(self, record: UsageRecord) -> int:
+    def record_usage(self, record: UsageRecord, reservation_id: int | None = None) -> int:
         with self._write() as db:
+            record = dataclasses.replace(record, created_at=self._now(db))
             self._execute(
                 db,
                 "INSERT INTO usage_ledger (account_id, key_id, model, endpoint, input_tokens, "
@@ -603,13 +693,73 @@ class SqlAuthStore(AuthStore):
                     record.created_at,
                 ),
             )
-            used = self._charge(db, record)
-            if record.total_tokens:
-                bucket = ratelimit.bucket_start(record.created_at)
-                params = (record.account_id, bucket, 0, record.total_tokens)
-                self._execute(db, _UPSERT_WINDOW, params)
+            held = self._take_reservation(db, reservation_id)
+            used = self._charge(db, record, held)
             self._prune(db, record.account_id, record.created_at)
         return used
+
+    def release(self, reservation_id: int) -> None:
+        with self._write() as db:
+            held = self._take_reservation(db, reservation_id)
+            if held is not None:
+                account_id, tokens, bucket, period = held
+                self._add_to_quota(db, account_id, period, -tokens, only_if_current=True)
+                self._add_to_window(db, account_id, bucket, -tokens, self._now(db))
+
+    def _take_reservation(self, db: Any, reservation_id: int | None) -> tuple | None:
+        """Remove a held reservation: (account, tokens, bucket, period), or None if gone."""
+        if reservation_id is None:
+            return None
+        rows = self._execute(
+            db,
+            "DELETE FROM reservations WHERE id = ? "
+            "RETURNING account_id, tokens, bucket, usage_period",
+            (reservation_id,),
+        ).fetchall()
+        return tuple(rows[0]) if rows else None
+
+    def _charge(self, db: Any, record: UsageRecord, held: tuple | None) -> int:
+        """Charge the actual tokens: the difference to a held reservation where it was
+        charged (same quota period, window bucket still kept), else all of them now."""
+        row = self._execute(
+            db, "SELECT quota_period FROM accounts WHERE id = ?", (record.account_id,)
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"no account with id {record.account_id}")
+        period = period_key(row[0], record.created_at)
+        actual = record.total_tokens
+        reserved, bucket = 0, ratelimit.bucket_start(record.created_at)
+        if held is not None and held[3] == period:
+            reserved, bucket = held[1], held[2]
+        used = self._add_to_quota(db, record.account_id, period, actual - reserved)
+        self._add_to_window(db, record.account_id, bucket, actual - reserved, record.created_at)
+        return used
+
+    def _add_to_quota(
+        self, db: Any, account_id: int, period: str, tokens: int, *, only_if_current=False
+    ) -> int:
+        """Add ``tokens`` (may be negative) to the quota counter of ``period``, restarting
+        the counter when the account's stored period is another one."""
+        if only_if_current:  # a refund for a period that has rolled over refunds nothing
+            rows = self._execute(
+                db,
+                "UPDATE accounts SET tokens_used = tokens_used + ? "
+                "WHERE id = ? AND usage_period = ? RETURNING tokens_used",
+                (tokens, account_id, period),
+            ).fetchall()
+            return rows[0][0] if rows else 0
+        return self._execute(
+            db,
+            "UPDATE accounts SET tokens_used = CASE WHEN usage_period = ? "
+            "THEN tokens_used + ? ELSE ? END, usage_period = ? "
+            "WHERE id = ? RETURNING tokens_used",
+            (period, tokens, tokens, period, account_id),
+        ).fetchall()[0][0]
+
+    def _add_to_window(self, db: Any, account_id: int, bucket: int, tokens: int, now: float):
+        """Adjust a token bucket, unless it is already too old to count in any window."""
+        if tokens and bucket > now - ratelimit.KEEP_SECONDS:
+            self._execute(db, _UPSERT_WINDOW, (account_id, bucket, 0, tokens))
 
     def list_usage(self, account_id: int, limit: int = 100) -> list[UsageRecord]:
         rows = self._query(
@@ -630,21 +780,6 @@ class SqlAuthStore(AuthStore):
             params,
         )
         return [UsageTotal(*row) for row in rows]
-
-    def _charge(self, db: Any, record: UsageRecord) -> int:
-        """Add the record's tokens to the quota counter, restarting it in a new period."""
-        row = self._execute(
-            db, "SELECT quota_period FROM accounts WHERE id = ?", (record.account_id,)
-        ).fetchone()
-        if row is None:
-            raise StoreError(f"no account with id {record.account_id}")
-        key = period_key(row[0], record.created_at)
-        return self._execute(
-            db,
-            "UPDATE accounts SET tokens_used = CASE WHEN usage_period = ? "
-            "THEN tokens_used + ? ELSE ? END, usage_period = ? WHERE id = ? RETURNING tokens_used",
-            (key, record.total_tokens, record.total_tokens, key, record.account_id),
-        ).fetchall()[0][0]
 
     def _buckets(self, db: Any, account_id: int, now: float) -> list[Bucket]:
         rows = self._execute(
@@ -675,9 +810,14 @@ class SQLiteAuthStore(SqlAuthStore):
     integrity_errors = (sqlite3.IntegrityError,)
 
     def __init__(
-        self, path: str | Path, *, busy_timeout_ms: int = 5000, synchronous: str = "NORMAL"
+        self,
+        path: str | Path,
+        *,
+        busy_timeout_ms: int = 5000,
+        synchronous: str = "NORMAL",
+        clock: Callable[[], float] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(clock)
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: no implicit transactions; _write issues BEGIN IMMEDIATE.

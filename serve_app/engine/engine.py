@@ -370,7 +370,7 @@ class LLMEngine(Engine):
         """Read up to ``budget`` more prompt tokens of one request; returns how many."""
         prompt = state.prompt_ids
         if state.kv is None:
-            cached, kv = self.prefix_cache.lookup(prompt)
+            cached, kv = self.prefix_cache.lookup(prompt, state.request.cache_salt)
             state.kv = cache_from_kv(kv) if kv is not None else DynamicCache()
             state.num_computed = state.cached_tokens = cached
         start = state.num_computed
@@ -390,7 +390,8 @@ class LLMEngine(Engine):
 
     def _finish_prefill(self, state: RequestState, logits: torch.Tensor) -> None:
         """Cache the prompt's KV, sample the first token, and queue the request to join."""
-        self.prefix_cache.insert(state.prompt_ids, kv_from_cache(state.kv))
+        salt = state.request.cache_salt  # the account's own partition (see prefix_cache)
+        self.prefix_cache.insert(state.prompt_ids, kv_from_cache(state.kv), salt)
         self._on_token(state, state.sampler(logits, state.history))
         # Join before leaving the prefill list, so ``num_running`` never dips meanwhile.
         if not state.is_done:

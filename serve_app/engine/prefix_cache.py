@@ -12,6 +12,11 @@ each compare runs in C). That is fine for tens of entries, which is what a few h
 holds for prompts of a few thousand tokens; a radix tree over token blocks (vLLM, SGLang) would
 be the step up for thousands of entries.
 
+Entries are partitioned by a *salt* (vLLM's ``cache_salt``): the account id of the request,
+unless the deployment opted into one shared cache. A lookup only ever matches entries stored
+with the same salt, so a request can never learn (through ``cached_tokens`` or timing)
+what another account's prompts contained.
+
 Memory is bounded by bytes (the tensors' actual size); the least recently used entries go
 first. Not thread-safe: only the engine's step-loop thread calls it (stats may be read from
 anywhere).
@@ -31,8 +36,13 @@ KV = tuple[tuple[torch.Tensor, torch.Tensor], ...]
 DEFAULT_PREFIX_CACHE_BYTES = 512 * 1024 * 1024
 
 
+# The key of one entry: (salt, token ids). ``None`` is the salt of a shared cache.
+_Key = tuple[str | None, tuple[int, ...]]
+
+
 @dataclass
 class _Entry:
+    salt: str | None
     token_ids: list[int]
     kv: KV
     nbytes: int
@@ -75,7 +85,7 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class PrefixCache:
-    """Prompt KV caches keyed by token ids, LRU-evicted to stay under ``max_bytes``.
+    """Prompt KV caches keyed by (salt, token ids), LRU-evicted to stay under ``max_bytes``.
 
     ``min_match_tokens``: shorter matches are not worth the copy and are reported as misses.
     """
@@ -85,7 +95,7 @@ class PrefixCache:
     ) -> None:
         self.max_bytes = int(max_bytes)
         self.min_match_tokens = max(1, int(min_match_tokens))
-        self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
+        self._entries: OrderedDict[_Key, _Entry] = OrderedDict()
         self.bytes_used = 0
         self.queries = 0
         self.hits = 0
@@ -98,8 +108,9 @@ class PrefixCache:
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
-    def lookup(self, token_ids: Sequence[int]) -> tuple[int, KV | None]:
-        """``(cached_len, kv)`` for the longest stored prefix of ``token_ids``, or ``(0, None)``.
+    def lookup(self, token_ids: Sequence[int], salt: str | None = None) -> tuple[int, KV | None]:
+        """``(cached_len, kv)`` for the longest prefix of ``token_ids`` stored under ``salt``,
+        or ``(0, None)``.
 
         At most ``len(token_ids) - 1`` tokens are returned: the last prompt token must still go
         through the model so its logits exist to sample the first output token from.
@@ -111,6 +122,8 @@ class PrefixCache:
         limit = len(token_ids) - 1
         best_len, best_key = 0, None
         for key, entry in self._entries.items():
+            if entry.salt != salt:
+                continue
             n = min(common_prefix_len(entry.token_ids, token_ids), limit)
             if n > best_len:
                 best_len, best_key = n, key
@@ -121,28 +134,33 @@ class PrefixCache:
         self.hit_tokens += best_len
         return best_len, crop_kv(self._entries[best_key].kv, best_len)
 
-    def insert(self, token_ids: Sequence[int], kv: KV) -> bool:
-        """Store the KV of ``token_ids``; False when it was not stored (too small/large, covered).
+    def insert(self, token_ids: Sequence[int], kv: KV, salt: str | None = None) -> bool:
+        """Store the KV of ``token_ids`` under ``salt``; False when it was not stored (too
+        small/large, covered).
 
-        A stored prompt that is a prefix of the new one is dropped (the new entry covers it);
-        if the new prompt is a prefix of a stored one, the stored entry is only refreshed.
+        Among entries of the same salt, a stored prompt that is a prefix of the new one is
+        dropped (the new entry covers it); if the new prompt is a prefix of a stored one, the
+        stored entry is only refreshed.
         """
-        key = tuple(token_ids)
-        if not self.enabled or len(key) < max(2, self.min_match_tokens):
+        ids = tuple(token_ids)
+        if not self.enabled or len(ids) < max(2, self.min_match_tokens):
             return False
-        if kv_seq_len(kv) != len(key):
-            raise ValueError(f"KV holds {kv_seq_len(kv)} positions for {len(key)} tokens")
+        if kv_seq_len(kv) != len(ids):
+            raise ValueError(f"KV holds {kv_seq_len(kv)} positions for {len(ids)} tokens")
         for other in list(self._entries):
-            if other[: len(key)] == key:
+            other_salt, other_ids = other
+            if other_salt != salt:
+                continue
+            if other_ids[: len(ids)] == ids:
                 self._entries.move_to_end(other)
                 return False
-            if key[: len(other)] == other:
+            if ids[: len(other_ids)] == other_ids:
                 self._remove(other)
         kv = tuple((_owned(k), _owned(v)) for k, v in kv)
         nbytes = kv_nbytes(kv)
         if nbytes > self.max_bytes:
             return False
-        self._entries[key] = _Entry(list(key), kv, nbytes)
+        self._entries[(salt, ids)] = _Entry(salt, list(ids), kv, nbytes)
         self.bytes_used += nbytes
         while self.bytes_used > self.max_bytes:
             self._remove(next(iter(self._entries)))
@@ -152,5 +170,5 @@ class PrefixCache:
         self._entries.clear()
         self.bytes_used = 0
 
-    def _remove(self, key: tuple[int, ...]) -> None:
+    def _remove(self, key: _Key) -> None:
         self.bytes_used -= self._entries.pop(key).nbytes

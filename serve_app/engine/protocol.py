@@ -69,9 +69,13 @@ class GenerationChunk:
 
 @dataclass
 class GenerationRequest:
+    """``cache_salt``: the prefix-cache partition this request may read and write (the
+    account id; ``None`` only where the deployment opted into one shared cache)."""
+
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
+    cache_salt: str | None = None
 
 
 class Engine(abc.ABC):

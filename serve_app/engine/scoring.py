@@ -90,8 +90,9 @@ class QuestionOutcome:
 class ScoringResult:
     """Outcomes by question name, plus usage.
 
-    ``input_tokens``: prompt tokens actually run through the model (the shared prefix once,
-    or not at all on a prefix-cache hit, plus every question remainder and continuation row).
+    ``input_tokens``: prompt tokens the request runs through the model: the shared prefix once
+    (billed in full even on a prefix-cache hit, so a cached state is never a free ride), plus
+    every question remainder and continuation row.
     ``output_tokens``: answer tokens whose likelihood was read (1 per first-token question;
     every option token plus its end-of-turn token on the continuation path).
     ``cached_tokens``: prefix tokens served from the prefix cache instead of being run.
@@ -157,8 +158,11 @@ class LikelihoodScorer:
 
     # ------------------------------------------------------------------ public
 
-    def score(self, state: Any, questions: Sequence[DecisionQuestion]) -> ScoringResult:
-        """Probabilities for every question about ``state`` (see the module docstring)."""
+    def score(
+        self, state: Any, questions: Sequence[DecisionQuestion], cache_salt: str | None = None
+    ) -> ScoringResult:
+        """Probabilities for every question about ``state`` (see the module docstring).
+        ``cache_salt``: the prefix-cache partition (the account; see ``prefix_cache``)."""
         import torch
 
         if not questions:
@@ -168,7 +172,7 @@ class LikelihoodScorer:
             prefix_len = _prefix_length(anchor, plans)
             self._check_context(plans)
             usage = _Usage()
-            prefix_kv = self._prefix_kv(plans[0].ids[:prefix_len], usage)
+            prefix_kv = self._prefix_kv(plans[0].ids[:prefix_len], usage, cache_salt)
             outcomes: dict[str, QuestionOutcome] = {}
             for rows in self._chunks(plans, prefix_len, [len(p.ids) - prefix_len for p in plans]):
                 self._score_rows([plans[i] for i in rows], prefix_kv, prefix_len, usage, outcomes)
@@ -259,7 +263,7 @@ class LikelihoodScorer:
 
     # ------------------------------------------------------------------ running
 
-    def _prefix_kv(self, prefix: list[int], usage: _Usage) -> KV | None:
+    def _prefix_kv(self, prefix: list[int], usage: _Usage, salt: str | None) -> KV | None:
         """KV cache of the shared prefix (batch 1): the longest part the engine's prefix cache
         already holds (the fixed system turn at least, the whole state when it repeats), and
         the rest run once on top of it."""
@@ -268,16 +272,16 @@ class LikelihoodScorer:
         if not prefix:
             return None
         # A sentinel last token lets the lookup return the whole prefix (it keeps one back).
-        cached_len, cached = self.prefix_cache.lookup([*prefix, -1])
+        cached_len, cached = self.prefix_cache.lookup([*prefix, -1], salt)
         usage.cached_tokens += cached_len
+        usage.input_tokens += len(prefix)  # billed whether run now or taken from the cache
         if cached_len == len(prefix):
             return list(cached)
         ids = torch.tensor([prefix[cached_len:]], device=self.device)
         past = cache_from_kv(cached) if cached_len else None
         out = self._base(input_ids=ids, past_key_values=past, use_cache=True)
         kv = kv_from_cache(out.past_key_values)
-        usage.input_tokens += len(prefix) - cached_len
-        self.prefix_cache.insert(prefix, kv)
+        self.prefix_cache.insert(prefix, kv, salt)
         return list(kv)
 
     def _score_rows(

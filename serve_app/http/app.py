@@ -12,12 +12,13 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from serve_app import __version__, metrics
+from serve_app.api.apply import ApplyCompletionRequest
 from serve_app.api.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
 from serve_app.api.common import ErrorResponse, HTTPValidationError
 from serve_app.api.decisions import DecisionRequest, DecisionResponse
@@ -25,17 +26,20 @@ from serve_app.api.edit import EditCompletion, EditCompletionRequest
 from serve_app.api.fim import FimCompletion, FimCompletionChunk, FimCompletionRequest
 from serve_app.api.models import EndpointModelList, ModelList
 from serve_app.auth.keys import hash_key
-from serve_app.config import AppConfig
+from serve_app.config import AppConfig, ModelConfig
 from serve_app.errors import (
     InvalidRequestError,
     ModelNotFoundError,
     ServiceError,
     UnprocessableRequestError,
     UpstreamBadResponseError,
+    UpstreamTimeoutError,
 )
 from serve_app.http.errors import VALIDATION_422_PATHS, as_service_error, install_error_handlers
 from serve_app.http.middleware import Authenticate, BoundedBody, RequestId, RequestMetrics
 from serve_app.http.sse import open_event_stream, sse_event
+from serve_app.serving.billing import RequestContext, cache_salt_for
+from serve_app.serving.chat import DEFAULT_CHAT_MAX_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +56,10 @@ LISTING_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (401, 500)
 }
 MAX_RECENT_KEYS = 10_000
+# Tokens a prompt template may add beyond the request's own text (per question for decisions).
+TEMPLATE_TOKENS = 64
+# The router's timeout backstop: past the model deployment's own deadline, which answers first.
+BACKSTOP_GRACE_S = 5.0
 SSE_RESPONSE = {"description": "text/event-stream of chunks, ending with `data: [DONE]`."}
 
 
@@ -106,6 +114,7 @@ class Routes:
         self.backends = backends
         self.model_ids = frozenset(model.id for model in config.models)
         self.recent_keys: dict[str, float] = {}  # key digest -> trusted until (monotonic)
+        self._detached: set[asyncio.Future] = set()
 
     def register(self, app: FastAPI) -> None:
         post, get = app.post, app.get
@@ -115,20 +124,27 @@ class Routes:
         post("/v1/edit/completions", response_model=EditCompletion, responses=COMMON_ERRORS)(
             self.edit
         )
-        post(
-            "/v1/fim/completions",
-            response_model=FimCompletion,
-            responses={**COMMON_ERRORS, 200: {"content": {"text/event-stream": SSE_RESPONSE}}},
-        )(self.fim)
+        for fim_path in ("/v1/fim/completions", "/v1/completions"):
+            # The OpenAI legacy path is the same FIM service: clients post FIM there.
+            post(
+                fim_path,
+                response_model=FimCompletion,
+                responses={**COMMON_ERRORS, 200: {"content": {"text/event-stream": SSE_RESPONSE}}},
+            )(self.fim)
         post(
             "/v1/chat/completions",
             response_model=ChatCompletion,
             responses={**COMMON_ERRORS, 200: {"content": {"text/event-stream": SSE_RESPONSE}}},
         )(self.chat)
+        post(
+            "/v1/apply/completions",
+            response_model=ChatCompletion,
+            responses={**COMMON_ERRORS, 200: {"content": {"text/event-stream": SSE_RESPONSE}}},
+        )(self.apply)
         get("/v1/models", response_model=ModelList, responses=LISTING_ERRORS, name="list_models")(
             self._listing(None)
         )
-        for endpoint in ("chat", "fim", "edit"):
+        for endpoint in ("chat", "fim", "edit", "apply"):
             get(
                 f"/v1/{endpoint}/completions/models",
                 response_model=EndpointModelList,
@@ -159,55 +175,81 @@ class Routes:
         credentials: HTTPAuthorizationCredentials | None,
         model: str | None,
         endpoint: str,
+        body: Any = None,
     ) -> Any:
+        """Check the key and admit the request, reserving its estimated tokens (``body``)."""
         # A metric label: only ids we serve, so arbitrary client strings never become labels.
         request.state.model = model if model in self.model_ids else "other"
         key = credentials.credentials if credentials else None
+        estimate = await self.estimate_tokens(request, body, model) if body is not None else 0
         try:
-            return await self.backends.auth.authorize.remote(key, model, endpoint)
+            return await self.backends.auth.authorize.remote(key, model, endpoint, estimate)
         except Exception as exc:
             error = as_service_error(exc)
             metrics.auth_rejections().inc(tags={"reason": error.code or "unknown"})
             raise error from None
 
-    async def record(self, grant: Any, model: str, endpoint: str, usage: Any, status: int) -> None:
-        """Write the ledger row; a failure here is logged, never turned into a client error."""
-        input_tokens = getattr(usage, "input_tokens", None)
-        if input_tokens is None:
-            input_tokens = getattr(usage, "prompt_tokens", 0)
-        output_tokens = getattr(usage, "output_tokens", None)
-        if output_tokens is None:
-            output_tokens = getattr(usage, "completion_tokens", 0)
-        if input_tokens or output_tokens:
-            tags = {"endpoint": endpoint, "model": model}
-            metrics.tokens().inc(input_tokens or 0, tags={**tags, "direction": "input"})
-            metrics.tokens().inc(output_tokens or 0, tags={**tags, "direction": "output"})
-        try:
-            await self.backends.auth.record_usage.remote(
-                grant, model, endpoint, input_tokens, output_tokens, status
-            )
-        except Exception:
-            logger.exception("could not record usage for %s", endpoint)
+    async def estimate_tokens(self, request: Request, body: Any, model_id: str | None) -> int:
+        """An upper bound on what the request may cost, reserved before any work: each
+        prompt token is at least one byte of the body (byte-level BPE), plus the tokens
+        templates add, plus the most output it may ask for. Settled to the actual count."""
+        model = self.config.model(model_id) if model_id in self.model_ids else None
+        questions = len(getattr(body, "questions", None) or ())
+        prompt = len(await request.body()) + TEMPLATE_TOKENS * (1 + questions)
+        if model is not None:
+            prompt = min(prompt, model.context_length)
+        return prompt + _max_output(body, model)
 
-    async def call(self, grant: Any, model: str, endpoint: str, method: Any, *args: Any) -> Any:
-        """Run one model call under the request timeout and record its usage either way."""
+    def context(self, grant: Any, model: str, endpoint: str) -> RequestContext:
+        """What the model deployment needs to bill the request and pick its cache partition."""
+        salt = cache_salt_for(grant.account_id, self.config.engine.shared_prefix_cache)
+        return RequestContext(grant=grant, model=model, endpoint=endpoint, cache_salt=salt)
+
+    def release(self, grant: Any) -> None:
+        """Refund a reservation no ledger row may have settled (the model deployment bills
+        what it processed): detached, so a cancelled request still sends it."""
+        if getattr(grant, "reservation_id", None) is None:
+            return
+        task = asyncio.ensure_future(_await(self.backends.auth.release.remote(grant)))
+        self._detached.add(task)
+        task.add_done_callback(_forget(self._detached))
+
+    async def call(self, grant: Any, model: str, endpoint: str, method: Any, body: Any) -> Any:
+        """One model call. The model deployment enforces the request timeout and writes the
+        ledger row (serve_app.serving.billing); the router's own timeout is a backstop just
+        past it that cancels the call, so the engine slot is freed either way."""
         timeout = (
             self.config.limits.decision_timeout_s
             if endpoint == "decisions"
             else self.config.limits.request_timeout_s
         )
+        response = method.remote(body, self.context(grant, model, endpoint))
+        answered = False
         try:
-            result = await asyncio.wait_for(_await(method.remote(*args)), timeout)
+            result = await asyncio.wait_for(_await(response), timeout + BACKSTOP_GRACE_S)
+            answered = True
+        except asyncio.CancelledError:  # the client went away: stop the model's work
+            response.cancel()
+            raise
+        except TimeoutError:
+            response.cancel()
+            raise UpstreamTimeoutError() from None
         except Exception as exc:
-            error = as_service_error(exc)
-            await self.record(grant, model, endpoint, None, error.status_code)
-            raise error from None
-        await self.record(grant, model, endpoint, getattr(result, "usage", None), 200)
+            raise as_service_error(exc) from None
+        finally:
+            if not answered:
+                self.release(grant)
+        _count_tokens(model, endpoint, getattr(result, "usage", None))
         return result
 
-    def require_role(self, model: str, role: str) -> None:
+    def require_role(self, grant: Any, model: str, role: str) -> None:
         if model != getattr(self.config.roles, role):
-            raise ModelNotFoundError(model)
+            self.refuse(grant, ModelNotFoundError(model))
+
+    def refuse(self, grant: Any, error: ServiceError) -> NoReturn:
+        """Refuse an admitted request before any model work: its reservation is refunded."""
+        self.release(grant)
+        raise error
 
     # --- endpoints --------------------------------------------------------------------------
 
@@ -218,13 +260,16 @@ class Routes:
         response: Response,
         credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     ) -> DecisionResponse:
-        grant = await self.authorize(request, credentials, body.model, "decisions")
+        grant = await self.authorize(request, credentials, body.model, "decisions", body)
         _apply_headers(response, grant)
-        self.require_role(body.model, "decisions")
+        self.require_role(grant, body.model, "decisions")
         if len(body.questions) > self.config.limits.max_questions:
-            raise UnprocessableRequestError(
-                f"At most {self.config.limits.max_questions} questions per request.",
-                param="questions",
+            limit = self.config.limits.max_questions
+            self.refuse(
+                grant,
+                UnprocessableRequestError(
+                    f"At most {limit} questions per request.", param="questions"
+                ),
             )
         try:
             result = await self.call(
@@ -241,9 +286,9 @@ class Routes:
         response: Response,
         credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     ) -> EditCompletion:
-        grant = await self.authorize(request, credentials, body.model, "edit.completions")
+        grant = await self.authorize(request, credentials, body.model, "edit.completions", body)
         _apply_headers(response, grant)
-        self.require_role(body.model, "edit")
+        self.require_role(grant, body.model, "edit")
         result = await self.call(
             grant, body.model, "edit.completions", self.backends.edit.edit, body
         )
@@ -256,11 +301,12 @@ class Routes:
         response: Response,
         credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     ) -> Any:
-        grant = await self.authorize(request, credentials, body.model, "fim.completions")
+        grant = await self.authorize(request, credentials, body.model, "fim.completions", body)
         _apply_headers(response, grant)
-        self.require_role(body.model, "fim")
+        self.require_role(grant, body.model, "fim")
         if body.stream:
-            stream = self.backends.fim.options(stream=True).stream.remote(body)
+            context = self.context(grant, body.model, "fim.completions")
+            stream = self.backends.fim.options(stream=True).stream.remote(body, context)
             return await self.stream(
                 grant, body.model, "fim.completions", stream, body.include_usage
             )
@@ -276,13 +322,14 @@ class Routes:
         response: Response,
         credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     ) -> Any:
-        grant = await self.authorize(request, credentials, body.model, "chat.completions")
+        grant = await self.authorize(request, credentials, body.model, "chat.completions", body)
         _apply_headers(response, grant)
         if not self.config.roles.chat:
-            raise ModelNotFoundError(body.model)
-        self.require_role(body.model, "edit")
+            self.refuse(grant, ModelNotFoundError(body.model))
+        self.require_role(grant, body.model, "edit")
         if body.stream:
-            stream = self.backends.edit.options(stream=True).chat_stream.remote(body)
+            context = self.context(grant, body.model, "chat.completions")
+            stream = self.backends.edit.options(stream=True).chat_stream.remote(body, context)
             return await self.stream(
                 grant, body.model, "chat.completions", stream, body.include_usage
             )
@@ -291,10 +338,33 @@ class Routes:
         )
         return _checked(result, ChatCompletion)
 
+    async def apply(
+        self,
+        request: Request,
+        body: ApplyCompletionRequest,
+        response: Response,
+        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
+    ) -> Any:
+        """Merge an update snippet into code; served by the edit model's deployment."""
+        grant = await self.authorize(request, credentials, body.model, "apply.completions", body)
+        _apply_headers(response, grant)
+        self.require_role(grant, body.model, "edit")
+        if body.stream:
+            context = self.context(grant, body.model, "apply.completions")
+            stream = self.backends.edit.options(stream=True).apply_stream.remote(body, context)
+            return await self.stream(
+                grant, body.model, "apply.completions", stream, body.include_usage
+            )
+        result = await self.call(
+            grant, body.model, "apply.completions", self.backends.edit.apply, body
+        )
+        return _checked(result, ChatCompletion)
+
     async def stream(
         self, grant: Any, model: str, endpoint: str, chunks: Any, include_usage: bool
     ) -> Response:
-        """SSE answer; the model deployment always ends with a usage chunk (no choices)."""
+        """SSE answer; the model deployment always ends with a usage chunk (no choices) and
+        bills the stream itself, however it ends (serve_app.serving.billing)."""
 
         def render(chunk: FimCompletionChunk | ChatCompletionChunk) -> str | None:
             is_usage_chunk = not chunk.choices
@@ -304,16 +374,19 @@ class Routes:
 
         async def on_finish(last: Any) -> None:
             usage = getattr(last, "usage", None) if last is not None else None
-            await self.record(grant, model, endpoint, usage, 200 if usage else 500)
+            if usage is None:  # ended early: the model side billed what it processed
+                self.release(grant)
+            _count_tokens(model, endpoint, usage)
 
         try:
             return await open_event_stream(
                 _cancel_on_close(chunks), render, on_finish, headers=_rate_headers(grant)
             )
-        except Exception as exc:
-            error = as_service_error(exc)
-            await self.record(grant, model, endpoint, None, error.status_code)
-            raise error from None
+        except BaseException as exc:
+            self.release(grant)
+            if not isinstance(exc, Exception):
+                raise
+            raise as_service_error(exc) from None
 
     def _listing(self, endpoint: str | None):
         """The route of one model listing: every model (``None``, no ``supported_endpoints``)
@@ -329,12 +402,12 @@ class Routes:
             allowed = await self.backends.auth.allowed_models.remote(grant)
             visible = [m for m in self.config.models if allowed is None or m.id in allowed]
             if endpoint is None:
-                return ModelList(data=[model.card() for model in visible])
-            cards = []
-            for model in visible:
-                endpoints = self.config.endpoints_of(model.id)
-                if endpoint in endpoints:
-                    cards.append(model.card(endpoints))
+                return ModelList(data=[self.config.card(model.id) for model in visible])
+            cards = [
+                self.config.card(model.id, endpoint)
+                for model in visible
+                if endpoint in self.config.endpoints_of(model.id)
+            ]
             return EndpointModelList(data=cards)
 
         return list_models
@@ -362,6 +435,37 @@ def _openapi_without_implicit_422(app: FastAPI) -> dict[str, Any]:
 
 async def _await(response: Any) -> Any:
     return await response
+
+
+def _forget(tasks: set) -> Any:
+    def done(task: asyncio.Future) -> None:
+        tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning("could not release a reservation: %r", task.exception())
+
+    return done
+
+
+def _max_output(body: Any, model: ModelConfig | None) -> int:
+    """The most output tokens a request may produce: its max_tokens, else the default the
+    model deployment applies (chat), else none (decisions score, they do not generate)."""
+    asked = getattr(body, "max_completion_tokens", None) or getattr(body, "max_tokens", None)
+    if asked:
+        return int(asked)
+    if isinstance(body, ChatCompletionRequest) and model is not None:
+        return min(DEFAULT_CHAT_MAX_TOKENS, model.max_output_length)
+    if isinstance(body, ApplyCompletionRequest) and model is not None:
+        return min(model.max_output_length, model.context_length)  # apply's default: all left
+    return 0
+
+
+def _count_tokens(model: str, endpoint: str, usage: Any) -> None:
+    input_tokens = getattr(usage, "input_tokens", None) or getattr(usage, "prompt_tokens", 0)
+    output_tokens = getattr(usage, "output_tokens", None) or getattr(usage, "completion_tokens", 0)
+    if input_tokens or output_tokens:
+        tags = {"endpoint": endpoint, "model": model}
+        metrics.tokens().inc(input_tokens, tags={**tags, "direction": "input"})
+        metrics.tokens().inc(output_tokens, tags={**tags, "direction": "output"})
 
 
 def _checked(result: Any, expected: type) -> Any:

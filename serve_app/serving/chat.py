@@ -17,6 +17,7 @@ from serve_app.api.chat import (
 )
 from serve_app.api.common import CompletionUsage, new_id, now
 from serve_app.engine.constraints import SchemaError, compile_schema, validate_output
+from serve_app.engine.prompts.chat_encoding import encode_chat
 from serve_app.engine.protocol import GenerationRequest
 from serve_app.errors import InvalidRequestError, UpstreamBadResponseError
 from serve_app.serving.generation import Generator, usage_of
@@ -43,16 +44,12 @@ class ChatService:
                 raise InvalidRequestError(str(e), param="response_format") from None
         chars = sum(len(message["content"]) for message in messages)
         self.generator.check_input_size(chars, "messages")
-        prompt_ids = await self.generator.off_loop(
-            self.generator.tokenizer.apply_chat_template,
-            messages,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
+        # Message contents are encoded as plain text (a user cannot write turn markers), on a
+        # worker thread: a long conversation must not stall the replica's other streams.
+        prompt_ids = await self.generator.off_loop(encode_chat, self.generator.tokenizer, messages)
         max_tokens = min(DEFAULT_CHAT_MAX_TOKENS, self.generator.model.max_output_length)
         params = body.to_sampling_params(default_max_tokens=max_tokens)
-        return self.generator.request(list(prompt_ids), params, prompt_param="messages")
+        return self.generator.request(prompt_ids, params, prompt_param="messages")
 
     async def complete(self, body: ChatCompletionRequest) -> ChatCompletion:
         text, last = await self.generator.complete(await self._request(body))

@@ -20,6 +20,7 @@ from serve_app.api.decisions import (
     ScoreAnswer,
 )
 from serve_app.engine.scoring import DecisionQuestion, LikelihoodScorer, QuestionOutcome
+from serve_app.serving.billing import current_cache_salt, current_meter
 
 
 class DecisionService:
@@ -27,9 +28,23 @@ class DecisionService:
         self.scorer = scorer
 
     async def decide(self, body: DecisionRequest) -> DecisionResponse:
-        """Score in a worker thread: torch releases the GIL, the replica keeps serving."""
+        """Score in a worker thread: torch releases the GIL, the replica keeps serving.
+
+        The thread cannot be stopped once started, so a cancelled request still waits for it
+        and is billed what it ran (then the cancellation goes on)."""
         questions = [_to_engine(name, question) for name, question in body.questions.items()]
-        result = await asyncio.to_thread(self.scorer.score, body.state, questions)
+        meter = current_meter()
+        scoring = asyncio.ensure_future(
+            asyncio.to_thread(self.scorer.score, body.state, questions, current_cache_salt())
+        )
+        try:
+            result = await asyncio.shield(scoring)
+        except asyncio.CancelledError:
+            finished = await asyncio.gather(scoring, return_exceptions=True)
+            if not isinstance(finished[0], BaseException):
+                meter.update(finished[0].input_tokens, finished[0].output_tokens)
+            raise
+        meter.update(result.input_tokens, result.output_tokens)
         answers = {
             name: _to_answer(question, result.outcomes[name])
             for name, question in body.questions.items()

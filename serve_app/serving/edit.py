@@ -1,4 +1,4 @@
-"""Next-edit completions: parse the tagged prompt, generate, keep only the rewritten region."""
+"""Next-edit completions: parse the tagged prompt, generate, answer the rewritten region fenced."""
 
 from __future__ import annotations
 
@@ -6,7 +6,12 @@ import logging
 
 from serve_app.api.common import new_id, now
 from serve_app.api.edit import AssistantMessage, EditChoice, EditCompletion, EditCompletionRequest
-from serve_app.engine.prompts.edit import extract_edited_region, fit_to_context, parse_edit_prompt
+from serve_app.engine.prompts.edit import (
+    extract_edited_region,
+    fence_region,
+    fit_to_context,
+    parse_edit_prompt,
+)
 from serve_app.engine.protocol import GenerationRequest
 from serve_app.serving.generation import Generator, usage_of
 
@@ -36,14 +41,15 @@ class EditService:
         if not usable:
             logger.info("edit model returned nothing usable; answering the region unchanged")
         return EditCompletion(
-            id=new_id("edit"),
+            # Zed sends the id back as feedback and checks that it starts with "cmpl-".
+            id=new_id("cmpl"),
             created=now(),
             model=body.model,
             choices=[
                 EditChoice(
                     index=0,
                     finish_reason=last.finish_reason or "stop",
-                    message=AssistantMessage(content=region),
+                    message=AssistantMessage(content=fence_region(region)),
                 )
             ],
             usage=usage_of(last),

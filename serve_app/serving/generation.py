@@ -20,6 +20,7 @@ from serve_app.errors import (
     InvalidRequestError,
     UpstreamUnavailableError,
 )
+from serve_app.serving.billing import current_cache_salt, current_meter
 
 T = TypeVar("T")
 
@@ -104,7 +105,8 @@ class Generator:
     def request(
         self, prompt_ids: list[int], params: SamplingParams, prompt_param: str
     ) -> GenerationRequest:
-        """Check the limits of the contract, then shape an engine request."""
+        """Check the limits of the contract, then shape an engine request (in the prefix-cache
+        partition of the account it is served for)."""
         if params.max_tokens > self.model.max_output_length:
             raise InvalidRequestError(
                 f"max_tokens is {params.max_tokens}; this model produces at most "
@@ -113,13 +115,17 @@ class Generator:
             )
         if len(prompt_ids) + params.max_tokens > self.model.context_length:
             raise ContextLengthExceededError.for_limit(self.model.context_length, prompt_param)
-        return GenerationRequest(uuid.uuid4().hex, prompt_ids, params)
+        return GenerationRequest(uuid.uuid4().hex, prompt_ids, params, current_cache_salt())
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        """The engine's chunks, timed: time to first text and the gaps between pieces."""
+        """The engine's chunks, timed (time to first text and the gaps between pieces) and
+        metered: from the moment it is queued, the request is billed its whole prompt."""
+        meter = current_meter()
+        meter.update(len(request.prompt_token_ids), 0)
         start = last = time.perf_counter()
         first = True
         async for chunk in self.engine.generate(request):
+            meter.update(chunk.prompt_tokens, chunk.completion_tokens)
             if chunk.text:
                 now = time.perf_counter()
                 if first:

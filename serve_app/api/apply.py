@@ -1,0 +1,61 @@
+"""POST /v1/apply/completions: merge an update snippet into original code.
+
+Answers use the chat shapes (``chat.completion`` / ``chat.completion.chunk``), as the public
+service does; the content is the whole merged code as
+``<|updated_code|>\\n{code}\\n<|/updated_code|>``.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from serve_app.api.chat import ChatMessage
+from serve_app.api.common import RequestModel, StreamOptions
+from serve_app.engine.protocol import SamplingParams
+
+DEFAULT_APPLY_MAX_TOKENS = 8192
+
+
+class ApplyCompletionRequest(RequestModel):
+    model: str = Field(min_length=1)
+    messages: list[ChatMessage] = Field(
+        min_length=1,
+        description="The last user message holds the original code and the update snippet "
+        "(<|original_code|>/<|update_snippet|> tags, or ORIGINAL CODE / SUGGESTED EDIT "
+        "blocks); an assistant prefill is accepted and ignored.",
+    )
+    max_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=8192,
+        description="Default 8192, or what the model's context leaves after the prompt.",
+    )
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, ge=0.0, le=1.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    stop: list[str] | str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    diffusing: bool = Field(default=False, description="Accepted; a no-op (autoregressive model).")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def content(self) -> str:
+        """The last user message: where both client layouts put the code."""
+        users = [message for message in self.messages if message.role == "user"]
+        return users[-1].text if users else ""
+
+    def to_sampling_params(self, max_tokens: int, stops: tuple[str, ...]) -> SamplingParams:
+        extra = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return SamplingParams(
+            max_tokens=self.max_tokens or max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            stop=stops + tuple(stop for stop in extra if stop),
+        )

@@ -1,0 +1,97 @@
+"""Read the rewritten region back out of the model's raw text, and fence it for the client."""
+
+from __future__ import annotations
+
+import re
+
+from serve_app.engine.prompts.edit.parse import EditPrompt, region_without_cursor
+
+# Special-token-like tags: <|cursor|>, <|im_end|>, <|code_to_edit|>, ...
+_TAG = re.compile(r"<\|/?[A-Za-z_][A-Za-z0-9_]*\|>")
+# A line of English at the left margin: a capitalised word, two more words, no code symbols.
+_PROSE = re.compile(r"^[A-Z][a-z']*[,.:!]?(?:[ \t]+\S+){2,}$")
+_CODE_SYMBOLS = set('=(){}[];<>#"\\')
+
+
+def extract_edited_region(completion: str, prompt: EditPrompt) -> tuple[str, bool]:
+    """The rewritten region from the model's raw text, and whether the text was usable.
+
+    Removes every ``<|...|>`` tag (the cursor marker included), takes the first fenced block
+    (or, unfenced, the text less any prose lines around it) and gives it the region's leading
+    and trailing newlines. Tags that the user's own region holds (a tokenizer's source, say)
+    are kept: the answer replaces that code. When nothing usable is left it returns the
+    original region (cursor removed) and ``False``.
+    """
+    original = region_without_cursor(prompt)
+    text = _strip_tags(completion, keep=set(_TAG.findall(original)))
+    code = _fenced_block(text, original)
+    if code is None:
+        code = _strip_prose(text, original)
+    if not code.strip():
+        return original, False
+    return _match_edge_newlines(code, original), True
+
+
+def _strip_tags(text: str, keep: set[str]) -> str:
+    """Remove tags until none is left (removing one could join the halves of another)."""
+    while True:
+        stripped = _TAG.sub(lambda m: m.group(0) if m.group(0) in keep else "", text)
+        if stripped == text:
+            return text
+        text = stripped
+
+
+def _fenced_block(text: str, original: str) -> str | None:
+    """The body of the first ``` block; None when the text has no fence at all.
+
+    A lone fence is an opening one when labelled (```python) or when nothing but prose precedes
+    it (the answer was cut off); otherwise it closes an answer whose opening fence was omitted.
+    """
+    lines = text.split("\n")
+    fences = [i for i, line in enumerate(lines) if line.lstrip().startswith("```")]
+    if not fences:
+        return None
+    first = fences[0]
+    if len(fences) > 1:
+        return "\n".join(lines[first + 1 : fences[1]])
+    before = _strip_prose("\n".join(lines[:first]), original)
+    labelled = lines[first].strip() != "```"
+    if labelled or not before.strip():
+        return "\n".join(lines[first + 1 :])
+    return before
+
+
+def _is_prose(line: str, original_lines: set[str]) -> bool:
+    if not line.strip():
+        return True  # blank lines at the edges carry nothing
+    if line in original_lines or line != line.lstrip():
+        return False  # copied from the region, or indented: code
+    return bool(_PROSE.match(line.rstrip())) and not (_CODE_SYMBOLS & set(line))
+
+
+def _strip_prose(text: str, original: str) -> str:
+    """Drop blank and prose lines before and after the code; lines in between are kept."""
+    lines = text.split("\n")
+    original_lines = set(original.split("\n"))
+    start, end = 0, len(lines)
+    while start < end and _is_prose(lines[start], original_lines):
+        start += 1
+    while end > start and _is_prose(lines[end - 1], original_lines):
+        end -= 1
+    return "\n".join(lines[start:end])
+
+
+def _match_edge_newlines(code: str, original: str) -> str:
+    """Give ``code`` the original region's leading and trailing newlines, so it splices back."""
+    body = original.strip("\n")
+    if not body:
+        return code.strip("\n") + original
+    leading = len(original) - len(original.lstrip("\n"))
+    trailing = len(original) - len(original.rstrip("\n"))
+    return "\n" * leading + code.strip("\n") + "\n" * trailing
+
+
+def fence_region(region: str) -> str:
+    """The answer every client parses: the region in a plain fence, no language tag. Zed and
+    Continue cut exactly "```\\n" off the front and "\\n```" off the end."""
+    return f"```\n{region}\n```"

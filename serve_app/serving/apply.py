@@ -1,0 +1,82 @@
+"""Apply completions: the model merges the snippet; the merge is checked before it is sent."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from serve_app.api.apply import DEFAULT_APPLY_MAX_TOKENS, ApplyCompletionRequest
+from serve_app.api.chat import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatResponseMessage,
+)
+from serve_app.api.common import CompletionUsage, new_id, now
+from serve_app.engine.prompts.apply import (
+    clean_model_output,
+    keeps_untouched,
+    merge_snippet,
+    parse_apply_request,
+    wrap_updated,
+)
+from serve_app.engine.prompts.chat_encoding import encode_chat
+from serve_app.serving.generation import Generator, usage_of
+
+logger = logging.getLogger(__name__)
+
+# The model answers in the ``` block it was prefilled with; its end is the end of the code.
+MODEL_STOPS = ("\n```",)
+
+
+class ApplyService:
+    def __init__(self, generator: Generator) -> None:
+        self.generator = generator
+
+    async def merge(self, body: ApplyCompletionRequest) -> tuple[str, str, CompletionUsage]:
+        """The answer's content, its finish reason and the usage of the model call."""
+        applied = parse_apply_request(body.content)
+        prompt_ids = encode_chat(
+            self.generator.tokenizer, applied.messages(), continue_final_message=True
+        )
+        model = self.generator.model
+        room = model.context_length - len(prompt_ids)
+        max_tokens = max(1, min(DEFAULT_APPLY_MAX_TOKENS, model.max_output_length, room))
+        params = body.to_sampling_params(max_tokens, MODEL_STOPS)
+        request = self.generator.request(prompt_ids, params, prompt_param="messages")
+        text, last = await self.generator.complete(request)
+        merged, finish = clean_model_output(text), last.finish_reason or "stop"
+        if finish != "stop" or not keeps_untouched(applied.original, applied.snippet, merged):
+            fallback = merge_snippet(applied.original, applied.snippet)
+            if fallback is not None:
+                logger.info("apply: the model's merge lost code; answering the anchored merge")
+                merged, finish = fallback, "stop"
+        return wrap_updated(merged), finish, usage_of(last)
+
+    async def complete(self, body: ApplyCompletionRequest) -> ChatCompletion:
+        content, finish, usage = await self.merge(body)
+        choice = ChatChoice(
+            index=0, message=ChatResponseMessage(content=content), finish_reason=finish
+        )
+        return ChatCompletion(
+            id=new_id("chatcmpl"), created=now(), model=body.model, choices=[choice], usage=usage
+        )
+
+    async def stream(self, body: ApplyCompletionRequest) -> AsyncIterator[ChatCompletionChunk]:
+        """The chat stream's shape. The merge is checked as a whole before anything is sent,
+        so the content arrives after generation, line by line."""
+        completion_id, created = new_id("chatcmpl"), now()
+
+        def chunk(choices: list[ChatChunkChoice], usage=None) -> ChatCompletionChunk:
+            return ChatCompletionChunk(
+                id=completion_id, created=created, model=body.model, choices=choices, usage=usage
+            )
+
+        content, finish, usage = await self.merge(body)
+        yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(role="assistant", content=""))])
+        for line in content.splitlines(keepends=True):
+            yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(content=line))])
+        yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(), finish_reason=finish)])
+        yield chunk([], usage)

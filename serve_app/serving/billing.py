@@ -1,0 +1,203 @@
+"""Usage that cannot be skipped: the model side writes one ledger row per request, however
+the request ends.
+
+Only the model deployment knows what a request cost when it ends early: the router's call
+is cancelled (the client went away, or the router's backstop timeout fired) and gets no
+answer back. So the router hands every model call a ``RequestContext`` (who pays, the
+reservation to settle, the prefix-cache salt), and ``UsageRecorder`` runs the call:
+
+- it enforces the request timeout itself, so the engine request is cancelled and its slot
+  freed at the next step (504, billed what was processed);
+- it meters the work as it happens (``current_meter``: the ``Generator`` adds each chunk's
+  running counts, the decision service its result), so a cancelled or failed request is
+  billed the tokens it processed: 499 for a client that went away, the error's status for a
+  failure after generation (a json_schema answer that fails validation is a 502, billed);
+- it writes the row in a ``finally`` through a detached task that a second cancellation
+  cannot stop, retrying a failed write; a successful answer whose row could not be written
+  is a 503, never a silent 200.
+
+A prompt whose request is cancelled after it reached the engine is billed in full: the step
+loop may have read any part of it by then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from serve_app.errors import ServiceError, UpstreamTimeoutError, UpstreamUnavailableError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CLIENT_GONE = 499  # nginx's status for a client that closed the connection first
+WRITE_ATTEMPTS = 3
+WRITE_RETRY_S = 0.2
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """What the router tells a model deployment about one request (picklable).
+
+    ``grant``: the auth service's grant (account, key, reservation). ``cache_salt``: the
+    prefix-cache partition, the account id unless the deployment shares one cache.
+    """
+
+    grant: Any
+    model: str
+    endpoint: str
+    cache_salt: str | None
+
+
+@dataclass
+class UsageMeter:
+    """Tokens one request has processed so far (running totals)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def update(self, input_tokens: int, output_tokens: int) -> None:
+        self.input_tokens = max(self.input_tokens, input_tokens)
+        self.output_tokens = max(self.output_tokens, output_tokens)
+
+
+@dataclass
+class _Scope:
+    context: RequestContext | None
+    meter: UsageMeter
+
+
+_scope: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("usage", default=None)
+
+
+def current_meter() -> UsageMeter:
+    """The meter of the request this task serves (a throwaway one outside a recorder)."""
+    scope = _scope.get()
+    return scope.meter if scope is not None else UsageMeter()
+
+
+def current_cache_salt() -> str | None:
+    """The prefix-cache salt of the request this task serves; None (shared) outside one."""
+    scope = _scope.get()
+    return scope.context.cache_salt if scope and scope.context else None
+
+
+def cache_salt_for(account_id: int, shared: bool) -> str | None:
+    """The one rule for salts: the account's id, unless the operator shares the cache."""
+    return None if shared else f"account-{account_id}"
+
+
+class UsageRecorder:
+    """Runs model calls under the request timeout and writes their ledger rows.
+
+    ``write(context, input_tokens, output_tokens, status)`` stores one row (the auth
+    deployment's ``record_usage`` through a handle); ``timeout_s`` is the request deadline.
+    """
+
+    def __init__(
+        self, write: Callable[[RequestContext, int, int, int], Awaitable[None]], timeout_s: float
+    ) -> None:
+        self.write = write
+        self.timeout_s = timeout_s
+        self._detached: set[asyncio.Task] = set()
+
+    async def run(self, context: RequestContext | None, work: Callable[[], Awaitable[T]]) -> T:
+        """Await ``work()`` and bill it. Without a context (no router) nothing is written."""
+        meter = UsageMeter()
+        token = _scope.set(_Scope(context, meter))
+        status = 500
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                result = await work()
+            status = 200
+        except TimeoutError:
+            status = UpstreamTimeoutError.status_code
+            raise UpstreamTimeoutError() from None
+        except asyncio.CancelledError:
+            status = CLIENT_GONE
+            raise
+        except ServiceError as error:
+            status = error.status_code
+            raise
+        finally:
+            _scope.reset(token)
+            written = await self._settle(context, meter, status)
+        if not written:
+            raise UpstreamUnavailableError("Usage could not be recorded. Retry.")
+        return result
+
+    async def stream(
+        self, context: RequestContext | None, chunks: Callable[[], AsyncIterator[T]]
+    ) -> AsyncIterator[T]:
+        """Yield ``chunks()`` and bill them; the deadline bounds the whole stream."""
+        meter = UsageMeter()
+        scope = _Scope(context, meter)
+        status = 500
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        iterator = chunks()
+        try:
+            while True:
+                token = _scope.set(scope)
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        chunk = await anext(iterator)
+                except StopAsyncIteration:
+                    break
+                finally:
+                    _scope.reset(token)
+                yield chunk
+            status = 200
+        except TimeoutError:
+            status = UpstreamTimeoutError.status_code
+            raise UpstreamTimeoutError() from None
+        except (asyncio.CancelledError, GeneratorExit):
+            status = CLIENT_GONE
+            raise
+        except ServiceError as error:
+            status = error.status_code
+            raise
+        finally:
+            await _close(iterator)
+            written = await self._settle(context, meter, status)
+        if not written:
+            raise UpstreamUnavailableError("Usage could not be recorded.")
+
+    async def _settle(self, context: RequestContext | None, meter: UsageMeter, status: int):
+        """Write the row in a detached task, so cancelling the caller cannot stop it."""
+        if context is None:
+            return True
+        task = asyncio.ensure_future(self._write_with_retries(context, meter, status))
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            return True  # the caller is gone; the task goes on writing
+
+    async def _write_with_retries(
+        self, context: RequestContext, meter: UsageMeter, status: int
+    ) -> bool:
+        for attempt in range(WRITE_ATTEMPTS):
+            try:
+                await self.write(context, meter.input_tokens, meter.output_tokens, status)
+                return True
+            except Exception:
+                logger.warning("usage write failed (attempt %d of %d)", attempt + 1, WRITE_ATTEMPTS)
+                await asyncio.sleep(WRITE_RETRY_S * (attempt + 1))
+        logger.error("usage of a %s request was not recorded", context.endpoint)
+        return False
+
+
+async def _close(iterator: Any) -> None:
+    """Close the inner generator now (it aborts the engine request), not at GC."""
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        try:
+            await aclose()
+        except BaseException:  # closing after a failure: the failure is what matters
+            logger.debug("closing a stream failed", exc_info=True)

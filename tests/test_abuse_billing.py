@@ -1,0 +1,414 @@
+"""Abuse suite, billing and isolation (issue 15, findings 1-3 and the store's clock).
+
+Each test is an attack a stranger with a valid key could run, and asserts its bound:
+
+- the prefix cache is no oracle across accounts (cached_input_tokens, decision input_tokens);
+- every way a request ends leaves one ledger row with the tokens processed and its status;
+- limits hold under concurrency: a reservation is checked and taken in one transaction.
+
+The in-process app (real router, real deployments, tiny model) serves the HTTP tests that do
+not need the Serve proxy; the client-disconnect tests run on the real graph (``-m ray``),
+since it is the proxy that turns a closed connection into a cancelled request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from serve_app.api.fim import FimCompletionRequest
+from serve_app.auth.keys import generate_key, hash_key, key_hint
+from serve_app.auth.service import AuthConfig, AuthService
+from serve_app.auth.store import UsageRecord, open_store
+from serve_app.config import AppConfig, Limits
+from serve_app.errors import RateLimitError
+from serve_app.serving.billing import RequestContext, UsageRecorder
+from serve_app.serving.fim import FimService
+from serve_app.serving.generation import Generator, start_engine
+from tests.conftest import TEST_KEY, TINY_ID, tiny_config
+
+REQUEST_TIMEOUT_S = 5.0  # the tiny model makes ~100 tokens/s here: LONG needs ~40 s
+# Greedy with a presence penalty: the tiny random model does not stop on its own for long.
+LONG = {"prompt": "x", "temperature": 0.0, "presence_penalty": 0.2, "stop": [], "max_tokens": 4000}
+SECRET = "API_TOKEN = 'hunter2-7f3a9c' # deploy key for the payments cluster, rotate monthly"
+
+
+@pytest.fixture(scope="module")
+def billing_config(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> AppConfig:
+    return tiny_config(
+        tiny_source,
+        tmp_path_factory.mktemp("billing-data"),
+        limits=Limits(max_body_bytes=1_000_000, request_timeout_s=REQUEST_TIMEOUT_S),
+    )
+
+
+@pytest.fixture(scope="module")
+def billing_client(billing_config: AppConfig) -> Iterator:
+    import os
+
+    from fastapi.testclient import TestClient
+
+    from serve_app.testing import local_router_app
+
+    os.environ["SERVE_APP_API_KEY"] = TEST_KEY
+    app = local_router_app(billing_config)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client
+
+
+def new_account(db: str, name: str, **limits) -> tuple[str, int]:
+    """A fresh account with one key: (key, account id)."""
+    store = open_store(db)
+    try:
+        account = store.create_account(name, **limits)
+        key = generate_key()
+        store.add_key(account.id, hash_key(key), key_hint(key))
+        return key, account.id
+    finally:
+        store.close()
+
+
+def ledger(db: str, account_id: int) -> list[UsageRecord]:
+    store = open_store(db)
+    try:
+        return list(reversed(store.list_usage(account_id)))
+    finally:
+        store.close()
+
+
+def wait_for_ledger(db: str, account_id: int, rows: int = 1, timeout: float = 20) -> list:
+    """Rows written by a detached task (after a client went away) land a moment later."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = ledger(db, account_id)
+        if len(found) >= rows:
+            return found
+        time.sleep(0.1)
+    return ledger(db, account_id)
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+# -- finding 1: the prefix cache is no oracle across accounts -----------------------------
+
+
+def fim_cached(client, key: str, prompt: str) -> int:
+    body = {"model": TINY_ID, "prompt": prompt, "max_tokens": 1}
+    response = client.post("/v1/fim/completions", json=body, headers=bearer(key))
+    assert response.status_code == 200, response.text
+    return response.json()["usage"]["cached_input_tokens"]
+
+
+def test_cache_oracle_reveals_nothing_across_accounts(billing_client, billing_config):
+    victim, _ = new_account(billing_config.auth_db, "oracle-victim")
+    fim_cached(billing_client, victim, SECRET)
+    guesses = {"right": SECRET[:40], "wrong": "API_TOKEN = 'aaaaaaa-0000000' # " + "z" * 8}
+    cached = {}
+    for name, guess in guesses.items():  # each from a fresh account: no history of its own
+        attacker, _ = new_account(billing_config.auth_db, f"oracle-attacker-{name}")
+        cached[name] = fim_cached(billing_client, attacker, guess)
+    # The right guess reads exactly like a wrong one (on a shared cache: 30+ against 13).
+    assert cached["right"] == cached["wrong"] == 0
+    # The cache still works within one account.
+    assert fim_cached(billing_client, victim, SECRET + " and more") > 0
+
+
+def decide(client, key: str, state: dict) -> dict:
+    body = {
+        "model": TINY_ID,
+        "state": state,
+        "questions": {"leaked": {"type": "noul", "instructions": "Is a token shown?"}},
+    }
+    response = client.post("/v1/decisions", json=body, headers=bearer(key))
+    assert response.status_code == 200, response.text
+    return response.json()["usage"]
+
+
+def test_decisions_bill_a_shared_state_to_whoever_sends_it(billing_client, billing_config):
+    victim, _ = new_account(billing_config.auth_db, "decide-victim")
+    attacker, _ = new_account(billing_config.auth_db, "decide-attacker")
+    state = {"notes": SECRET}
+    first = decide(billing_client, victim, state)
+    # The attacker pays the whole state, as if nobody had sent it before: no signal, no ride.
+    assert decide(billing_client, attacker, state)["input_tokens"] == first["input_tokens"]
+    assert decide(billing_client, victim, state)["input_tokens"] == first["input_tokens"]
+
+
+# -- finding 2: every ending leaves a ledger row ------------------------------------------
+
+
+def test_a_finished_and_a_timed_out_request_are_billed_what_they_processed(
+    billing_client, billing_config
+):
+    key, account = new_account(billing_config.auth_db, "timed-out")
+    short = {"model": TINY_ID, "prompt": "def f(", "max_tokens": 3}
+    finished = billing_client.post("/v1/fim/completions", json=short, headers=bearer(key))
+    assert finished.status_code == 200, finished.text
+    usage = finished.json()["usage"]
+    started = time.monotonic()
+    response = billing_client.post(
+        "/v1/fim/completions", json={"model": TINY_ID, **LONG}, headers=bearer(key)
+    )
+    assert response.status_code == 504, response.text
+    assert time.monotonic() - started < REQUEST_TIMEOUT_S + 3  # not the router's backstop
+    done, row = ledger(billing_config.auth_db, account)
+    assert (done.status, done.input_tokens, done.output_tokens) == (
+        200,
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+    )
+    assert row.status == 504
+    assert row.input_tokens > 0 and 0 < row.output_tokens < LONG["max_tokens"]
+
+
+def test_a_json_schema_answer_that_fails_validation_is_billed(billing_client, billing_config):
+    key, account = new_account(billing_config.auth_db, "bad-json")
+    # Decodable (one boolean), but no answer can have 2 properties: validation always fails.
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "boolean"}},
+        "required": ["a"],
+        "additionalProperties": False,
+        "minProperties": 2,
+    }
+    body = {
+        "model": TINY_ID,
+        "messages": [{"role": "user", "content": "answer"}],
+        "max_tokens": 40,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+    }
+    response = billing_client.post("/v1/chat/completions", json=body, headers=bearer(key))
+    if response.status_code == 200:  # the model ran out of tokens before closing the JSON
+        pytest.skip("the tiny model did not finish the JSON object within max_tokens")
+    assert response.status_code == 502, response.text
+    (row,) = ledger(billing_config.auth_db, account)
+    assert row.status == 502
+    assert row.input_tokens > 0 and row.output_tokens > 0
+
+
+def test_a_timeout_cancels_the_engine_request_and_frees_its_slot(billing_config):
+    """What the 504 above does on the model side: the engine request is aborted, not left
+    generating until max_tokens, and the write gets the tokens it processed."""
+    model = billing_config.model(billing_config.roles.fim)
+    engine = start_engine(billing_config, model)
+    service = FimService(Generator(engine, model))
+    rows: list[tuple[int, int, int]] = []
+
+    async def write(context, input_tokens, output_tokens, status) -> None:
+        rows.append((input_tokens, output_tokens, status))
+
+    recorder = UsageRecorder(write, timeout_s=0.5)
+    context = RequestContext(grant=None, model=model.id, endpoint="fim", cache_salt="a")
+    body = FimCompletionRequest(model=model.id, **LONG)
+
+    async def scenario() -> None:
+        with pytest.raises(Exception) as caught:
+            await recorder.run(context, lambda: service.complete(body))
+        assert getattr(caught.value, "status_code", None) == 504
+        await asyncio.sleep(0.3)  # the loop frees the slot at its next step
+
+    try:
+        asyncio.run(scenario())
+        stats = engine.stats()
+        assert stats.num_running == 0 and stats.requests_aborted == 1, stats
+        ((input_tokens, output_tokens, status),) = rows
+        assert status == 504 and input_tokens > 0
+        assert 0 < output_tokens < LONG["max_tokens"]
+    finally:
+        engine.shutdown()
+
+
+def test_a_usage_write_that_fails_is_no_silent_200(billing_config):
+    model = billing_config.model(billing_config.roles.fim)
+    engine = start_engine(billing_config, model)
+    service = FimService(Generator(engine, model))
+    attempts = []
+
+    async def broken_write(context, input_tokens, output_tokens, status) -> None:
+        attempts.append(status)
+        raise ConnectionError("auth store unreachable")
+
+    recorder = UsageRecorder(broken_write, timeout_s=30)
+    context = RequestContext(grant=None, model=model.id, endpoint="fim", cache_salt="a")
+    body = FimCompletionRequest(model=model.id, prompt="def f(", max_tokens=2)
+    try:
+        with pytest.raises(Exception) as caught:
+            asyncio.run(recorder.run(context, lambda: service.complete(body)))
+        assert getattr(caught.value, "status_code", None) == 503
+        assert len(attempts) > 1 and set(attempts) == {200}  # retried before giving up
+    finally:
+        engine.shutdown()
+
+
+# -- finding 3: limits that hold under concurrency ----------------------------------------
+
+
+def test_a_request_larger_than_the_token_window_is_refused_before_any_work(
+    billing_client, billing_config
+):
+    key, account = new_account(billing_config.auth_db, "small-window", tpm=1000)
+    # The issue's max_tokens=8192 is past the tiny model's 4096-token context (a 400 on any
+    # branch); 3000 fits the context, so only the reservation can refuse it.
+    body = {
+        "model": TINY_ID,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 3000,
+    }
+    response = billing_client.post("/v1/chat/completions", json=body, headers=bearer(key))
+    assert response.status_code == 429, response.text
+    assert int(response.headers["Retry-After"]) >= 1
+    assert ledger(billing_config.auth_db, account) == []  # nothing ran, nothing billed
+    store = open_store(billing_config.auth_db)
+    try:
+        assert store.get_account(account).tokens_used_at(store.now()) == 0
+    finally:
+        store.close()
+
+
+def test_concurrent_requests_cannot_overrun_the_quota(billing_client, billing_config):
+    quota = 400
+    key, account = new_account(billing_config.auth_db, "small-quota", quota_tokens=quota)
+    body = {"model": TINY_ID, "prompt": "def f(", "max_tokens": 8, "temperature": 0.0}
+    barrier = threading.Barrier(10)
+
+    def one(_: int) -> int:
+        barrier.wait()
+        response = billing_client.post("/v1/fim/completions", json=body, headers=bearer(key))
+        return response.status_code
+
+    with ThreadPoolExecutor(10) as pool:
+        statuses = list(pool.map(one, range(10)))
+    assert statuses.count(200) >= 1 and statuses.count(402) >= 1, statuses
+    assert set(statuses) <= {200, 402}, statuses
+    rows = ledger(billing_config.auth_db, account)
+    charged = sum(row.total_tokens for row in rows)
+    # Every reservation is an upper bound settled downwards: never past the quota itself
+    # (the issue's bound, quota + one reservation, a fortiori).
+    assert charged <= quota, (charged, statuses)
+    store = open_store(billing_config.auth_db)
+    try:
+        assert store.get_account(account).tokens_used_at(store.now()) == charged
+    finally:
+        store.close()
+
+
+def test_a_request_refused_after_admission_keeps_no_reservation(billing_client, billing_config):
+    """Admission reserved its estimate; a refusal before any model work refunds it."""
+    key, account = new_account(billing_config.auth_db, "refused-late", quota_tokens=100_000)
+    questions = {
+        f"q{i}": {"type": "noul", "instructions": "Is it?"}
+        for i in range(billing_config.limits.max_questions + 1)
+    }
+    body = {"model": TINY_ID, "state": {"x": 1}, "questions": questions}
+    response = billing_client.post("/v1/decisions", json=body, headers=bearer(key))
+    assert response.status_code == 422, response.text
+    store = open_store(billing_config.auth_db)
+    try:
+        deadline = time.monotonic() + 10  # the refund is sent detached
+        while store.get_account(account).tokens_used_at(store.now()) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        assert store.get_account(account).tokens_used_at(store.now()) == 0
+    finally:
+        store.close()
+
+
+class FakeClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_concurrent_requests_per_account_are_capped(tmp_path: Path):
+    store = open_store(tmp_path / "auth.sqlite3")
+    key, _ = new_account(str(tmp_path / "auth.sqlite3"), "busy")
+    service = AuthService(store, AuthConfig({"m"}, max_concurrent=2))
+    first = service.authorize(key, "m", "fim", estimated_tokens=10)
+    service.authorize(key, "m", "fim", estimated_tokens=10)
+    with pytest.raises(RateLimitError) as caught:
+        service.authorize(key, "m", "fim", estimated_tokens=10)
+    assert caught.value.headers["Retry-After"] == "1"
+    service.record_usage(first, "m", "fim", 3, 4, 200)  # settling frees the slot
+    service.authorize(key, "m", "fim", estimated_tokens=10)
+
+
+def test_reservations_settle_to_the_actual_count_and_refunds_are_idempotent(tmp_path: Path):
+    db = str(tmp_path / "auth.sqlite3")
+    key, account = new_account(db, "settle", quota_tokens=1000, tpm=10_000)
+    store = open_store(db)
+    service = AuthService(store, AuthConfig({"m"}))
+    grant = service.authorize(key, "m", "fim", estimated_tokens=600)
+    assert store.get_account(account).tokens_used_at(store.now()) == 600  # reserved up front
+    service.record_usage(grant, "m", "fim", 50, 20, 200)
+    service.release(grant)  # after settlement: a no-op, never a second refund
+    assert store.get_account(account).tokens_used_at(store.now()) == 70
+    other = service.authorize(key, "m", "fim", estimated_tokens=900)
+    service.release(other)
+    service.release(other)
+    assert store.get_account(account).tokens_used_at(store.now()) == 70
+
+
+def test_rate_windows_follow_the_store_clock_not_the_replicas(tmp_path: Path):
+    """Replicas read time from the store, inside its transaction: a replica cannot slide a
+    window forward with its own clock, and the store's clock alone reopens it."""
+    db = str(tmp_path / "auth.sqlite3")
+    key, _ = new_account(db, "clocked", rpm=1)
+    clock = FakeClock(1_900_000_000.0)  # years away from this machine's wall clock
+    first = AuthService(open_store(db, clock=clock), AuthConfig({"m"}))
+    second = AuthService(open_store(db, clock=clock), AuthConfig({"m"}))
+    first.authorize(key, "m", "fim")
+    with pytest.raises(RateLimitError):
+        second.authorize(key, "m", "fim")
+    clock.now += 65
+    second.authorize(key, "m", "fim")
+
+
+# -- clients that go away (real graph: the Serve proxy cancels the request) ---------------
+
+
+@pytest.mark.ray
+def test_a_stream_read_partly_then_dropped_is_billed_499(graph):
+    key, account = new_account(graph["db"], "drops-stream")
+    body = {"model": TINY_ID, **LONG, "stream": True, "include_usage": True}
+    events = 0
+    with (
+        httpx.Client(base_url=graph["url"], timeout=60) as client,
+        client.stream("POST", "/v1/fim/completions", json=body, headers=bearer(key)) as response,
+    ):
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                events += 1
+            if events == 5:
+                break
+    (row,) = wait_for_ledger(graph["db"], account)
+    assert row.status == 499
+    assert row.input_tokens > 0
+    assert events <= row.output_tokens < LONG["max_tokens"]
+
+
+@pytest.mark.ray
+def test_a_non_streamed_request_whose_client_left_is_billed_499(graph):
+    key, account = new_account(graph["db"], "drops-call")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{graph['url']}/v1/fim/completions",
+            json={"model": TINY_ID, **LONG},
+            headers=bearer(key),
+            timeout=3.0,
+        )
+    (row,) = wait_for_ledger(graph["db"], account)
+    assert row.status == 499
+    assert row.input_tokens > 0 and 0 < row.output_tokens < LONG["max_tokens"]
