@@ -69,9 +69,13 @@ class GenerationChunk:
 
 @dataclass
 class GenerationRequest:
+    """``role``: which service asked (``fim``, ``edit``, ``chat``); per-role engine settings
+    (speculation) key on it."""
+
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
+    role: str = ""
 
 
 class Engine(abc.ABC):

@@ -28,7 +28,7 @@ class FimService:
             self.format, self.generator.tokenizer, body.prompt, body.suffix or ""
         )
         params = body.to_sampling_params(self.generator.model.default_temperature)
-        return self.generator.request(prompt_ids, params, prompt_param="prompt")
+        return self.generator.request(prompt_ids, params, prompt_param="prompt", role="fim")
 
     async def complete(self, body: FimCompletionRequest) -> FimCompletion:
         text, last = await self.generator.complete(self._request(body))

@@ -47,6 +47,10 @@ def start_engine(config: AppConfig, model: ModelConfig, cpus: float | None = Non
         context_length=model.context_length,
         prefix_cache_bytes=config.engine.prefix_cache_mb * 1024 * 1024,
         max_waiting=config.engine.max_waiting,
+        runner=config.engine.runner,
+        weights=config.engine.weights,
+        prefill_dtype=config.engine.prefill_dtype,
+        draft_tokens=config.engine.speculation.model_dump(),
     )
     return LLMEngine(loaded, engine_config)
 
@@ -86,9 +90,10 @@ class Generator:
         return self.engine.loaded.tokenizer
 
     def request(
-        self, prompt_ids: list[int], params: SamplingParams, prompt_param: str
+        self, prompt_ids: list[int], params: SamplingParams, prompt_param: str, role: str = ""
     ) -> GenerationRequest:
-        """Check the limits of the contract, then shape an engine request."""
+        """Check the limits of the contract, then shape an engine request; ``role`` (fim, edit,
+        chat) picks per-role engine settings such as speculation."""
         if params.max_tokens > self.model.max_output_length:
             raise InvalidRequestError(
                 f"max_tokens is {params.max_tokens}; this model produces at most "
@@ -97,7 +102,7 @@ class Generator:
             )
         if len(prompt_ids) + params.max_tokens > self.model.context_length:
             raise ContextLengthExceededError.for_limit(self.model.context_length, prompt_param)
-        return GenerationRequest(uuid.uuid4().hex, prompt_ids, params)
+        return GenerationRequest(uuid.uuid4().hex, prompt_ids, params, role=role)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         """The engine's chunks, timed: time to first text and the gaps between pieces."""

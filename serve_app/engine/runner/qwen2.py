@@ -1,0 +1,166 @@
+"""A plain-torch forward for Qwen2-architecture models over the runner's slot KV cache.
+
+One ``forward`` serves prefill chunks, decode steps and speculative verification alike: it
+takes a ragged batch (row ``b`` feeds ``len(tokens[b])`` tokens starting at position
+``starts[b]`` into KV slot ``slot0 + b``), runs every linear over the flattened tokens (no
+padding compute), and pads only inside attention, where ``scaled_dot_product_attention`` reads
+the slots' keys/values in place. Query ``j`` of row ``b`` sees cache columns
+``<= starts[b] + j``: causal within the new tokens, and blind to stale columns past a row's end
+(left there by rejected drafts, overwritten later).
+
+The HF module stays the source of truth: embeddings, norms' weights and the rotary embedding
+(whatever its ``rope_type``) are read from it; only the linears get their own int4 copies.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from serve_app.engine.runner.kv import SlotCache
+from serve_app.engine.runner.weights import Linear
+
+logger = logging.getLogger(__name__)
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why the runner cannot run ``model`` (the engine then uses HF), or None."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) != "qwen2":
+        return f"model_type {getattr(config, 'model_type', None)!r} is not qwen2"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r}"
+    if getattr(config, "use_sliding_window", False):
+        return "sliding-window attention"
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
+        return "non-full attention layers"
+    if next(model.parameters()).device.type != "cpu":
+        return "the runner runs on CPU only"
+    return None
+
+
+@dataclass
+class Layer:
+    input_norm: torch.Tensor
+    qkv: Linear
+    o: Linear
+    post_norm: torch.Tensor
+    gate_up: Linear
+    down: Linear
+
+
+class Qwen2Runner:
+    """Weights and forward of one Qwen2 model; ``SlotCache`` holds the keys/values."""
+
+    def __init__(self, model: Any, layers: list[Layer], lm_head: Linear) -> None:
+        config = model.config
+        self.model = model
+        self.layers = layers
+        self.lm_head = lm_head
+        self.embed = model.model.embed_tokens.weight
+        self.final_norm = model.model.norm.weight
+        self.rotary = model.model.rotary_emb
+        self.eps = float(config.rms_norm_eps)
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(
+            getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        )
+        self.intermediate = int(config.intermediate_size)
+        self.vocab_size = int(config.vocab_size)
+
+    def new_cache(self, slots: int, capacity: int, max_capacity: int) -> SlotCache:
+        return SlotCache(
+            len(self.layers),
+            slots,
+            self.num_kv_heads,
+            self.head_dim,
+            capacity=capacity,
+            max_capacity=max_capacity,
+            dtype=self.embed.dtype if self.embed.dtype == torch.float32 else torch.float32,
+        )
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return weight * (x * torch.rsqrt(variance + self.eps))
+
+    def forward(
+        self,
+        cache: SlotCache,
+        slot0: int,
+        tokens: Sequence[Sequence[int]],
+        starts: Sequence[int],
+        *,
+        last_only: bool,
+    ) -> torch.Tensor:
+        """Feed ``tokens[b]`` at ``starts[b]..`` of slot ``slot0 + b``; write their KV.
+
+        Returns fp32 logits: ``[B, V]`` for each row's last token when ``last_only``, else
+        ``[sum(len(t)), V]`` for every token, rows concatenated in order.
+        """
+        lengths = [len(t) for t in tokens]
+        rows = len(tokens)
+        width = max(s + n for s, n in zip(starts, lengths, strict=True))
+        cache.ensure(width)
+        span = max(lengths)
+        flat = torch.tensor([t for row in tokens for t in row], dtype=torch.long)
+        row_of = torch.repeat_interleave(torch.arange(rows), torch.tensor(lengths))
+        step_of = torch.cat([torch.arange(n) for n in lengths]) if rows > 1 else torch.arange(span)
+        positions = torch.tensor(starts)[row_of] + step_of
+        # Query j of row b sees columns <= starts[b] + j (causal, and never past the row's end).
+        ends = torch.tensor(starts).view(rows, 1, 1, 1) + torch.arange(span).view(1, 1, span, 1)
+        mask = torch.arange(width).view(1, 1, 1, width) <= ends
+        cos, sin = self.rotary(self.embed[:1].unsqueeze(0), positions.unsqueeze(0))
+        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [N, 1, D]
+        padded = rows > 1 and min(lengths) != span
+
+        x = F.embedding(flat, self.embed).float()
+        for index, layer in enumerate(self.layers):
+            h = self._norm(x, layer.input_norm)
+            q, k, v = layer.qkv(h).split(
+                [
+                    self.num_heads * self.head_dim,
+                    self.num_kv_heads * self.head_dim,
+                    self.num_kv_heads * self.head_dim,
+                ],
+                dim=-1,
+            )
+            q = _rope(q.view(-1, self.num_heads, self.head_dim), cos, sin)
+            k = _rope(k.view(-1, self.num_kv_heads, self.head_dim), cos, sin)
+            v = v.view(-1, self.num_kv_heads, self.head_dim)
+            keys, values = cache.write(index, slot0 + row_of, positions, k, v)
+            keys, values = (
+                keys[slot0 : slot0 + rows, :, :width],
+                values[slot0 : slot0 + rows, :, :width],
+            )
+            if padded:
+                qp = q.new_zeros(rows, span, self.num_heads, self.head_dim)
+                qp[row_of, step_of] = q
+            else:
+                qp = q.view(rows, span, self.num_heads, self.head_dim)
+            attn = F.scaled_dot_product_attention(
+                qp.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True
+            ).transpose(1, 2)
+            attn = (
+                attn[row_of, step_of] if padded else attn.reshape(-1, self.num_heads, self.head_dim)
+            )
+            x = x + layer.o(attn.reshape(x.shape[0], -1))
+            h = self._norm(x, layer.post_norm)
+            gate, up = layer.gate_up(h).split(self.intermediate, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        if last_only:
+            ends_flat = torch.tensor(lengths).cumsum(0) - 1
+            x = x[ends_flat]
+        return self.lm_head(self._norm(x, self.final_norm))
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's rotate-half RoPE on ``[N, heads, D]`` with per-token ``cos``/``sin`` ``[N, 1, D]``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
