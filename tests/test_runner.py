@@ -235,3 +235,14 @@ def test_speculation_keeps_json_constraints(loaded) -> None:
     (plain,), _ = generate_all(loaded, EngineConfig(), [request])
     (spec,), _ = generate_all(loaded, EngineConfig(draft_tokens={"chat": 4}), [request])
     assert spec == plain
+
+
+def test_bf16_prefill_runs_where_asked(loaded) -> None:
+    """``prefill_dtype=bfloat16`` (chosen automatically on AVX512-BF16/AMX CPUs) serves too; its
+    first tokens match fp32 on this model."""
+    prompts = [encode(loaded, t) for t in PROMPTS[:3]]
+    requests = [greedy(f"r{i}", p, 1) for i, p in enumerate(prompts)]
+    bf16, engine = generate_all(loaded, EngineConfig(prefill_dtype="bfloat16"), requests)
+    fp32, _ = generate_all(loaded, EngineConfig(prefill_dtype="float32"), requests)
+    assert engine.stats().backend == "RunnerBackend"
+    assert sum(a == b for a, b in zip(bf16, fp32, strict=True)) >= 2

@@ -98,7 +98,7 @@ def _layer_parts(layer: Any, dtype: torch.dtype) -> tuple:
     attn, mlp = layer.self_attn, layer.mlp
 
     def part(linear: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        bias = None if linear.bias is None else linear.bias.detach()
+        bias = None if linear.bias is None else _dense(linear.bias, dtype)
         return _dense(linear.weight, dtype), bias
 
     return (
