@@ -46,7 +46,7 @@ def fim_cases(count: int, seed: int = 0) -> list[tuple[str, str, str]]:
 def greedy(runner, cache, slot: int, first: int, start: int, n: int) -> list[int]:
     out, token = [first], first
     for position in range(start, start + n - 1):
-        token = int(runner.forward(cache, slot, [[token]], [position], last_only=False)[0].argmax())
+        token = int(runner.forward(cache, slot, [[token]], [position], decode=True)[0].argmax())
         out.append(token)
     return out
 
@@ -70,7 +70,7 @@ def main() -> None:
     prompts.append((edit_ids, None))
     same, divergences, exact = 0, [], {"fp32": 0, "int4": 0}
     for ids, line in prompts:
-        first = int(dense.forward(cache, 0, [ids], [0], last_only=True)[0].argmax())
+        first = int(dense.forward(cache, 0, [ids], [0], decode=False)[0].argmax())
         cache.move(0, 1, len(ids))
         outs = {
             "fp32": greedy(dense, cache, 0, first, len(ids), args.tokens),

@@ -116,13 +116,13 @@ def test_prefix_hit_reproduces_cold_logits(loaded) -> None:
     cache = runner.new_cache(3, 16, 4096)
     prompt = encode(loaded, PROMPTS[4])
     with torch.inference_mode():
-        cold = runner.forward(cache, 0, [prompt], [0], last_only=False)
+        cold = runner.forward(cache, 0, [prompt], [0], decode=True)
         prefix = PrefixCache()
         prefix.insert(prompt[:20], cache.read(0, 20))
         hit, kv = prefix.lookup(prompt)
         assert hit == 20
         cache.load(2, kv)
-        warm = runner.forward(cache, 2, [prompt[20:]], [20], last_only=False)
+        warm = runner.forward(cache, 2, [prompt[20:]], [20], decode=True)
     torch.testing.assert_close(warm, cold[20:], rtol=0, atol=1e-4)
 
 
@@ -151,14 +151,14 @@ def int4_numbers(loaded: LoadedModel) -> LoadedModel:
 
 
 def test_int4_decode_computes_its_dequantized_weights(loaded) -> None:
-    """Decode-sized forwards (<= 16 rows) run on int4: their logits are those of the model whose
+    """Decode forwards run on int4: their logits are those of the model whose
     weights are int4's dequantized values, up to bf16 activations, which is ~20x closer than
     that model is to the fp32 one; the greedy picks agree."""
     runner = build_runner(loaded.model, weights="int4")
     cache = runner.new_cache(1, 16, 4096)
     prompt = encode(loaded, PROMPTS[1])[:12]
     with torch.inference_mode():
-        logits = runner.forward(cache, 0, [prompt], [0], last_only=False)
+        logits = runner.forward(cache, 0, [prompt], [0], decode=True)
         expected = int4_numbers(loaded).model(torch.tensor([prompt])).logits[0]
         fp32 = loaded.model(torch.tensor([prompt])).logits[0]
     drift = (expected - fp32).abs().max()
@@ -184,7 +184,9 @@ def test_int4_packs_are_cached_on_disk_and_mapped(loaded, tmp_path) -> None:
     assert len(files) == 1
     second = build_runner(loaded.model, weights="int4", cache_dir=tmp_path)
     x = torch.randn(2, loaded.model.config.hidden_size)
-    torch.testing.assert_close(first.layers[0].qkv(x), second.layers[0].qkv(x), rtol=0, atol=0)
+    torch.testing.assert_close(
+        first.layers[0].qkv(x, True), second.layers[0].qkv(x, True), rtol=0, atol=0
+    )
 
 
 def test_propose_draft() -> None:
@@ -203,8 +205,10 @@ def repetitive(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 
 # top_k=2 keeps sampled text repetitive enough to draft from on the near-uniform plain model.
 @pytest.mark.parametrize("params", [{}, {"temperature": 0.9, "top_k": 2, "seed": 7}])
-@pytest.mark.parametrize("model", ["loaded", "repetitive"])
-def test_speculation_gives_the_same_tokens(request, model, params) -> None:
+@pytest.mark.parametrize(
+    ("model", "weights"), [("loaded", "dense"), ("repetitive", "dense"), ("repetitive", "int4")]
+)
+def test_speculation_gives_the_same_tokens(request, model, weights, params) -> None:
     """Greedy: identical by construction. Seeded sampling: each emitted token is drawn with the
     request's own generator exactly as without speculation, so the text is identical too."""
     lm = request.getfixturevalue(model)
@@ -216,15 +220,16 @@ def test_speculation_gives_the_same_tokens(request, model, params) -> None:
             for i, p in enumerate(prompts)
         ]
 
-    plain, _ = generate_all(lm, EngineConfig(), requests("edit"))
-    spec, engine = generate_all(lm, EngineConfig(draft_tokens={"edit": 4}), requests("edit"))
+    spec_config = EngineConfig(weights=weights, draft_tokens={"edit": 4})
+    plain, _ = generate_all(lm, EngineConfig(weights=weights), requests("edit"))
+    spec, engine = generate_all(lm, spec_config, requests("edit"))
     assert spec == plain
     stats = engine.stats()
     assert stats.accepted_draft_tokens <= stats.draft_tokens
     if model == "repetitive":  # drafts verified, several tokens per step
         assert stats.accepted_draft_tokens > 0
         assert stats.decode_steps < len(prompts) * (40 - 1)
-    _, other = generate_all(lm, EngineConfig(draft_tokens={"edit": 4}), requests("fim"))
+    _, other = generate_all(lm, spec_config, requests("fim"))
     assert other.stats().draft_tokens == 0  # only the configured role speculates
 
 

@@ -51,7 +51,7 @@ class RunnerBackend:
 
     def prefill(self, state: Any, start: int, end: int) -> torch.Tensor:
         tokens = state.prompt_ids[start:end]
-        return self.runner.forward(self.cache, state.kv, [tokens], [start], last_only=True)[0]
+        return self.runner.forward(self.cache, state.kv, [tokens], [start], decode=False)[0]
 
     def prompt_kv(self, state: Any) -> KV:
         return self.cache.read(state.kv, state.num_computed)
@@ -67,7 +67,7 @@ class RunnerBackend:
         """Logits ``[1 + len(draft), V]`` per row: its last token, then each draft token."""
         tokens = [[s.last_token_id, *d] for s, d in zip(self.rows, drafts, strict=True)]
         starts = [s.num_computed for s in self.rows]
-        logits = self.runner.forward(self.cache, 0, tokens, starts, last_only=False)
+        logits = self.runner.forward(self.cache, 0, tokens, starts, decode=True)
         return list(logits.split([len(t) for t in tokens]))
 
     def release(self, states: Sequence[Any]) -> None:

@@ -27,9 +27,6 @@ from serve_app.engine.runner.weights import Linear
 
 logger = logging.getLogger(__name__)
 
-# Queries per row up to which attention runs as plain matmuls rather than SDPA's flash kernel.
-SMALL_ATTENTION_QUERIES = 16
-
 
 def unsupported_reason(model: Any) -> str | None:
     """Why the runner cannot run ``model`` (the engine then uses HF), or None."""
@@ -89,9 +86,14 @@ class Qwen2Runner:
         )
 
     def _attend(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+        self,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+        decode: bool,
     ) -> torch.Tensor:
-        if q.shape[2] <= SMALL_ATTENTION_QUERIES:
+        if decode:
             blocked = ~mask.unsqueeze(1)
             return _small_attention(q, keys, values, blocked)
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
@@ -106,12 +108,15 @@ class Qwen2Runner:
         tokens: Sequence[Sequence[int]],
         starts: Sequence[int],
         *,
-        last_only: bool,
+        decode: bool,
     ) -> torch.Tensor:
         """Feed ``tokens[b]`` at ``starts[b]..`` of slot ``slot0 + b``; write their KV.
 
-        Returns fp32 logits: ``[B, V]`` for each row's last token when ``last_only``, else
-        ``[sum(len(t)), V]`` for every token, rows concatenated in order.
+        ``decode``: a decode or speculative-verify step: int4 weights where the runner has them,
+        and fp32 logits ``[sum(len(t)), V]`` for every token, rows concatenated in order.
+        Otherwise a prefill chunk: dense weights, logits ``[B, V]`` of each row's last token.
+        The weights follow the kind of step, never its row count, so a token's numbers do not
+        depend on what else shares the batch or on how many drafts are verified with it.
         """
         lengths = [len(t) for t in tokens]
         rows = len(tokens)
@@ -134,7 +139,7 @@ class Qwen2Runner:
         x = F.embedding(flat, self.embed).float()
         for index, layer in enumerate(self.layers):
             h = self._norm(x, layer.input_norm)
-            qkv = layer.qkv(h)
+            qkv = layer.qkv(h, decode)
             # q and k heads side by side: one RoPE for both.
             qk = _rope(qkv[:, :qk_width].view(-1, qk_heads, self.head_dim), cos, sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
@@ -149,18 +154,18 @@ class Qwen2Runner:
                 qp[row_of, step_of] = q
             else:
                 qp = q.view(rows, span, self.num_heads, self.head_dim)
-            attn = self._attend(qp.transpose(1, 2), keys, values, mask).transpose(1, 2)
+            attn = self._attend(qp.transpose(1, 2), keys, values, mask, decode).transpose(1, 2)
             attn = (
                 attn[row_of, step_of] if padded else attn.reshape(-1, self.num_heads, self.head_dim)
             )
-            x = x + layer.o(attn.reshape(x.shape[0], -1))
+            x = x + layer.o(attn.reshape(x.shape[0], -1), decode)
             h = self._norm(x, layer.post_norm)
-            gate, up = layer.gate_up(h).split(self.intermediate, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
-        if last_only:
+            gate, up = layer.gate_up(h, decode).split(self.intermediate, dim=-1)
+            x = x + layer.down(F.silu(gate) * up, decode)
+        if not decode:
             ends_flat = torch.tensor(lengths).cumsum(0) - 1
             x = x[ends_flat]
-        return self.lm_head(self._norm(x, self.final_norm))
+        return self.lm_head(self._norm(x, self.final_norm), decode)
 
 
 def _small_attention(

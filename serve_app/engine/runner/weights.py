@@ -22,9 +22,6 @@ import torch
 import torch.nn.functional as F
 
 INT4_GROUP = 32
-# Rows per forward up to which the int4 kernel beats the dense GEMM (measured: faster at 1-16
-# rows, slower from 32 up); a speculative verify of 8 drafts on one row is 9 rows.
-INT4_MAX_ROWS = 16
 
 
 def int4_supported(out_features: int, in_features: int) -> bool:
@@ -78,9 +75,10 @@ class Linear:
         biases = [b for _, b in parts]
         self.int4_bias = None if biases[0] is None else torch.cat(biases).float()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` is ``[rows, in]`` fp32; the result is ``[rows, out]`` fp32."""
-        if self.int4 is not None and x.shape[0] <= INT4_MAX_ROWS:
+    def __call__(self, x: torch.Tensor, quantized: bool) -> torch.Tensor:
+        """``x`` is ``[rows, in]`` fp32; the result is ``[rows, out]`` fp32. ``quantized``: use
+        the int4 copy when there is one (decode steps), else the dense weights (prefill)."""
+        if quantized and self.int4 is not None:
             packed, sz = self.int4
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x.to(torch.bfloat16), packed, INT4_GROUP, sz
