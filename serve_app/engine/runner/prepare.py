@@ -13,6 +13,7 @@ the converted model (``runner-int4-g32-<fingerprint>.pt``) and later replicas lo
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -129,21 +130,26 @@ def _int4_packs(model: Any, parts: list[tuple], head: list, cache_dir: str | Pat
         if int4_supported(sum(w.shape[0] for w, _ in v), v[0][0].shape[1])
     }
     path = _pack_path(model, cache_dir)
-    if path is not None and path.exists():
+    if path is None:
+        return _pack_all(matrices)
+    # One packer per machine: replicas starting together wait for the first one's file.
+    with open(path.with_name(f"{path.name}.lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            packs = torch.load(path, mmap=True, weights_only=True)
-            logger.info("runner: int4 weights mapped from %s", path)
-            return packs
-        except Exception:
-            logger.warning("runner: unreadable int4 cache %s; packing again", path, exc_info=True)
-    packs = _pack_all(matrices)
-    if path is not None:
-        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        torch.save(packs, tmp)
-        os.replace(tmp, path)
-        packs = torch.load(path, mmap=True, weights_only=True)  # share pages with other replicas
-        logger.info("runner: int4 weights saved to %s", path)
-    return packs
+            if path.exists():
+                try:
+                    packs = torch.load(path, mmap=True, weights_only=True)
+                    logger.info("runner: int4 weights mapped from %s", path)
+                    return packs
+                except Exception:
+                    logger.warning("runner: unreadable %s; packing again", path, exc_info=True)
+            tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+            torch.save(_pack_all(matrices), tmp)
+            os.replace(tmp, path)
+            logger.info("runner: int4 weights saved to %s", path)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return torch.load(path, mmap=True, weights_only=True)  # pages shared with other replicas
 
 
 def _pack_all(matrices: dict[str, list]) -> dict[str, torch.Tensor]:
