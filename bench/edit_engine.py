@@ -77,7 +77,7 @@ def run_in_process(args: Any) -> list[list[str]]:
                 f"{base / repeat:.2f}x",
                 accepted,
                 str(tokens),
-                "yes" if text == previous else "no",
+                "-" if previous is None else ("yes" if text == previous else "no"),
             ]
         )
         previous = text

@@ -251,3 +251,13 @@ def test_bf16_prefill_runs_where_asked(loaded) -> None:
     fp32, _ = generate_all(loaded, EngineConfig(prefill_dtype="float32"), requests)
     assert engine.stats().backend == "RunnerBackend"
     assert sum(a == b for a, b in zip(bf16, fp32, strict=True)) >= 2
+
+
+def test_slots_are_freed_whatever_ends_a_request(loaded) -> None:
+    """Requests ending at their first token (max_tokens=1), at a stop sequence or normally,
+    three times more than there are slots: every one gets a slot and finishes."""
+    prompts = [encode(loaded, t) for t in PROMPTS] * 4
+    requests = [greedy(f"r{i}", p, 1 + (i % 3) * 5) for i, p in enumerate(prompts)]
+    texts, engine = generate_all(loaded, EngineConfig(max_batch_size=2), requests)
+    assert len(texts) == len(requests)
+    assert engine.stats().requests_finished == len(requests)

@@ -426,10 +426,13 @@ class LLMEngine(Engine):
         if not state.is_done:
             state.status = RequestStatus.DECODING
             self._joining.append(state)
+        else:  # ended at its first token: its KV slot is free now
+            self._backend.release([state])
         self._prefilling.remove(state)
 
     def _decode_step(self) -> None:
         joining = [s for s in self._joining if not s.is_done]
+        self._backend.release([s for s in self._joining if s.is_done])
         self._joining = []
         if joining:
             self._backend.join(joining)

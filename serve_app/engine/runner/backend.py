@@ -43,7 +43,10 @@ class RunnerBackend:
 
     def begin(self, state: Any, kv: KV | None) -> None:
         """Give a request a slot (the highest free one) and load its prefix-cache hit."""
-        slot = max(i for i in range(self.spare) if self.owner[i] is None)
+        free = [i for i in range(self.spare) if self.owner[i] is None]
+        if not free:  # never expected: the engine releases every ended request's slot
+            raise RuntimeError("no free KV slot")
+        slot = free[-1]
         self.owner[slot] = state
         state.kv = slot
         if kv is not None:
