@@ -9,6 +9,7 @@ compare like for like; the prefix cache is off so the repeated chat template is 
 time.
 
     python -m bench.engine_micro --threads 1 --concurrency 8 --backends hf,dense,int4
+    python -m bench.engine_micro --threads 1 --step-rows 1,8     # one decode step, interleaved
 """
 
 from __future__ import annotations
@@ -99,6 +100,53 @@ BACKENDS = {
 }
 
 
+def step_times(loaded, rows_list: list[int], context: int = 50, rounds: int = 6) -> None:
+    """One decode step's forward alone, best of ``rounds``, the three backends interleaved so a
+    noisy neighbour hits each alike: HF model + DynamicCache vs the runner, dense and int4."""
+    import torch
+    from transformers import DynamicCache
+
+    from serve_app.engine.runner.prepare import build_runner
+
+    model = loaded.model
+    dense = build_runner(model, weights="dense")
+    int4 = build_runner(model, weights="int4", cache_dir=loaded.location)
+    cache = dense.new_cache(max(rows_list) + 1, 256, loaded.max_position_embeddings)
+    ids = list(range(1000, 1000 + context))
+    with torch.inference_mode():
+        for rows in rows_list:
+            for slot in range(rows):
+                dense.forward(cache, slot, [ids], [0], decode=False)
+            hf_cache = DynamicCache()
+            model(input_ids=torch.tensor([ids] * rows), past_key_values=hf_cache, use_cache=True)
+            steps = {
+                "hf": lambda r=rows, c=hf_cache: model(
+                    input_ids=torch.tensor([[7]] * r),
+                    position_ids=torch.tensor([[context]] * r),
+                    past_key_values=c,
+                    use_cache=True,
+                    logits_to_keep=1,
+                ),
+                "dense": lambda r=rows: dense.forward(
+                    cache, 0, [[7]] * r, [context] * r, decode=True
+                ),
+                "int4": lambda r=rows: int4.forward(
+                    cache, 0, [[7]] * r, [context] * r, decode=True
+                ),
+            }
+            best = dict.fromkeys(steps, float("inf"))
+            for _ in range(rounds):
+                for name, step in steps.items():
+                    start = time.perf_counter()
+                    step()
+                    best[name] = min(best[name], time.perf_counter() - start)
+            cells = ", ".join(
+                f"{name} {best[name] * 1000:.0f} ms ({best['hf'] / best[name]:.2f}x)"
+                for name in steps
+            )
+            print(f"decode step, {rows} row(s), {context} cached: {cells}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", default="embedded:qwen2.5-coder-0.5b")
@@ -110,6 +158,10 @@ def main() -> None:
     parser.add_argument("--respect-eos", action="store_true")
     parser.add_argument("--sequential", action="store_true", help="also run requests one by one")
     parser.add_argument(
+        "--step-rows",
+        help="instead: time one decode step's forward at these batch sizes (e.g. 1,8)",
+    )
+    parser.add_argument(
         "--backends",
         default="hf,int4",
         help=f"comma-separated, measured in this order in one run: {', '.join(BACKENDS)}",
@@ -119,6 +171,9 @@ def main() -> None:
     t0 = time.perf_counter()
     loaded = load_model(args.source, dtype=args.dtype, threads=args.threads)
     load_s = time.perf_counter() - t0
+    if args.step_rows:
+        step_times(loaded, [int(r) for r in args.step_rows.split(",")])
+        return
     if not args.respect_eos:
         loaded = dataclasses.replace(loaded, eos_token_ids=[])
     tok = loaded.tokenizer
