@@ -96,8 +96,9 @@ class ModelConfig(StrictConfig):
 
 
 class SpeculationOptions(StrictConfig):
-    """Prompt-lookup draft tokens per request role (0 = off). Output is unchanged either way;
-    it pays where answers copy their prompt (next-edit rewrites a region it was given)."""
+    """Prompt-lookup draft tokens per request role (0 = off; needs ``runner: auto``). Output is
+    unchanged either way; it pays where answers copy their prompt (next-edit rewrites a region
+    it was given)."""
 
     edit: int = Field(default=6, ge=0, le=16)
     fim: int = Field(default=0, ge=0, le=16)
@@ -108,12 +109,13 @@ class EngineOptions(StrictConfig):
     """Engine knobs shared by the generating deployments (see serve_app.engine.engine)."""
 
     runner: Literal["auto", "hf"] = Field(
-        default="auto",
-        description="auto: the engine's own runner for Qwen2 models (HF for others); hf: always "
-        "the HF model.",
+        default="hf",
+        description="auto: the engine's own runner for Qwen2 models (HF for others), as "
+        "configs/local.yaml sets it; hf: always the HF model (the default until the runner's "
+        "int4 output has passed the embedded behaviour tests).",
     )
     weights: Literal["int4", "dense"] = Field(
-        default="dense",
+        default="int4",
         description="The runner's decode weights: int4 (groupwise, ~1.5x faster decode on AVX2 "
         "CPUs, packed once next to the model) or dense (the model's own numbers).",
     )
