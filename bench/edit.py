@@ -1,10 +1,17 @@
-"""Next-edit benchmark against a running service: latency of a typical IDE request.
+"""Next-edit benchmark: latency of a typical IDE request, and what speculation buys.
 
-    .venv/bin/python bench/edit.py --key $SERVE_APP_API_KEY
+    .venv/bin/python bench/edit.py --key $SERVE_APP_API_KEY     # against a running service
+    .venv/bin/python -m bench.edit --in-process --threads 1      # engines in this process
 
 The prompt is ``EXAMPLE_EDIT_CONTENT``: a ~40-line file, 3 recently viewed snippets and 3 diffs.
 The first request is cold; the repeats show what the prefix cache saves for an IDE that
 re-sends the same context.
+
+``--in-process`` builds the prompt as the edit service does and runs it, in one run, on the HF
+backend (today's engine), on the runner without speculation and on the runner with
+prompt-lookup speculation (``--draft-tokens``), printing latencies, the speedups and the
+acceptance rate. The greedy outputs of all three are compared (speculation must not change
+them; int4 weights may).
 """
 
 from __future__ import annotations
@@ -55,8 +62,18 @@ def main() -> None:
     parser = base_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--in-process", action="store_true")
+    parser.add_argument("--source", default="embedded:qwen2.5-coder-0.5b")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--weights", default="int4", choices=["int4", "dense"])
+    parser.add_argument("--draft-tokens", type=int, default=6)
     args = parser.parse_args()
-    print(table(asyncio.run(run(args))))
+    if args.in_process:
+        from bench.edit_engine import run_in_process
+
+        print(table(run_in_process(args)))
+    else:
+        print(table(asyncio.run(run(args))))
 
 
 if __name__ == "__main__":

@@ -24,10 +24,11 @@ class LatencyMetrics:
 
 
 async def report_engine_stats(engine: LLMEngine) -> None:
-    """Publish queue depth, running batch and prefix-cache hits once a second, forever.
+    """Publish queue depth, running batch, prefix-cache hits and speculation once a second.
 
     Ray Serve tags each series with the deployment and replica itself."""
     reported_hit_tokens = 0
+    reported_drafts = {"drafted": 0, "accepted": 0}
     while True:
         try:
             stats = engine.stats()
@@ -38,6 +39,13 @@ async def report_engine_stats(engine: LLMEngine) -> None:
             if new_hits > 0:
                 metrics.prefix_cache_hits().inc(new_hits)
             reported_hit_tokens = stats.prefix_cache_hit_tokens
+            drafts = {"drafted": stats.draft_tokens, "accepted": stats.accepted_draft_tokens}
+            for outcome, total in drafts.items():
+                if total > reported_drafts[outcome]:
+                    metrics.speculative_tokens().inc(
+                        total - reported_drafts[outcome], tags={"outcome": outcome}
+                    )
+                reported_drafts[outcome] = total
         except Exception:
             logger.exception("could not report engine stats")
         await asyncio.sleep(POLL_INTERVAL_S)

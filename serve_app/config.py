@@ -131,8 +131,34 @@ class ModelConfig(StrictConfig):
         return EndpointModelCard(**fields, supported_endpoints=endpoints)
 
 
+class SpeculationOptions(StrictConfig):
+    """Prompt-lookup draft tokens per request role (0 = off; needs ``runner: auto``). Output is
+    unchanged either way; it pays where answers copy their prompt (next-edit rewrites a region
+    it was given)."""
+
+    edit: int = Field(default=6, ge=0, le=16)
+    fim: int = Field(default=0, ge=0, le=16)
+    chat: int = Field(default=0, ge=0, le=16)
+
+
 class EngineOptions(StrictConfig):
     """Engine knobs shared by the generating deployments (see serve_app.engine.engine)."""
+
+    runner: Literal["auto", "hf"] = Field(
+        default="hf",
+        description="auto: the engine's own runner for Qwen2 models (HF for others), as "
+        "configs/local.yaml sets it; hf: always the HF model (the default until the runner's "
+        "int4 output has passed the embedded behaviour tests).",
+    )
+    weights: Literal["int4", "dense"] = Field(
+        default="int4",
+        description="The runner's decode weights: int4 (groupwise, ~1.5x faster decode on AVX2 "
+        "CPUs, packed once next to the model) or dense (the model's own numbers).",
+    )
+    prefill_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto", description="auto: bf16 where the CPU computes it natively, else fp32."
+    )
+    speculation: SpeculationOptions = Field(default_factory=SpeculationOptions)
 
     max_batch_size: int = Field(default=8, ge=1)
     prefill_chunk_tokens: int = Field(default=256, ge=16)

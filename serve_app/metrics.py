@@ -85,3 +85,13 @@ def prefix_cache_hits() -> metrics.Counter:
         "serve_app_prefix_cache_hit_tokens",
         description="Prompt tokens served from the prefix cache instead of recomputed.",
     )
+
+
+@cache
+def speculative_tokens() -> metrics.Counter:
+    """Acceptance rate = rate(outcome="accepted") / rate(outcome="drafted")."""
+    return metrics.Counter(
+        "serve_app_speculative_tokens",
+        description="Prompt-lookup draft tokens, by outcome (drafted/accepted).",
+        tag_keys=("outcome",),
+    )

@@ -116,7 +116,8 @@ class DecodeBatch:
     def forward(self, model: Any) -> torch.Tensor:
         """One decode step for every row; returns the next-token logits ``[B, V]``.
 
-        Feeds each row's last sampled token and appends its KV as a new column.
+        Feeds each row's last sampled token and appends its KV as a new column; the caller
+        advances each row's ``num_computed``.
         """
         input_ids = torch.tensor(
             [[r.last_token_id] for r in self.rows], dtype=torch.long, device=self.device
@@ -135,6 +136,60 @@ class DecodeBatch:
             logits_to_keep=1,
         )
         self.mask = mask
-        for r in self.rows:
-            r.num_computed += 1
         return out.logits[:, -1, :]
+
+
+class HFBackend:
+    """The engine's model backend over an HF model: a ``DynamicCache`` per prefilling request
+    (its ``kv``), then the shared left-padded ``DecodeBatch``. The runner's ``RunnerBackend``
+    answers the same calls; this one does not speculate."""
+
+    supports_speculation = False
+
+    def __init__(self, model: Any, device: str | torch.device = "cpu") -> None:
+        self.model = model
+        self.device = torch.device(device)
+        self.batch = DecodeBatch(self.device)
+
+    @property
+    def rows(self) -> list[Any]:
+        return self.batch.rows
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+    def begin(self, state: Any, kv: KV | None) -> None:
+        state.kv = cache_from_kv(kv) if kv is not None else DynamicCache()
+
+    def prefill(self, state: Any, start: int, end: int) -> torch.Tensor:
+        """Read prompt positions ``start..end``; returns the last one's logits ``[V]``."""
+        out = self.model(
+            input_ids=torch.tensor(
+                [state.prompt_ids[start:end]], dtype=torch.long, device=self.device
+            ),
+            position_ids=torch.arange(start, end, device=self.device).unsqueeze(0),
+            past_key_values=state.kv,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[0, -1]
+
+    def prompt_kv(self, state: Any) -> KV:
+        return kv_from_cache(state.kv)
+
+    def join(self, states: Sequence[Any]) -> None:
+        self.batch.add(states, [kv_from_cache(s.kv) for s in states])
+        for state in states:
+            state.kv = None
+
+    def decode(self, drafts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Logits ``[1, V]`` per row (drafts must be empty: no speculation here)."""
+        return list(self.batch.forward(self.model).unsqueeze(1))
+
+    def release(self, states: Sequence[Any]) -> None:
+        self.batch.remove(states)
+        for state in states:
+            state.kv = None
+
+    def reset(self) -> None:
+        self.batch = DecodeBatch(self.device)

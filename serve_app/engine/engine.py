@@ -14,14 +14,19 @@ One step (``_step``):
    batch keeps streaming (chunked prefill), and several short prompts share one step. When a
    prompt is fully read, its KV goes into the prefix cache, its first token is sampled from
    the last position's logits, and it joins the decode batch;
-3. decode: one batched forward for every decoding request (``DecodeBatch``: left-padded KV,
-   explicit positions, 2-D padding mask), then per row: sample, detokenize, match stop
-   sequences, and stream the new text;
+3. decode: one batched forward for every decoding request, then per row: sample, detokenize,
+   match stop sequences, and stream the new text. With speculation on for the request's role,
+   a row also feeds a prompt-lookup draft and keeps the verified prefix
+   (``runner/speculation.py``);
 4. drop finished and aborted requests, freeing their slots for the next step.
 
 Prompts are prefilled one request per forward, not padded together: chunks already keep the
 CPU busy, and padding prompts of different lengths would waste the very compute prefill is
 bound by.
+
+The forward passes run in a *backend*: ``RunnerBackend`` (``runner/``: the engine's own Qwen2
+forward over a static slot KV cache, int4 decode weights) when the model is supported and
+``runner`` is ``auto``, else ``HFBackend`` (the HF model with a left-padded ``DecodeBatch``).
 """
 
 from __future__ import annotations
@@ -31,14 +36,12 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
-from serve_app.engine.batch import DecodeBatch, cache_from_kv, kv_from_cache
 from serve_app.engine.constraints import (
     SchemaError,
     TokenTexts,
@@ -49,6 +52,8 @@ from serve_app.engine.loader import LoadedModel
 from serve_app.engine.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
 from serve_app.engine.protocol import Engine, GenerationChunk, GenerationRequest
 from serve_app.engine.requests import STREAM_END, RequestState, RequestStatus, StreamEnd
+from serve_app.engine.runner.backend import make_backend
+from serve_app.engine.runner.speculation import propose_draft
 from serve_app.engine.sampling import Sampler, TokenHistory
 from serve_app.engine.text import IncrementalDetokenizer, StopMatcher
 from serve_app.errors import (
@@ -79,6 +84,12 @@ class EngineConfig:
     - ``max_waiting``: requests queued without a slot; beyond it ``generate`` raises
       ``UpstreamUnavailableError`` (503) so load balancers back off instead of queueing forever.
     - ``skip_special_tokens``: leave special tokens out of the text (eos never appears).
+    - ``runner``: ``auto`` runs supported models (Qwen2) on the engine's own runner, ``hf``
+      always on the HF model; ``weights``: the runner's decode weights, ``int4`` or ``dense``
+      (dense = exactly the HF model's numbers); ``prefill_dtype``: ``auto`` (bf16 where the CPU
+      computes it natively, else fp32), ``float32`` or ``bfloat16``.
+    - ``draft_tokens``: prompt-lookup draft length per request role (``GenerationRequest.role``;
+      0 or absent = no speculation); needs the runner.
     """
 
     max_batch_size: int = 8
@@ -88,9 +99,15 @@ class EngineConfig:
     prefix_cache_min_tokens: int = 1
     max_waiting: int = 64
     skip_special_tokens: bool = True
+    runner: str = "auto"
+    weights: str = "dense"
+    prefill_dtype: str = "auto"
+    draft_tokens: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.prefill_chunk_tokens < 1 or self.max_waiting < 0:
+            raise ValueError(f"invalid engine config: {self}")
+        if self.runner not in ("auto", "hf") or any(k < 0 for k in self.draft_tokens.values()):
             raise ValueError(f"invalid engine config: {self}")
 
 
@@ -113,6 +130,13 @@ class EngineStats:
     prefix_cache_hits: int
     prefix_cache_hit_tokens: int
     prefix_cache_bytes: int
+    backend: str = "hf"
+    draft_tokens: int = 0  # speculative tokens proposed, and of those accepted
+    accepted_draft_tokens: int = 0
+
+    @property
+    def draft_acceptance(self) -> float:
+        return self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else 0.0
 
 
 class LLMEngine(Engine):
@@ -138,7 +162,7 @@ class LLMEngine(Engine):
         self._active: set[RequestState] = set()
         self._prefilling: list[RequestState] = []
         self._joining: list[RequestState] = []
-        self._batch = DecodeBatch(self.device)
+        self._backend = make_backend(loaded, self.config, self.context_length)
         self._stopping = False
         self._fatal: BaseException | None = None
 
@@ -149,6 +173,8 @@ class LLMEngine(Engine):
         self.requests_finished = 0
         self.requests_aborted = 0
         self.requests_failed = 0
+        self.draft_tokens = 0
+        self.accepted_draft_tokens = 0
 
         self._thread = threading.Thread(target=self._run, name="llm-engine-loop", daemon=True)
         self._thread.start()
@@ -224,7 +250,7 @@ class LLMEngine(Engine):
 
     def _slots_in_use(self) -> int:
         """The loop thread's own count (it owns the lists, so no lock is needed)."""
-        return len(self._prefilling) + len(self._joining) + len(self._batch)
+        return len(self._prefilling) + len(self._joining) + len(self._backend)
 
     @property
     def num_waiting(self) -> int:
@@ -236,7 +262,7 @@ class LLMEngine(Engine):
             num_running=self.num_running,
             num_waiting=self.num_waiting,
             num_prefilling=len(self._prefilling),
-            num_decoding=len(self._batch),
+            num_decoding=len(self._backend),
             steps=self.steps,
             decode_steps=self.decode_steps,
             prefill_tokens=self.prefill_tokens,
@@ -248,6 +274,9 @@ class LLMEngine(Engine):
             prefix_cache_hits=cache.hits,
             prefix_cache_hit_tokens=cache.hit_tokens,
             prefix_cache_bytes=cache.bytes_used,
+            backend=type(self._backend).__name__,
+            draft_tokens=self.draft_tokens,
+            accepted_draft_tokens=self.accepted_draft_tokens,
         )
 
     def _new_state(
@@ -338,7 +367,7 @@ class LLMEngine(Engine):
             self._fail_everything()
 
     def _has_work(self) -> bool:
-        return bool(self._waiting or self._prefilling or self._joining or self._batch.rows)
+        return bool(self._waiting or self._prefilling or self._joining or self._backend.rows)
 
     def _step(self) -> None:
         self._reap_aborted()
@@ -370,60 +399,93 @@ class LLMEngine(Engine):
         """Read up to ``budget`` more prompt tokens of one request; returns how many."""
         prompt = state.prompt_ids
         if state.kv is None:
-            cached, kv = self.prefix_cache.lookup(prompt, state.request.cache_salt)
-            state.kv = cache_from_kv(kv) if kv is not None else DynamicCache()
+            cached, kv = self._cache_lookup(state)
+            self._backend.begin(state, kv)
             state.num_computed = state.cached_tokens = cached
         start = state.num_computed
         end = min(len(prompt), start + budget)
-        out = self.model(
-            input_ids=torch.tensor([prompt[start:end]], dtype=torch.long, device=self.device),
-            position_ids=torch.arange(start, end, device=self.device).unsqueeze(0),
-            past_key_values=state.kv,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        logits = self._backend.prefill(state, start, end)
         state.num_computed = end
         self.prefill_tokens += end - start
         if end == len(prompt):
-            self._finish_prefill(state, out.logits[0, -1])
+            self._finish_prefill(state, logits)
         return end - start
+
+    # The prefix cache's key is the account's salt and the prompt's token ids (one account's
+    # prompt is never a hit for another: see prefix_cache); these two are the only callers.
+    def _cache_lookup(self, state: RequestState) -> tuple[int, Any]:
+        return self.prefix_cache.lookup(state.prompt_ids, state.request.cache_salt)
+
+    def _cache_insert(self, state: RequestState) -> None:
+        kv = self._backend.prompt_kv(state)
+        self.prefix_cache.insert(state.prompt_ids, kv, state.request.cache_salt)
 
     def _finish_prefill(self, state: RequestState, logits: torch.Tensor) -> None:
         """Cache the prompt's KV, sample the first token, and queue the request to join."""
-        salt = state.request.cache_salt  # the account's own partition (see prefix_cache)
-        self.prefix_cache.insert(state.prompt_ids, kv_from_cache(state.kv), salt)
+        self._cache_insert(state)
         self._on_token(state, state.sampler(logits, state.history))
         # Join before leaving the prefill list, so ``num_running`` never dips meanwhile.
         if not state.is_done:
             state.status = RequestStatus.DECODING
             self._joining.append(state)
+        else:  # ended at its first token: its KV slot is free now
+            self._backend.release([state])
         self._prefilling.remove(state)
 
     def _decode_step(self) -> None:
         joining = [s for s in self._joining if not s.is_done]
+        self._backend.release([s for s in self._joining if s.is_done])
         self._joining = []
         if joining:
-            self._batch.add(joining, [kv_from_cache(s.kv) for s in joining])
-            for state in joining:
-                state.kv = None
-        if not self._batch.rows:
+            self._backend.join(joining)
+        rows = list(self._backend.rows)
+        if not rows:
             return
-        self.peak_decode_batch = max(self.peak_decode_batch, len(self._batch))
+        self.peak_decode_batch = max(self.peak_decode_batch, len(rows))
+        drafts = [self._draft(state) for state in rows]
         try:
-            logits = self._batch.forward(self.model)
+            logits = self._backend.decode(drafts)
         except Exception as e:  # cannot tell whose fault: fail the rows, rebuild from empty
-            logger.exception("decode forward failed for %d requests", len(self._batch))
-            for state in self._batch.rows:
+            logger.exception("decode forward failed for %d requests", len(rows))
+            for state in rows:
                 self._fail(state, e)
-            self._batch = DecodeBatch(self.device)
+            self._backend.reset()
             return
         self.decode_steps += 1
-        for row, state in enumerate(self._batch.rows):
+        for state, draft, row_logits in zip(rows, drafts, logits, strict=True):
             try:
-                self._on_token(state, state.sampler(logits[row], state.history))
+                self._verify(state, draft, row_logits)
             except Exception as e:
                 logger.exception("sampling failed for request %s", state.request_id)
                 self._fail(state, e)
+
+    def _draft(self, state: RequestState) -> list[int]:
+        """A prompt-lookup draft when the request's role speculates (see speculation.py)."""
+        k = self.config.draft_tokens.get(state.request.role, 0)
+        if not k or not self._backend.supports_speculation:
+            return []
+        params = state.request.params
+        # Never past max_tokens (one token comes from the last position) or the context.
+        k = min(
+            k,
+            params.max_tokens - state.num_output_tokens - 1,
+            self.context_length - state.num_computed - 1,
+        )
+        history = state.history
+        return propose_draft(history.prompt_ids + history.output_ids, k) if k > 0 else []
+
+    def _verify(self, state: RequestState, draft: list[int], logits: torch.Tensor) -> None:
+        """Sample position by position, as plain decoding would; stop at the first token that
+        differs from the draft (it is the step's last token) or when the request ends."""
+        start = state.num_computed
+        self.draft_tokens += len(draft)
+        for position, row in enumerate(logits):
+            token = state.sampler(row, state.history)
+            state.num_computed = start + position + 1
+            self._on_token(state, token)
+            if position == len(draft) or state.is_done or token != draft[position]:
+                break
+            self.accepted_draft_tokens += 1
 
     def _on_token(self, state: RequestState, token_id: int) -> None:
         """Record a sampled token, stream its text, and finish the request when it is done.
@@ -481,7 +543,7 @@ class LLMEngine(Engine):
             state.abort_requested = True
 
     def _forget(self, state: RequestState) -> None:
-        state.kv = None
+        """Out of the active set; its KV is released by ``_drop_done`` (same step)."""
         with self._lock:
             self._active.discard(state)
 
@@ -492,7 +554,7 @@ class LLMEngine(Engine):
             for state in aborted:
                 self._waiting.remove(state)
         aborted += [s for s in self._prefilling + self._joining if s.abort_requested]
-        aborted += [s for s in self._batch.rows if s.abort_requested and not s.is_done]
+        aborted += [s for s in self._backend.rows if s.abort_requested and not s.is_done]
         aborted = [s for s in aborted if not s.is_done]
         for state in aborted:
             state.status = RequestStatus.ABORTED
@@ -505,25 +567,26 @@ class LLMEngine(Engine):
             state.push(STREAM_END)
 
     def _drop_done(self) -> None:
+        done = [s for s in self._prefilling + self._joining + self._backend.rows if s.is_done]
         self._prefilling = [s for s in self._prefilling if not s.is_done]
         self._joining = [s for s in self._joining if not s.is_done]
-        self._batch.remove([s for s in self._batch.rows if s.is_done])
+        self._backend.release(done)
 
     def _fail_running(self, error: BaseException) -> None:
-        for state in self._prefilling + self._joining + self._batch.rows:
+        for state in self._prefilling + self._joining + self._backend.rows:
             self._fail(state, error)
         self._prefilling, self._joining = [], []
-        self._batch = DecodeBatch(self.device)
+        self._backend.reset()
 
     def _fail_everything(self) -> None:
         error = UpstreamUnavailableError("The engine stopped before the request finished.")
         with self._lock:
             waiting = list(self._waiting)
             self._waiting.clear()
-        for state in waiting + self._prefilling + self._joining + self._batch.rows:
+        for state in waiting + self._prefilling + self._joining + self._backend.rows:
             self._fail(state, error)
         self._prefilling, self._joining = [], []
-        self._batch = DecodeBatch(self.device)
+        self._backend.reset()
 
 
 async def generate_text(

@@ -35,6 +35,9 @@ class LoadedModel:
     device: str
     dtype: str
     eos_token_ids: list[int] = field(default_factory=list)
+    # The model's local folder when it has one worth caching next to (embedded models): the
+    # runner keeps its packed int4 weights there.
+    location: str | None = None
 
     @property
     def model_type(self) -> str:
@@ -112,6 +115,7 @@ def load_model(
         device=device,
         dtype=dtype,
         eos_token_ids=_eos_token_ids(model, tokenizer),
+        location=str(location) if embedded_name(source) is not None else None,
     )
 
 

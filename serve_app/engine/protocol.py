@@ -70,12 +70,15 @@ class GenerationChunk:
 @dataclass
 class GenerationRequest:
     """``cache_salt``: the prefix-cache partition this request may read and write (the
-    account id; ``None`` only where the deployment opted into one shared cache)."""
+    account id; ``None`` only where the deployment opted into one shared cache).
+    ``role``: which service asked (``fim``, ``edit``, ``chat``); per-role engine settings
+    (speculation) key on it."""
 
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
     cache_salt: str | None = None
+    role: str = ""
 
 
 class Engine(abc.ABC):

@@ -49,7 +49,7 @@ class ChatService:
         prompt_ids = await self.generator.off_loop(encode_chat, self.generator.tokenizer, messages)
         max_tokens = min(DEFAULT_CHAT_MAX_TOKENS, self.generator.model.max_output_length)
         params = body.to_sampling_params(default_max_tokens=max_tokens)
-        return self.generator.request(prompt_ids, params, prompt_param="messages")
+        return self.generator.request(prompt_ids, params, prompt_param="messages", role="chat")
 
     async def complete(self, body: ChatCompletionRequest) -> ChatCompletion:
         text, last = await self.generator.complete(await self._request(body))

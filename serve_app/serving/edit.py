@@ -35,7 +35,9 @@ class EditService:
             max_prompt_tokens=context_length - params.max_tokens,
             context_length=context_length,
         )
-        request: GenerationRequest = self.generator.request(prompt_ids, params, "messages")
+        request: GenerationRequest = self.generator.request(
+            prompt_ids, params, "messages", role="edit"
+        )
         raw, last = await self.generator.complete(request)
         region, usable = extract_edited_region(raw, prompt)
         if not usable:

@@ -31,7 +31,7 @@ class FimService:
             build_fim_prompt, self.format, self.generator.tokenizer, body.prompt, suffix
         )
         params = body.to_sampling_params(self.generator.model.default_temperature)
-        return self.generator.request(prompt_ids, params, prompt_param="prompt")
+        return self.generator.request(prompt_ids, params, prompt_param="prompt", role="fim")
 
     async def complete(self, body: FimCompletionRequest) -> FimCompletion:
         text, last = await self.generator.complete(await self._request(body))

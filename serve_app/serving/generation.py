@@ -52,6 +52,10 @@ def start_engine(config: AppConfig, model: ModelConfig, cpus: float | None = Non
         context_length=model.context_length,
         prefix_cache_bytes=config.engine.prefix_cache_mb * 1024 * 1024,
         max_waiting=config.engine.max_waiting,
+        runner=config.engine.runner,
+        weights=config.engine.weights,
+        prefill_dtype=config.engine.prefill_dtype,
+        draft_tokens=config.engine.speculation.model_dump(),
     )
     return LLMEngine(loaded, engine_config)
 
@@ -103,10 +107,11 @@ class Generator:
         return await asyncio.to_thread(work, *args, **kwargs)
 
     def request(
-        self, prompt_ids: list[int], params: SamplingParams, prompt_param: str
+        self, prompt_ids: list[int], params: SamplingParams, prompt_param: str, role: str = ""
     ) -> GenerationRequest:
         """Check the limits of the contract, then shape an engine request (in the prefix-cache
-        partition of the account it is served for)."""
+        partition of the account it is served for); ``role`` (fim, edit, chat) picks per-role
+        engine settings such as speculation."""
         if params.max_tokens > self.model.max_output_length:
             raise InvalidRequestError(
                 f"max_tokens is {params.max_tokens}; this model produces at most "
@@ -115,7 +120,9 @@ class Generator:
             )
         if len(prompt_ids) + params.max_tokens > self.model.context_length:
             raise ContextLengthExceededError.for_limit(self.model.context_length, prompt_param)
-        return GenerationRequest(uuid.uuid4().hex, prompt_ids, params, current_cache_salt())
+        return GenerationRequest(
+            uuid.uuid4().hex, prompt_ids, params, current_cache_salt(), role=role
+        )
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         """The engine's chunks, timed (time to first text and the gaps between pieces) and

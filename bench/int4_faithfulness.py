@@ -1,0 +1,98 @@
+"""int4 against fp32 on the real model: same greedy tokens? same FIM quality?
+
+    python -m bench.int4_faithfulness --threads 1 --cases 16
+
+FIM cases cut one line out of files of Python's standard library (code the model's authors
+did not write for this test), keep up to 40 lines either side, and ask for the middle. Each case
+is read once (prefill runs on dense weights in both modes: chunks are too large for int4), its
+KV copied to a second slot, and then decoded greedily on fp32 and on int4 weights. Printed:
+the share of cases whose tokens are identical, where the first divergences fall, and the share
+of cases whose first generated line is exactly the removed line, for each weight type. The edit
+example (``EXAMPLE_EDIT_CONTENT``) is one more case (tokens only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sysconfig
+from pathlib import Path
+
+import torch
+
+from serve_app.engine.loader import load_model
+from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT, fit_to_context, parse_edit_prompt
+from serve_app.engine.prompts.fim import build_fim_prompt, fim_format_for
+from serve_app.engine.runner.prepare import build_runner
+
+STDLIB_FILES = ["textwrap.py", "shlex.py", "fnmatch.py", "glob.py", "bisect.py", "heapq.py"]
+
+
+def fim_cases(count: int, seed: int = 0) -> list[tuple[str, str, str]]:
+    """(prefix, suffix, removed line) triples from the standard library, seeded."""
+    rng = random.Random(seed)
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [(root / name).read_text().splitlines(keepends=True) for name in STDLIB_FILES]
+    cases = []
+    while len(cases) < count:
+        lines = rng.choice(files)
+        i = rng.randrange(40, len(lines) - 40)
+        if len(lines[i].strip()) < 12 or lines[i].lstrip().startswith("#"):
+            continue
+        cases.append(("".join(lines[i - 40 : i]), "".join(lines[i + 1 : i + 41]), lines[i]))
+    return cases
+
+
+def greedy(runner, cache, slot: int, first: int, start: int, n: int) -> list[int]:
+    out, token = [first], first
+    for position in range(start, start + n - 1):
+        token = int(runner.forward(cache, slot, [[token]], [position], decode=True)[0].argmax())
+        out.append(token)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", default="embedded:qwen2.5-coder-0.5b")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--cases", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=24)
+    args = parser.parse_args()
+    torch.set_grad_enabled(False)
+    loaded = load_model(args.source, threads=args.threads)
+    tok = loaded.tokenizer
+    dense = build_runner(loaded.model, weights="dense")
+    int4 = build_runner(loaded.model, weights="int4", cache_dir=loaded.location)
+    cache = dense.new_cache(2, 1024, loaded.max_position_embeddings)
+    fmt = fim_format_for(tok, loaded.model_type)
+    prompts = [(build_fim_prompt(fmt, tok, p, s), line) for p, s, line in fim_cases(args.cases)]
+    _, edit_ids = fit_to_context(parse_edit_prompt(EXAMPLE_EDIT_CONTENT), tok, 30000)
+    prompts.append((edit_ids, None))
+    same, divergences, exact = 0, [], {"fp32": 0, "int4": 0}
+    for ids, line in prompts:
+        first = int(dense.forward(cache, 0, [ids], [0], decode=False)[0].argmax())
+        cache.move(0, 1, len(ids))
+        outs = {
+            "fp32": greedy(dense, cache, 0, first, len(ids), args.tokens),
+            "int4": greedy(int4, cache, 1, first, len(ids), args.tokens),
+        }
+        if outs["fp32"] == outs["int4"]:
+            same += 1
+        else:
+            divergences.append(
+                next(i for i, (a, b) in enumerate(zip(*outs.values(), strict=True)) if a != b)
+            )
+        if line is not None:
+            for name, out in outs.items():
+                exact[name] += tok.decode(out).split("\n")[0].strip() == line.strip()
+        print(".", end="", flush=True)
+    print()
+    n_fim = len(prompts) - 1
+    print(f"model {args.source}, {args.tokens} greedy tokens per case, {args.threads} thread(s)")
+    print(f"identical int4/fp32 outputs: {same}/{len(prompts)} ({same / len(prompts):.0%})")
+    print(f"first divergence at token: {sorted(divergences)}")
+    print(f"FIM exact first line: fp32 {exact['fp32']}/{n_fim}, int4 {exact['int4']}/{n_fim}")
+
+
+if __name__ == "__main__":
+    main()

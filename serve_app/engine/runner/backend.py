@@ -1,0 +1,133 @@
+"""The engine's model backend over ``Qwen2Runner``: slot assignment and the batched forward.
+
+The engine drives either this or ``batch.HFBackend`` through the same calls (``begin``,
+``prefill``, ``prompt_kv``, ``join``, ``decode``, ``release``); a request's ``kv`` field holds
+its slot here.
+
+Decoding requests sit in slots ``0 .. len(rows) - 1`` in ``rows`` order, so one decode step
+reads them in place; prefilling requests take free slots from the top. Joining moves a request
+down to the next decode slot (a copy of its prompt's KV, the same cost as the prefix-cache
+insert); a leaving row is replaced by the last decode row. One spare slot past ``max_batch``
+makes every move a plain copy, even when the destination is a prefilling request's slot.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from serve_app.engine.prefix_cache import KV
+from serve_app.engine.runner.kv import MIN_CAPACITY
+from serve_app.engine.runner.qwen2 import Qwen2Runner
+
+logger = logging.getLogger(__name__)
+
+
+class RunnerBackend:
+    supports_speculation = True
+
+    def __init__(self, runner: Qwen2Runner, max_batch: int, context_length: int) -> None:
+        self.runner = runner
+        self.spare = max_batch
+        self.cache = runner.new_cache(max_batch + 1, MIN_CAPACITY, context_length)
+        self.owner: list[Any] = [None] * (max_batch + 1)
+        self.rows: list[Any] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    # ------------------------------------------------------------------ prefill
+
+    def begin(self, state: Any, kv: KV | None) -> None:
+        """Give a request a slot (the highest free one) and load its prefix-cache hit."""
+        free = [i for i in range(self.spare) if self.owner[i] is None]
+        if not free:  # never expected: the engine releases every ended request's slot
+            raise RuntimeError("no free KV slot")
+        slot = free[-1]
+        self.owner[slot] = state
+        state.kv = slot
+        if kv is not None:
+            self.cache.load(slot, kv)
+
+    def prefill(self, state: Any, start: int, end: int) -> torch.Tensor:
+        tokens = state.prompt_ids[start:end]
+        return self.runner.forward(self.cache, state.kv, [tokens], [start], decode=False)[0]
+
+    def prompt_kv(self, state: Any) -> KV:
+        return self.cache.read(state.kv, state.num_computed)
+
+    # ------------------------------------------------------------------ decode
+
+    def join(self, states: Sequence[Any]) -> None:
+        for state in states:
+            self._move(state, len(self.rows))
+            self.rows.append(state)
+
+    def decode(self, drafts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Logits ``[1 + len(draft), V]`` per row: its last token, then each draft token."""
+        tokens = [[s.last_token_id, *d] for s, d in zip(self.rows, drafts, strict=True)]
+        starts = [s.num_computed for s in self.rows]
+        logits = self.runner.forward(self.cache, 0, tokens, starts, decode=True)
+        return list(logits.split([len(t) for t in tokens]))
+
+    def release(self, states: Sequence[Any]) -> None:
+        """Free the slots of finished/aborted requests, keeping decode rows compact."""
+        for state in states:
+            slot = state.kv
+            if not isinstance(slot, int) or self.owner[slot] is not state:
+                continue
+            self.owner[slot] = None
+            state.kv = None
+            if slot < len(self.rows) and self.rows[slot] is state:
+                last = self.rows.pop()
+                if last is not state:  # the last decode row fills the hole
+                    self.rows[slot] = last
+                    self._move(last, slot)
+        if not any(self.owner):
+            self.cache.shrink()
+
+    def reset(self) -> None:
+        for state in self.owner:
+            if state is not None:
+                state.kv = None
+        self.owner = [None] * len(self.owner)
+        self.rows = []
+        self.cache.shrink()
+
+    def _move(self, state: Any, dest: int) -> None:
+        """Put ``state``'s KV in slot ``dest``, moving a prefilling occupant elsewhere."""
+        source = state.kv
+        if source == dest:
+            return
+        occupant = self.owner[dest]
+        if occupant is not None:  # a prefilling request: park it in the spare, then swap
+            self.cache.move(dest, self.spare, occupant.num_computed)
+        self.cache.move(source, dest, state.num_computed)
+        self.owner[dest], state.kv = state, dest
+        self.owner[source] = None
+        if occupant is not None:
+            self.cache.move(self.spare, source, occupant.num_computed)
+            self.owner[source], occupant.kv = occupant, source
+
+
+def make_backend(loaded: Any, config: Any, context_length: int) -> Any:
+    """The runner when ``config.runner`` allows it and it supports the model, else HF."""
+    from serve_app.engine.batch import HFBackend
+    from serve_app.engine.runner.prepare import build_runner, prefill_dtype
+    from serve_app.engine.runner.qwen2 import unsupported_reason
+
+    reason = "runner: hf" if config.runner == "hf" else unsupported_reason(loaded.model)
+    if reason is not None:
+        logger.info("engine backend: HF model (%s)", reason)
+        return HFBackend(loaded.model, loaded.device)
+    runner = build_runner(
+        loaded.model,
+        weights=config.weights,
+        dense_dtype=prefill_dtype(config.prefill_dtype),
+        cache_dir=getattr(loaded, "location", None),
+    )
+    logger.info("engine backend: runner (%s decode weights)", config.weights)
+    return RunnerBackend(runner, config.max_batch_size, context_length)

@@ -1,0 +1,97 @@
+"""The runner's linear layers: dense for prefill chunks, int4 groupwise for decode steps.
+
+Why two forms of the same matrix: a decode step multiplies a few rows by every weight, so it is
+bound by the bytes of weights read; int4 reads 1/8 of fp32. A prefill chunk multiplies hundreds
+of rows, so it is bound by compute, where torch's int4 CPU kernel is slower than a dense GEMM.
+Measured on this AVX2 box, one thread, Qwen2.5-0.5B shapes (README "Engine v2"): the 24 layers'
+linears cost ~100 ms per decode step in fp32 and ~60 ms in int4; a 256-row chunk costs 2.6 s
+in fp32 and 10 s through the int4 kernel.
+
+int4 goes through ``torch.ops.aten._weight_int4pack_mm_for_cpu``: asymmetric 4-bit with one
+(scale, zero) pair per 32 input weights, ``w = (q - 8) * scale + zero``. The kernel takes bf16
+activations (fp32 activations hit a scalar path, ~8x slower than fp32 GEMM), so inputs are cast
+to bf16 and outputs back to fp32.
+
+Dense weights are the HF module's own tensors (no copy) unless the CPU computes bf16 natively
+(AVX512-BF16 or AMX), where a bf16 copy reads prompts ~2x faster.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+INT4_GROUP = 32
+
+
+def int4_supported(out_features: int, in_features: int) -> bool:
+    """The kernel packs rows in blocks of 16 and needs whole groups along the input."""
+    return (
+        in_features % INT4_GROUP == 0
+        and out_features % 16 == 0
+        and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+    )
+
+
+def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(packed, scales_and_zeros)`` for ``weight`` ``[N, K]`` (min/max affine per group).
+
+    ``scales_and_zeros`` is ``[K / group, N, 2]`` bf16, the layout the kernel expects.
+    """
+    n, k = weight.shape
+    groups = weight.detach().float().reshape(n, k // INT4_GROUP, INT4_GROUP)
+    low = groups.amin(-1, keepdim=True)
+    high = groups.amax(-1, keepdim=True)
+    scale = ((high - low) / 15).clamp(min=1e-8)
+    q = ((groups - low) / scale).round().clamp(0, 15).to(torch.int32).reshape(n, k)
+    zero = low + 8 * scale
+    scales_and_zeros = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous()
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    return packed, scales_and_zeros.to(torch.bfloat16)
+
+
+def dequantize_int4_reference(weight: torch.Tensor) -> torch.Tensor:
+    """What ``quantize_int4`` keeps of ``weight``, as fp32 (for tests and error reports)."""
+    eye = torch.eye(weight.shape[1], dtype=torch.bfloat16)
+    packed, sz = quantize_int4(weight)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, packed, INT4_GROUP, sz).float().t()
+
+
+class Linear:
+    """``y = x @ W.T + b``, where ``W`` may be several matrices stacked on the output axis.
+
+    ``parts`` are the dense ``(weight, bias)`` pieces, often the HF parameters themselves (no
+    copy); ``int4`` is ``(packed, scales_and_zeros)`` of the stacked matrix and ``int4_bias``
+    its stacked bias. q/k/v and gate/up are stacked so a decode step makes one kernel call.
+    """
+
+    def __init__(
+        self,
+        parts: list[tuple[torch.Tensor, torch.Tensor | None]],
+        int4: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
+        self.parts = parts
+        self.int4 = int4
+        biases = [b for _, b in parts]
+        self.int4_bias = None if biases[0] is None else torch.cat(biases).float()
+
+    def __call__(self, x: torch.Tensor, quantized: bool) -> torch.Tensor:
+        """``x`` is ``[rows, in]`` fp32; the result is ``[rows, out]`` fp32. ``quantized``: use
+        the int4 copy when there is one (decode steps), else the dense weights (prefill)."""
+        if quantized and self.int4 is not None:
+            packed, sz = self.int4
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x.to(torch.bfloat16), packed, INT4_GROUP, sz
+            ).float()
+            return y if self.int4_bias is None else y + self.int4_bias
+        dtype = self.parts[0][0].dtype
+        xd = x.to(dtype)
+        outs = [F.linear(xd, w, b) for w, b in self.parts]
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        return y.float()
+
+
+def stacked(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> torch.Tensor:
+    """The parts' weights as one ``[sum(N), K]`` matrix (what int4 quantizes)."""
+    weights = [w for w, _ in parts]
+    return weights[0] if len(weights) == 1 else torch.cat(weights, dim=0)
