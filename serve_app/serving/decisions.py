@@ -8,6 +8,9 @@ given (the largest probability): the simplest honest definition.
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
+from collections.abc import Callable
 
 from serve_app.api.decisions import (
     ChoiceAnswer,
@@ -19,17 +22,45 @@ from serve_app.api.decisions import (
     Question,
     ScoreAnswer,
 )
-from serve_app.engine.scoring import DecisionQuestion, LikelihoodScorer, QuestionOutcome
+from serve_app.engine.scoring import (
+    DecisionQuestion,
+    LikelihoodScorer,
+    QuestionOutcome,
+    ScoringCancelled,
+    WorkDone,
+)
+
+logger = logging.getLogger(__name__)
 
 
 class DecisionService:
-    def __init__(self, scorer: LikelihoodScorer) -> None:
+    """``on_abandoned`` receives the work of a request whose caller went away (timeout,
+    disconnect): it ran, so it is billed, although no answer carries its usage."""
+
+    def __init__(
+        self, scorer: LikelihoodScorer, on_abandoned: Callable[[WorkDone], None] | None = None
+    ) -> None:
         self.scorer = scorer
+        self.on_abandoned = on_abandoned or _log_abandoned
 
     async def decide(self, body: DecisionRequest) -> DecisionResponse:
-        """Score in a worker thread: torch releases the GIL, the replica keeps serving."""
+        """Score in a worker thread: torch releases the GIL, the replica keeps serving.
+
+        A thread cannot be killed, so cancellation is cooperative: when this task is cancelled
+        (Serve cancels it when the caller times out or disconnects) the scorer is told to stop
+        at its next decoder layer, which releases it for the next request within a second.
+        """
         questions = [_to_engine(name, question) for name, question in body.questions.items()]
-        result = await asyncio.to_thread(self.scorer.score, body.state, questions)
+        cancel = threading.Event()
+        scoring = asyncio.ensure_future(
+            asyncio.to_thread(self.scorer.score, body.state, questions, cancel)
+        )
+        try:
+            result = await asyncio.shield(scoring)
+        except asyncio.CancelledError:
+            cancel.set()
+            scoring.add_done_callback(self._bill_abandoned)
+            raise
         answers = {
             name: _to_answer(question, result.outcomes[name])
             for name, question in body.questions.items()
@@ -41,6 +72,24 @@ class DecisionService:
                 input_tokens=result.input_tokens, output_tokens=result.output_tokens
             ),
         )
+
+    def _bill_abandoned(self, scoring: asyncio.Future) -> None:
+        if scoring.cancelled():
+            return
+        error = scoring.exception()
+        if isinstance(error, ScoringCancelled):
+            self.on_abandoned(error.work)
+        elif error is None:  # finished before it saw the flag
+            result = scoring.result()
+            self.on_abandoned(WorkDone(result.input_tokens, result.output_tokens))
+
+
+def _log_abandoned(work: WorkDone) -> None:
+    logger.info(
+        "abandoned decision request ran %d input and %d output tokens",
+        work.input_tokens,
+        work.output_tokens,
+    )
 
 
 def _to_engine(name: str, question: Question) -> DecisionQuestion:

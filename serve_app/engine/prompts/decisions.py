@@ -10,7 +10,10 @@ position.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
+
+from serve_app.engine.prompts.chat_encoding import encode_chat
 
 SYSTEM_TASK = (
     "You answer questions about a state. Judge only from what the state says, and answer "
@@ -88,14 +91,21 @@ def noul_message(name: str, instructions: Any = None, criteria: Any = None) -> s
     return f"{described}\n\nIs this claim true, given the state above? Answer yes or no."
 
 
+# Up to this many labels, the answer line repeats them; beyond, the list above is enough (255
+# labels listed twice would double the question's tokens for no gain).
+REPEAT_LABELS_UP_TO = 16
+
+
 def choice_message(name: str, instructions: Any, labels: dict[str, Any]) -> str:
     """Ask for exactly one of the labels; descriptions are shown next to each label."""
     options = "\n".join(_option_line(f"- {label}", text) for label, text in labels.items())
-    listed = ", ".join(labels)
+    listed = (
+        f": {', '.join(labels)}" if len(labels) <= REPEAT_LABELS_UP_TO else " in the list above"
+    )
     return (
         f"{_field('Question', _subject(name, instructions))}\n\nOptions:\n{options}\n\n"
         "Which option fits the state above? Answer with exactly one of these labels, "
-        f"written exactly as shown: {listed}."
+        f"written exactly as shown{listed}."
     )
 
 
@@ -115,9 +125,36 @@ def score_message(name: str, instructions: Any, levels: list[Any]) -> str:
     )
 
 
-def question_messages(state: Any, question_message: str) -> list[dict[str, str]]:
-    """The chat for one question: fixed system turn, then the state, then the question."""
+def question_messages(user_content: str) -> list[dict[str, str]]:
+    """The chat for one question: the fixed system turn, then ``state_block + question``."""
     return [
         {"role": "system", "content": SYSTEM_TASK},
-        {"role": "user", "content": state_block(state) + question_message},
+        {"role": "user", "content": user_content},
     ]
+
+
+@dataclass(frozen=True)
+class ChatFrame:
+    """The template's token ids around the user turn's content, the system turn included.
+
+    A question's prompt is ``head + state + question + tail``: the state's ids are computed
+    once per request and shared by every question, and user text is only ever encoded as
+    plain text (``encode_chat`` splits special-token spellings).
+    """
+
+    head: list[int]
+    tail: list[int]
+
+
+def chat_frame(tokenizer: Any) -> ChatFrame:
+    """Split the encoded chat of an empty and a one-letter user content around the content."""
+    empty = encode_chat(tokenizer, question_messages(""))
+    marked = encode_chat(tokenizer, question_messages("X"))
+    extra = len(marked) - len(empty)
+    split = next(
+        (i for i, (a, b) in enumerate(zip(marked, empty, strict=False)) if a != b), len(empty)
+    )
+    head, tail = marked[:split], marked[split + extra :]
+    if extra < 1 or head + tail != empty:
+        raise ValueError("the chat template does not place the user content in one piece")
+    return ChatFrame(head=head, tail=tail)
