@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from deployments.common import replica_cpus
+from serve_app import metrics
 from serve_app.api.decisions import DecisionRequest, DecisionResponse
 from serve_app.config import AppConfig
-from serve_app import metrics
 from serve_app.engine.scoring import LikelihoodScorer, WorkDone
 from serve_app.serving.decisions import DecisionService
 from serve_app.serving.generation import load_configured_model
