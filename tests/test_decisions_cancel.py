@@ -44,7 +44,7 @@ def test_cancelled_request_frees_the_scorer_within_a_second(tiny: LoadedModel) -
     scorer = LikelihoodScorer(
         tiny,
         context_length=8192,
-        max_batch_rows=1,
+        pack_tokens=1,  # one question per forward pass
         budget=DecisionBudget(max_scored_tokens=10**7, max_input_bytes=10**7),
     )
     abandoned: list[WorkDone] = []

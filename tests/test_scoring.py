@@ -206,8 +206,8 @@ def test_single_question_matches_reference(scorer: LikelihoodScorer) -> None:
 
 
 def test_255_labels_with_shared_first_tokens(tiny: LoadedModel) -> None:
-    # A small KV budget forces several continuation batches.
-    scorer = LikelihoodScorer(tiny, context_length=8192, batch_kv_bytes=1 << 20)
+    # A small pack size forces several forward passes.
+    scorer = LikelihoodScorer(tiny, context_length=8192, pack_tokens=64)
     labels = {f"opt{i}": None for i in range(250)} | {c: None for c in "ABCDE"}
     q = DecisionQuestion("many", "choice", "Pick one.", labels)
     result = scorer.score({"x": 1}, [q, DecisionQuestion("other", "noul", "x is 1")])

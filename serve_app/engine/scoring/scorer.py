@@ -10,9 +10,10 @@ How a request runs:
    system turn and the state form a prefix shared by all questions, run once (or taken from
    the prefix cache, where a repeated state or at least the system turn is found).
 2. Each question's own tokens, followed by its options' token trie (``trie.py``), form one
-   row; all rows run as right-padded batches on top of the prefix KV with a tree attention
-   mask. Options whose first tokens are pairwise distinct are told apart by one next-token
-   distribution (no trie nodes to run); otherwise each option is its tokens plus the
+   row; rows are packed side by side into one sequence per forward pass (up to
+   ``pack_tokens``) on top of the batch-1 prefix KV, with a tree attention mask: no prefix
+   copy per question, no padding. Options whose first tokens are pairwise distinct are told
+   apart by one next-token distribution (no trie nodes to run); otherwise each option is its tokens plus the
    end-of-turn token (so that a label that is a prefix of another does not take its mass),
    and shared prefixes are run and read once.
 3. Option log-likelihoods are renormalised over the request's options in float64.
@@ -38,7 +39,15 @@ from serve_app.engine.prompts import decisions as prompts
 from serve_app.engine.prompts.chat_encoding import encode_untrusted
 from serve_app.engine.scoring.budget import CancelHooks, DecisionBudget, WorkDone
 from serve_app.engine.scoring.questions import DecisionQuestion, QuestionOutcome, ScoringResult
-from serve_app.engine.scoring.trie import Answers, OptionTrie, Row, build_trie, make_row, tree_mask
+from serve_app.engine.scoring.trie import (
+    Answers,
+    OptionTrie,
+    Row,
+    build_trie,
+    make_row,
+    pack,
+    tree_mask,
+)
 from serve_app.errors import ContextLengthExceededError, UnprocessableRequestError
 
 MAX_CHOICE_LABELS = 255
@@ -73,8 +82,7 @@ class LikelihoodScorer:
         *,
         context_length: int,
         prefix_cache_bytes: int = 1 << 30,
-        batch_kv_bytes: int = 256 << 20,
-        max_batch_rows: int = 64,
+        pack_tokens: int = 2048,
         budget: DecisionBudget | None = None,
     ) -> None:
         self.loaded = loaded
@@ -82,8 +90,7 @@ class LikelihoodScorer:
         self.tokenizer = loaded.tokenizer
         self.device = loaded.device
         self.context_length = context_length
-        self.batch_kv_bytes = batch_kv_bytes
-        self.max_batch_rows = max_batch_rows
+        self.pack_tokens = pack_tokens
         self.budget = budget or DecisionBudget()
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._lock = threading.Lock()
@@ -223,15 +230,15 @@ class LikelihoodScorer:
         rows = [plan.row for plan in plans]
         self._check_size(len(prefix), rows)
         prefix_kv = self._prefix_kv(prefix, work)
-        order = sorted(range(len(plans)), key=lambda i: len(rows[i]))  # less padding per batch
         reads: dict[int, list[float]] = {}
-        for chunk in self._chunks(len(prefix), [len(rows[i]) for i in order]):
+        for chunk in self._chunks([len(row) for row in rows]):
             self._hooks.check()
-            batch = [rows[order[i]] for i in chunk]
-            hidden = self._forward(batch, prefix_kv, len(prefix))
-            work.input_tokens += sum(len(row) for row in batch)
-            for i, values in zip(chunk, self._read(hidden, batch), strict=True):
-                reads[order[i]] = values
+            packed = pack([rows[i] for i in chunk])
+            hidden = self._forward([packed], prefix_kv, len(prefix))
+            work.input_tokens += len(packed)
+            values = self._read(hidden, [packed])[0]
+            for i in chunk:
+                reads[i], values = values[: len(rows[i].reads)], values[len(rows[i].reads) :]
         outcomes = {}
         for i, plan in enumerate(plans):
             work.output_tokens += 1 if plan.single_read else len(plan.trie.reads)
@@ -313,28 +320,19 @@ class LikelihoodScorer:
             at += len(row.reads)
         return out
 
-    def _chunks(self, offset: int, lengths: list[int]) -> Iterator[list[int]]:
-        """Split rows (sorted by length) into batches whose expanded KV stays within budget."""
-        per_token = self._kv_bytes_per_token()
-        start = 0
-        while start < len(lengths):
-            stop = start + 1
-            while stop < len(lengths) and stop - start < self.max_batch_rows:
-                rows_kv = (stop + 1 - start) * per_token * (offset + lengths[stop])
-                if rows_kv > self.batch_kv_bytes:
-                    break
-                stop += 1
-            yield list(range(start, stop))
-            start = stop
-
-    def _kv_bytes_per_token(self) -> int:
-        config = self.model.config.get_text_config(decoder=True)
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = (
-            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        )
-        size = next(self.model.parameters()).element_size()
-        return 2 * config.num_hidden_layers * heads * head_dim * size
+    def _chunks(self, lengths: list[int]) -> Iterator[list[int]]:
+        """Consecutive rows packed up to ``pack_tokens`` per forward pass (a longer row runs
+        alone): bounded mask memory, and a cancel check between passes."""
+        chunk: list[int] = []
+        total = 0
+        for i, length in enumerate(lengths):
+            if chunk and total + length > self.pack_tokens:
+                yield chunk
+                chunk, total = [], 0
+            chunk.append(i)
+            total += length
+        if chunk:
+            yield chunk
 
 
 def _text_bytes(state_text: str, plans: list[_Plan]) -> int:

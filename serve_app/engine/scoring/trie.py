@@ -103,9 +103,29 @@ def tree_mask(rows: list[Row], offset: int, width: int) -> Any:
         chain = _chain_length(row)
         own[:chain, :chain] = torch.ones(chain, chain, dtype=torch.bool).tril()
         for i in range(chain, len(row)):
-            own[i] = own[row.parents[i]]
+            if row.parents[i] >= 0:
+                own[i] = own[row.parents[i]]
             own[i, i] = True
     return mask
+
+
+def pack(rows: list[Row]) -> Row:
+    """Several rows as one: each keeps its own ancestors, none sees another's tokens.
+
+    One packed row on top of a batch-1 prefix needs no copy of the prefix KV per question
+    (a batch of B rows expands it B times) and no padding.
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
+    reads: list[tuple[int, int]] = []
+    for row in rows:
+        offset = len(tokens)
+        tokens += row.tokens
+        parents += [p + offset if p >= 0 else -1 for p in row.parents]
+        depths += row.depths
+        reads += [(i + offset, target) for i, target in row.reads]
+    return Row(tokens, parents, depths, reads)
 
 
 def _chain_length(row: Row) -> int:
