@@ -13,9 +13,9 @@ How a request runs:
    row; rows are packed side by side into one sequence per forward pass (up to
    ``pack_tokens``) on top of the batch-1 prefix KV, with a tree attention mask: no prefix
    copy per question, no padding. Options whose first tokens are pairwise distinct are told
-   apart by one next-token distribution (no trie nodes to run); otherwise each option is its tokens plus the
-   end-of-turn token (so that a label that is a prefix of another does not take its mass),
-   and shared prefixes are run and read once.
+   apart by one next-token distribution (no trie nodes to run); otherwise each option is its
+   tokens plus the end-of-turn token (so that a label that is a prefix of another does not
+   take its mass), and shared prefixes are run and read once.
 3. Option log-likelihoods are renormalised over the request's options in float64.
 
 Only hidden states at the positions read go through the LM head: full-vocabulary logits for
