@@ -120,7 +120,13 @@ def test_nesting_deeper_than_64_is_422(client):
     shallow: object = "leaf"
     for _ in range(60):
         shallow = [shallow]
-    assert decide(client, {"q": {"type": "noul"}}, state=shallow).status_code == 200
+    # Accepted by validation. Rendered with indentation it may not fit the tiny model's
+    # 4,096-token context (byte-level tokenizer): then it is a context error, not a detail list.
+    response = decide(client, {"q": {"type": "noul"}}, state=shallow)
+    assert response.status_code == 200 or (
+        response.status_code == 422
+        and response.json()["error"]["code"] == "context_length_exceeded"
+    ), response.text
 
 
 def test_invalid_json_is_422(client):

@@ -134,7 +134,10 @@ def test_state_comes_first_and_criteria_are_in_prompt() -> None:
     user = prompts.noul_message("q", "The sky is green.", {"true": {"colour": "green"}})
     messages = prompts.question_messages(prompts.state_block(STATE) + user)
     assert messages[0] == {"role": "system", "content": prompts.SYSTEM_TASK}
-    content = messages[1]["content"]
+    # Worked examples come before the question's own turn, answered in the words read.
+    assert [m["role"] for m in messages[1:-1]] == ["user", "assistant"] * len(prompts.NOUL_EXAMPLES)
+    assert {m["content"] for m in messages[2:-1:2]} == {"yes", "no"}
+    content = messages[-1]["content"]
     assert content.startswith("State:\n{") and '"name": "Ada"' in content
     assert content.index('"name": "Ada"') < content.index("The sky is green.")
     assert '"colour": "green"' in content
