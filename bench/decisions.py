@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.decisions --key $SERVE_APP_API_KEY     # against a running service
     .venv/bin/python -m bench.decisions --in-process [--threads 2]   # the scorer, no HTTP
 
-p50/p95 latency of one request about one ~1,000-token state (prompt included) with 1, 5, 10 and
+p50/p95 latency of one request about one ~1,700-token prompt (state ~1,600 tokens) with 1, 5, 10 and
 64 questions, and one 255-label choice; then the baselines: the same 10 questions sent as 10
 one-question requests, one after another, on one state and on a fresh state per request
 (``--no-baselines`` skips them). Every iteration uses a fresh state (a salted ticket), so the
@@ -51,7 +51,7 @@ LABELS = {"pick": {"type": "choice", "criteria": {f"l{i}": None for i in range(2
 
 
 def state(salt: int) -> dict:
-    """A support ticket of roughly 1,000 tokens once in the prompt."""
+    """A support ticket of roughly 1,600 tokens once rendered in the prompt."""
     log = "\n".join(
         f"2026-11-{(i % 28) + 1:02d} 10:{i:02d}:00 ERROR auth.session: token refresh failed "
         f"(user={1000 + i}, region=eu-west-{i % 3}, attempt={i % 5})"
