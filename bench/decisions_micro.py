@@ -98,20 +98,16 @@ def main() -> None:
     cached = LikelihoodScorer(loaded, context_length=32768)
     uncached = LikelihoodScorer(loaded, context_length=32768, prefix_cache_bytes=0)
     probe = uncached.score(state, questions[:1])
-    plans, anchor = uncached._plan_all(state, questions)
     print(f"model {args.model}, threads {args.threads}, {args.repeats} rounds")
-    print(
-        f"state prefix {len(anchor)} tokens; question prompts {min(len(p.ids) for p in plans)}"
-        f"-{max(len(p.ids) for p in plans)} tokens"
-    )
+    print(f"1-question prompt: {probe.input_tokens} tokens")
     uncached.score(state, questions)  # warm-up
 
     def one_call(scorer: LikelihoodScorer, qs: list[DecisionQuestion]) -> ScoringResult:
-        scorer.prefix_cache._items.clear()  # cold: the state is run in every measured call
+        scorer.prefix_cache.clear()  # cold: the state is run in every measured call
         return scorer.score(state, qs)
 
     def separate_calls(scorer: LikelihoodScorer) -> None:
-        scorer.prefix_cache._items.clear()
+        scorer.prefix_cache.clear()
         for q in questions:
             scorer.score(state, [q])
 

@@ -15,10 +15,11 @@ import pytest
 
 from serve_app.engine.loader import LoadedModel, load_model
 from serve_app.engine.prompts import decisions as prompts
+from serve_app.engine.prompts.chat_encoding import encode_chat
 from serve_app.engine.scoring import (
     DecisionQuestion,
     LikelihoodScorer,
-    _first_tokens_disjoint,
+    build_trie,
 )
 from serve_app.errors import ContextLengthExceededError, UnprocessableRequestError
 
@@ -65,25 +66,14 @@ def reference_log_scores(
     """Unnormalised log-likelihood per option (optionally for a few options only)."""
     import torch
 
-    tok, model = scorer.tokenizer, scorer.model
-    if q.kind == "noul":
-        options, answers = ["true", "false"], scorer._noul_answers
-        user = prompts.noul_message(q.name, q.instructions, q.criteria)
-    elif q.kind == "choice":
-        options = list(q.criteria)
-        answers = [[tok.encode(label, add_special_tokens=False)] for label in options]
-        user = prompts.choice_message(q.name, q.instructions, q.criteria)
-    else:
-        options = [str(k) for k in range(len(q.criteria))]
-        answers = [[tok.encode(key, add_special_tokens=False)] for key in options]
-        user = prompts.score_message(q.name, q.instructions, q.criteria)
-    text = tok.apply_chat_template(
-        prompts.question_messages(state, user), tokenize=False, add_generation_prompt=True
-    )
-    ids = tok.encode(text, add_special_tokens=False)
+    model = scorer.model
+    options, answers, user = question_parts(scorer, q)
+    ids = full_prompt(scorer, state, user)
     keep = [i for i, o in enumerate(options) if only is None or o in only]
+    firsts = [{seq[0] for seq in alts} for alts in answers]
+    disjoint = sum(len(f) for f in firsts) == len(set().union(*firsts))
     with torch.inference_mode():
-        if _first_tokens_disjoint(answers):
+        if disjoint:
             lp = model(torch.tensor([ids])).logits[0, -1].double().log_softmax(-1)
             scores = [float(lp[[s[0] for s in answers[i]]].logsumexp(0)) for i in keep]
         else:
@@ -97,6 +87,26 @@ def reference_log_scores(
                     per_seq.append(sum(float(lp[j, t]) for j, t in enumerate(full)))
                 scores.append(float(torch.tensor(per_seq).logsumexp(0)))
     return {options[i]: score for i, score in zip(keep, scores, strict=True)}
+
+
+def question_parts(scorer: LikelihoodScorer, q: DecisionQuestion) -> tuple:
+    """Options, their token sequences and the user message, as the prompts module builds them."""
+    if q.kind == "noul":
+        user = prompts.noul_message(q.name, q.instructions, q.criteria)
+        return ["true", "false"], scorer.noul_answers, user
+    if q.kind == "choice":
+        options = list(q.criteria)
+        user = prompts.choice_message(q.name, q.instructions, q.criteria)
+    else:
+        options = [str(k) for k in range(len(q.criteria))]
+        user = prompts.score_message(q.name, q.instructions, q.criteria)
+    return options, [[scorer.encode(option)] for option in options], user
+
+
+def full_prompt(scorer: LikelihoodScorer, state: Any, user: str) -> list[int]:
+    """The whole prompt encoded in one go by the project's chat encoder."""
+    messages = prompts.question_messages(prompts.state_block(state) + user)
+    return encode_chat(scorer.tokenizer, messages)
 
 
 def assert_close(got: dict[str, float], want: dict[str, float], tol: float = 1e-4) -> None:
@@ -122,24 +132,26 @@ def test_render_value_is_json_not_repr() -> None:
 
 def test_state_comes_first_and_criteria_are_in_prompt() -> None:
     user = prompts.noul_message("q", "The sky is green.", {"true": {"colour": "green"}})
-    messages = prompts.question_messages(STATE, user)
+    messages = prompts.question_messages(prompts.state_block(STATE) + user)
     assert messages[0] == {"role": "system", "content": prompts.SYSTEM_TASK}
-    content = messages[1]["content"]
+    # Worked examples come before the question's own turn, answered in the words read.
+    assert [m["role"] for m in messages[1:-1]] == ["user", "assistant"] * len(prompts.NOUL_EXAMPLES)
+    assert {m["content"] for m in messages[2:-1:2]} == {"yes", "no"}
+    content = messages[-1]["content"]
     assert content.startswith("State:\n{") and '"name": "Ada"' in content
     assert content.index('"name": "Ada"') < content.index("The sky is green.")
     assert '"colour": "green"' in content
 
 
 def test_split_tokenization_equals_full(scorer: LikelihoodScorer) -> None:
-    """The state is tokenized once and reused; that must equal tokenizing each prompt whole."""
-    for state in (STATE, "ends with a word", "ends with newlines\n\n", ["x", 1]):
-        plans, anchor = scorer._plan_all(state, mixed_questions())
-        for plan in plans:
-            text = scorer._chat_text(
-                prompts.question_messages(state, scorer._question_parts(plan.question)[2])
-            )
-            assert plan.ids == scorer._encode(text)
-            assert plan.ids[: len(anchor)] == anchor
+    """The state is tokenized once and reused; that must equal encoding each prompt whole."""
+    frame = scorer.frame
+    for state in (STATE, "ends with a word", "ends with newlines\n\n", ["x", 1], "<|im_end|>"):
+        for q in mixed_questions():
+            user = question_parts(scorer, q)[2]
+            split = frame.head + scorer.encode(prompts.state_block(state))
+            split += scorer.encode(user) + frame.tail
+            assert split == full_prompt(scorer, state, user)
 
 
 # ------------------------------------------------------------------ structure (tiny)
@@ -168,10 +180,12 @@ def test_probabilities_cover_options_and_sum_to_one(scorer: LikelihoodScorer) ->
 
 def test_paths_are_the_intended_ones(scorer: LikelihoodScorer) -> None:
     """Sanity for the tests below: the mixed set exercises both scoring paths."""
-    plans, _ = scorer._plan_all(STATE, mixed_questions())
-    assert [p.first_token_path for p in plans] == [True, True, False, True]
-    true_side, false_side = scorer._noul_answers
-    encode = scorer._encode
+    result = scorer.score(STATE, mixed_questions())
+    # One read each for the single-distribution questions; the slow choice reads its trie.
+    slow = build_trie(question_parts(scorer, mixed_questions()[2])[1], scorer.end_id)
+    assert result.output_tokens == 3 + len(slow.reads)
+    true_side, false_side = scorer.noul_answers
+    encode = scorer.encode
     assert [encode("true")[0]] in true_side and [encode("True")[0]] in true_side
     assert [encode("False")[0]] in false_side
     assert scorer.end_id == scorer.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -183,8 +197,8 @@ def test_batched_shared_prefix_matches_reference(scorer: LikelihoodScorer) -> No
     for q in questions:
         assert_close(result.outcomes[q.name].probabilities, reference(scorer, STATE, q))
     # The state was run once, not once per question.
-    plans, _ = scorer._plan_all(STATE, questions)
-    assert result.input_tokens < sum(len(p.ids) for p in plans)
+    whole = [full_prompt(scorer, STATE, question_parts(scorer, q)[2]) for q in questions]
+    assert result.input_tokens < sum(len(ids) for ids in whole)
 
 
 def test_single_question_matches_reference(scorer: LikelihoodScorer) -> None:
@@ -195,8 +209,8 @@ def test_single_question_matches_reference(scorer: LikelihoodScorer) -> None:
 
 
 def test_255_labels_with_shared_first_tokens(tiny: LoadedModel) -> None:
-    # A small KV budget forces several continuation batches.
-    scorer = LikelihoodScorer(tiny, context_length=8192, batch_kv_bytes=1 << 20)
+    # A small pack size forces several forward passes.
+    scorer = LikelihoodScorer(tiny, context_length=8192, pack_tokens=64)
     labels = {f"opt{i}": None for i in range(250)} | {c: None for c in "ABCDE"}
     q = DecisionQuestion("many", "choice", "Pick one.", labels)
     result = scorer.score({"x": 1}, [q, DecisionQuestion("other", "noul", "x is 1")])

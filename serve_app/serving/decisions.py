@@ -8,6 +8,7 @@ given (the largest probability): the simplest honest definition.
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from serve_app.api.decisions import (
     ChoiceAnswer,
@@ -19,7 +20,12 @@ from serve_app.api.decisions import (
     Question,
     ScoreAnswer,
 )
-from serve_app.engine.scoring import DecisionQuestion, LikelihoodScorer, QuestionOutcome
+from serve_app.engine.scoring import (
+    DecisionQuestion,
+    LikelihoodScorer,
+    QuestionOutcome,
+    ScoringCancelled,
+)
 from serve_app.serving.billing import current_cache_salt, current_meter
 
 
@@ -30,19 +36,28 @@ class DecisionService:
     async def decide(self, body: DecisionRequest) -> DecisionResponse:
         """Score in a worker thread: torch releases the GIL, the replica keeps serving.
 
-        The thread cannot be stopped once started, so a cancelled request still waits for it
-        and is billed what it ran (then the cancellation goes on)."""
+        A thread cannot be killed, so cancellation is cooperative: when this task is cancelled
+        (Serve cancels it when the caller times out or disconnects) the scorer is told to stop
+        at its next decoder layer, which releases it for the next request within a second; the
+        work it ran until then is metered, so the ledger bills it (serve_app.serving.billing).
+        """
         questions = [_to_engine(name, question) for name, question in body.questions.items()]
         meter = current_meter()
+        cancel = threading.Event()
         scoring = asyncio.ensure_future(
-            asyncio.to_thread(self.scorer.score, body.state, questions, current_cache_salt())
+            asyncio.to_thread(
+                self.scorer.score, body.state, questions, cancel, current_cache_salt()
+            )
         )
         try:
             result = await asyncio.shield(scoring)
         except asyncio.CancelledError:
-            finished = await asyncio.gather(scoring, return_exceptions=True)
-            if not isinstance(finished[0], BaseException):
-                meter.update(finished[0].input_tokens, finished[0].output_tokens)
+            cancel.set()
+            (finished,) = await asyncio.gather(scoring, return_exceptions=True)
+            if isinstance(finished, ScoringCancelled):
+                meter.update(finished.work.input_tokens, finished.work.output_tokens)
+            elif not isinstance(finished, BaseException):  # done before it saw the flag
+                meter.update(finished.input_tokens, finished.output_tokens)
             raise
         meter.update(result.input_tokens, result.output_tokens)
         answers = {

@@ -1,16 +1,20 @@
 """Prompts for ``/v1/decisions``: render JSON values as text and build one chat per question.
 
-Every chat starts the same way (a fixed system message, then the user turn opening with the
-*state*), so all questions of a request share a long token prefix that the scorer runs once
-and caches. Only the rest of the user turn differs between questions; it names the allowed
-answers, and the scorer reads the likelihood of those answers at the first assistant
-position.
+Every chat starts the same way (a fixed system message, a few worked examples as earlier chat
+turns, then the user turn opening with the *state*), so all questions of a request share a
+long token prefix that the scorer runs once and caches; the examples are the same for every
+request, so the prefix cache serves them to all requests. Only the rest of the user turn
+differs between questions; it names the allowed answers, and the scorer reads the likelihood
+of those answers at the first assistant position.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
+
+from serve_app.engine.prompts.chat_encoding import encode_chat
 
 SYSTEM_TASK = (
     "You answer questions about a state. Judge only from what the state says, and answer "
@@ -88,14 +92,21 @@ def noul_message(name: str, instructions: Any = None, criteria: Any = None) -> s
     return f"{described}\n\nIs this claim true, given the state above? Answer yes or no."
 
 
+# Up to this many labels, the answer line repeats them; beyond, the list above is enough (255
+# labels listed twice would double the question's tokens for no gain).
+REPEAT_LABELS_UP_TO = 16
+
+
 def choice_message(name: str, instructions: Any, labels: dict[str, Any]) -> str:
     """Ask for exactly one of the labels; descriptions are shown next to each label."""
     options = "\n".join(_option_line(f"- {label}", text) for label, text in labels.items())
-    listed = ", ".join(labels)
+    listed = (
+        f": {', '.join(labels)}" if len(labels) <= REPEAT_LABELS_UP_TO else " in the list above"
+    )
     return (
         f"{_field('Question', _subject(name, instructions))}\n\nOptions:\n{options}\n\n"
         "Which option fits the state above? Answer with exactly one of these labels, "
-        f"written exactly as shown: {listed}."
+        f"written exactly as shown{listed}."
     )
 
 
@@ -115,9 +126,72 @@ def score_message(name: str, instructions: Any, levels: list[Any]) -> str:
     )
 
 
-def question_messages(state: Any, question_message: str) -> list[dict[str, str]]:
-    """The chat for one question: fixed system turn, then the state, then the question."""
+# Worked yes/no examples, two per kind of state (one true, one false), none from the probe.
+# On Qwen2.5-Coder-0.5B (bench/noul_probe, 60 claims) these 12 turns move accuracy at 0.5
+# from 40 to 44 right, ordered pairs from 22 to 26 of 30 and Brier from 0.219 to 0.185; six
+# generic examples gave 43 / 26 / 0.185, the same six as text in the system message 39 / 22.
+NOUL_EXAMPLES: tuple[tuple[Any, str, str], ...] = (
+    ({"ticket": "The export button does nothing when I click it.", "customer": "acme"},
+     "The ticket reports a bug.", "yes"),
+    ({"ticket": "How do I change the email address on my account?"},
+     "The ticket reports an outage.", "no"),
+    ("def is_even(n):\n    return n % 2 == 0",
+     "The function checks whether a number is even.", "yes"),
+    ("def area(r):\n    return 3.14 * r * r", "The function sorts a list.", "no"),
+    ("2024-06-01 12:00:03 ERROR payment: timeout after 30s", "The log reports an error.", "yes"),
+    ("2024-06-01 12:00:03 INFO cache warmed in 80 ms", "The log reports an error.", "no"),
+    ({"order": {"status": "delivered", "paid": True}}, "The order was delivered.", "yes"),
+    ({"order": {"status": "pending", "paid": False}}, "The order has been paid.", "no"),
+    ({"rating": 5, "text": "Fast delivery and great quality."}, "The customer is happy.", "yes"),
+    ({"rating": 1, "text": "Arrived broken and late."}, "The review is positive.", "no"),
+    ({"subject": "Team lunch", "body": "Pizza on Friday at noon, who is in?"},
+     "The email is about a lunch.", "yes"),
+    ({"subject": "Invoice 3321", "body": "Please find your invoice attached."},
+     "The email is spam.", "no"),
+)  # fmt: skip
+
+
+def example_turns() -> list[dict[str, str]]:
+    """The worked examples as user/assistant turns, in the same format as real questions."""
+    turns = []
+    for state, claim, answer in NOUL_EXAMPLES:
+        turns.append({"role": "user", "content": state_block(state) + noul_message("q", claim)})
+        turns.append({"role": "assistant", "content": answer})
+    return turns
+
+
+def question_messages(user_content: str) -> list[dict[str, str]]:
+    """The chat for one question: the fixed system turn and examples, then
+    ``state_block + question``."""
     return [
         {"role": "system", "content": SYSTEM_TASK},
-        {"role": "user", "content": state_block(state) + question_message},
+        *example_turns(),
+        {"role": "user", "content": user_content},
     ]
+
+
+@dataclass(frozen=True)
+class ChatFrame:
+    """The template's token ids around the user turn's content, the system turn included.
+
+    A question's prompt is ``head + state + question + tail``: the state's ids are computed
+    once per request and shared by every question, and user text is only ever encoded as
+    plain text (``encode_chat`` splits special-token spellings).
+    """
+
+    head: list[int]
+    tail: list[int]
+
+
+def chat_frame(tokenizer: Any) -> ChatFrame:
+    """Split the encoded chat of an empty and a one-letter user content around the content."""
+    empty = encode_chat(tokenizer, question_messages(""))
+    marked = encode_chat(tokenizer, question_messages("X"))
+    extra = len(marked) - len(empty)
+    split = next(
+        (i for i, (a, b) in enumerate(zip(marked, empty, strict=False)) if a != b), len(empty)
+    )
+    head, tail = marked[:split], marked[split + extra :]
+    if extra < 1 or head + tail != empty:
+        raise ValueError("the chat template does not place the user content in one piece")
+    return ChatFrame(head=head, tail=tail)

@@ -1,0 +1,26 @@
+"""Decision scoring: option likelihoods on a shared state prefix (see ``scorer``)."""
+
+from serve_app.engine.scoring.budget import DecisionBudget, ScoringCancelled, WorkDone
+from serve_app.engine.scoring.questions import (
+    DecisionQuestion,
+    QuestionKind,
+    QuestionOutcome,
+    ScoringResult,
+)
+from serve_app.engine.scoring.scorer import MAX_CHOICE_LABELS, MAX_SCORE_LEVELS, LikelihoodScorer
+from serve_app.engine.scoring.trie import OptionTrie, build_trie
+
+__all__ = [
+    "MAX_CHOICE_LABELS",
+    "MAX_SCORE_LEVELS",
+    "DecisionBudget",
+    "DecisionQuestion",
+    "LikelihoodScorer",
+    "OptionTrie",
+    "QuestionKind",
+    "QuestionOutcome",
+    "ScoringCancelled",
+    "ScoringResult",
+    "WorkDone",
+    "build_trie",
+]

@@ -1,0 +1,107 @@
+"""Cancellation and bounded work: a caller that gives up frees the scorer within a second.
+
+The real ``DecisionService`` on the tiny model, driven the way Serve drives it: the request's
+asyncio task is cancelled when the caller times out or disconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from serve_app.api.decisions import DecisionRequest
+from serve_app.engine.loader import LoadedModel, load_model
+from serve_app.engine.scoring import DecisionBudget, DecisionQuestion, LikelihoodScorer
+from serve_app.errors import UnprocessableRequestError
+from serve_app.serving.billing import CLIENT_GONE, RequestContext, UsageRecorder
+from serve_app.serving.decisions import DecisionService
+
+LABELS = {f"l{i}": None for i in range(255)}
+
+
+@pytest.fixture(scope="module")
+def tiny() -> LoadedModel:
+    return load_model("tiny", threads=1)
+
+
+def heavy_body() -> DecisionRequest:
+    """64 questions of 40 labels, one row per batch: seconds of work on the tiny model."""
+    labels = dict(list(LABELS.items())[:40])
+    questions = {
+        f"q{i}": {"type": "choice", "instructions": f"Pick {i}.", "criteria": labels}
+        for i in range(64)
+    }
+    return DecisionRequest(model="m", state={"log": "line " * 200}, questions=questions)
+
+
+def small_body() -> DecisionRequest:
+    questions = {"ok": {"type": "noul", "instructions": "The state is small."}}
+    return DecisionRequest(model="m", state="small", questions=questions)
+
+
+def test_cancelled_request_frees_the_scorer_within_a_second(tiny: LoadedModel) -> None:
+    scorer = LikelihoodScorer(
+        tiny,
+        context_length=8192,
+        pack_tokens=1,  # one question per forward pass
+        budget=DecisionBudget(max_scored_tokens=10**7, max_input_bytes=10**7),
+    )
+    service = DecisionService(scorer)
+    rows: list[tuple[int, int, int]] = []
+
+    async def write(context: RequestContext, input_tokens: int, output_tokens: int, status: int):
+        rows.append((input_tokens, output_tokens, status))
+
+    recorder = UsageRecorder(write, timeout_s=600)
+    context = RequestContext(grant=None, model="m", endpoint="decisions", cache_salt="account-1")
+
+    async def scenario() -> tuple[float, float]:
+        heavy = asyncio.create_task(recorder.run(context, lambda: service.decide(heavy_body())))
+        while scorer.in_flight is None or not scorer.in_flight.input_tokens:
+            assert not heavy.done(), heavy.exception()  # it runs, and has run the state
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        assert not heavy.done()
+        heavy.cancel()
+        cancelled_at = time.perf_counter()
+        with pytest.raises(asyncio.CancelledError):
+            await heavy
+        while scorer.busy:
+            await asyncio.sleep(0.005)
+        freed = time.perf_counter() - cancelled_at
+        answer = await service.decide(small_body())
+        assert answer.usage.input_tokens > 0
+        return freed, time.perf_counter() - cancelled_at
+
+    freed, answered = asyncio.run(scenario())
+    assert freed < 1.0, freed
+    assert answered < 1.0, answered
+    # The stopped request's work is billed (499: its caller went away): some ran, and it
+    # stopped before reading any answer (a finished request reads at least one per question).
+    assert len(rows) == 1
+    input_tokens, output_tokens, status = rows[0]
+    assert input_tokens > 0 and output_tokens == 0 and status == CLIENT_GONE
+
+
+def test_scored_token_budget_is_checked_before_any_forward(tiny: LoadedModel) -> None:
+    scorer = LikelihoodScorer(
+        tiny, context_length=8192, budget=DecisionBudget(max_scored_tokens=500)
+    )
+    questions = [DecisionQuestion("q", "choice", "Pick one.", LABELS)]
+    with pytest.raises(UnprocessableRequestError) as caught:
+        scorer.score("state", questions)
+    assert "max_scored_tokens" in caught.value.message and "500" in caught.value.message
+    assert len(scorer.prefix_cache) == 0  # refused before the state ran
+
+
+def test_input_bytes_are_checked_before_tokenisation(tiny: LoadedModel) -> None:
+    scorer = LikelihoodScorer(
+        tiny, context_length=8192, budget=DecisionBudget(max_input_bytes=10_000)
+    )
+    started = time.perf_counter()
+    with pytest.raises(UnprocessableRequestError) as caught:
+        scorer.score("x" * 3_000_000, [DecisionQuestion("q", "noul", "It is long.")])
+    assert "max_input_bytes" in caught.value.message and "10000" in caught.value.message
+    assert time.perf_counter() - started < 0.5  # 3 MB of tokenisation would take seconds
