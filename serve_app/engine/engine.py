@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
@@ -398,8 +397,6 @@ class LLMEngine(Engine):
         OpenAI do); the eos token's own text is never emitted.
         """
         state.history.append(token_id)
-        if state.first_token_time is None:
-            state.first_token_time = time.monotonic()
         finish: str | None = None
         if token_id in self.eos_token_ids:
             text, _ = self._flush_text(state)
@@ -428,7 +425,6 @@ class LLMEngine(Engine):
     def _finish(self, state: RequestState, text: str, reason: str) -> None:
         state.status = RequestStatus.FINISHED
         state.finish_reason = reason
-        state.finish_time = time.monotonic()
         self.requests_finished += 1
         self._push(state, state.chunk(text, reason))
         self._forget(state)
@@ -437,7 +433,6 @@ class LLMEngine(Engine):
         if state.is_done:
             return
         state.status = RequestStatus.FINISHED
-        state.finish_time = time.monotonic()
         self.requests_failed += 1
         state.push(error)
         self._forget(state)
@@ -462,7 +457,6 @@ class LLMEngine(Engine):
         aborted = [s for s in aborted if not s.is_done]
         for state in aborted:
             state.status = RequestStatus.ABORTED
-            state.finish_time = time.monotonic()
             self.requests_aborted += 1
             self._forget(state)
         if aborted:

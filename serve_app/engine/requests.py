@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from serve_app.engine.constraints import (
@@ -64,9 +63,6 @@ class RequestState:
     cached_tokens: int = 0
     abort_requested: bool = False
     finish_reason: str | None = None
-    arrival_time: float = field(default_factory=time.monotonic)
-    first_token_time: float | None = None
-    finish_time: float | None = None
 
     @property
     def request_id(self) -> str:

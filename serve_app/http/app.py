@@ -431,8 +431,6 @@ def _count_tokens(model: str, endpoint: str, usage: Any) -> None:
 
 def _checked(result: Any, expected: type) -> Any:
     """A model deployment that answers the wrong shape is a 502, not a 500 or a bad 200."""
-    if isinstance(result, ServiceError):
-        raise result
     if not isinstance(result, expected):
         logger.error("upstream returned %s, expected %s", type(result).__name__, expected.__name__)
         raise UpstreamBadResponseError()
