@@ -10,10 +10,10 @@ import statistics
 import time
 from typing import Any
 
-from serve_app.engine.engine import EngineConfig, LLMEngine, generate_text
+from serve_app.engine.engine import EngineConfig, LLMEngine
 from serve_app.engine.loader import load_model
 from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT, fit_to_context, parse_edit_prompt
-from serve_app.engine.protocol import GenerationRequest, SamplingParams
+from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
 
 
 def _configs(args: Any) -> dict[str, EngineConfig]:

@@ -28,12 +28,17 @@ class ServiceError(Exception):
         self.headers = headers or {}
         super().__init__(self.message)
 
-    def __reduce__(self):  # keep message/param/headers when pickled across Ray processes
-        return (_rebuild, (type(self), self.message, self.param, self.headers))
+    def __reduce__(self):
+        """Pickle across Ray processes with every attribute (message, param, headers, and a
+        ``code`` set on the instance), whatever a subclass's ``__init__`` takes."""
+        return (_rebuild, (type(self), self.args, self.__dict__))
 
 
-def _rebuild(cls: type[ServiceError], message: str, param: str | None, headers: dict[str, str]):
-    return cls(message, param=param, headers=headers)
+def _rebuild(cls: type[ServiceError], args: tuple, state: dict) -> ServiceError:
+    error = Exception.__new__(cls, *args)  # not cls(...): subclasses' __init__ signatures differ
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class InvalidRequestError(ServiceError):
@@ -86,13 +91,6 @@ class ModelNotFoundError(ServiceError):
         kwargs.setdefault("param", "model")
         super().__init__(message, **kwargs)
 
-    def __reduce__(self):
-        return (_rebuild_model_not_found, (self.message, self.param, self.headers))
-
-
-def _rebuild_model_not_found(message: str, param: str | None, headers: dict[str, str]):
-    return ModelNotFoundError(message=message, param=param, headers=headers)
-
 
 class NotFoundError(ServiceError):
     status_code = 404
@@ -128,15 +126,6 @@ class UnprocessableRequestError(ServiceError):
         converted = cls(error.message, param=error.param, headers=error.headers)
         converted.code = error.code
         return converted
-
-    def __reduce__(self):
-        return (_rebuild_unprocessable, (self.message, self.param, self.headers, self.code))
-
-
-def _rebuild_unprocessable(message, param, headers, code) -> UnprocessableRequestError:
-    error = UnprocessableRequestError(message, param=param, headers=headers)
-    error.code = code
-    return error
 
 
 class RateLimitError(ServiceError):

@@ -569,9 +569,9 @@ def test_response_format_factory(tiny) -> None:
 def test_engine_hook(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The hook the engine needs: attach the constraint to the request's sampler in
     ``_new_state``; the engine's eos handling then ends the request as soon as JSON is done."""
-    from serve_app.engine.engine import EngineConfig, LLMEngine, generate_text
+    from serve_app.engine.engine import EngineConfig, LLMEngine
     from serve_app.engine.loader import load_model
-    from serve_app.engine.protocol import GenerationRequest
+    from serve_app.engine.protocol import GenerationRequest, generate_text
 
     loaded = load_model("tiny:" + str(tmp_path_factory.getbasetemp() / "tiny-model"))
     texts = TokenTexts.for_tokenizer(loaded.tokenizer)

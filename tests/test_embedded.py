@@ -24,6 +24,7 @@ from serve_app.engine.embedded import (
     assemble_parts,
     ensure_embedded_model,
 )
+from serve_app.engine.embedded.cli import main
 
 PART_SIZE = 1000
 
@@ -232,7 +233,7 @@ def test_failed_conversion_leaves_no_folder(fake_model: dict, monkeypatch) -> No
 
 def test_cli_prints_the_folder(fake_model: dict, capsys) -> None:
     spec, cache = fake_model["spec"], fake_model["cache"]
-    assert embedded.main([spec.name, "--cache-dir", str(cache)]) == 0
+    assert main([spec.name, "--cache-dir", str(cache)]) == 0
     assert capsys.readouterr().out.strip() == str(cache / spec.name)
 
 

@@ -18,9 +18,14 @@ from collections.abc import AsyncIterator
 import pytest
 import torch
 
-from serve_app.engine.engine import EngineConfig, LLMEngine, generate_text
+from serve_app.engine.engine import EngineConfig, LLMEngine
 from serve_app.engine.loader import LoadedModel, load_model
-from serve_app.engine.protocol import GenerationChunk, GenerationRequest, SamplingParams
+from serve_app.engine.protocol import (
+    GenerationChunk,
+    GenerationRequest,
+    SamplingParams,
+    generate_text,
+)
 from serve_app.engine.requests import RequestState
 from serve_app.errors import (
     ContextLengthExceededError,

@@ -14,10 +14,10 @@ import dataclasses
 import pytest
 import torch
 
-from serve_app.engine.engine import EngineConfig, LLMEngine, generate_text
+from serve_app.engine.engine import EngineConfig, LLMEngine
 from serve_app.engine.loader import LoadedModel, load_model
 from serve_app.engine.prefix_cache import PrefixCache
-from serve_app.engine.protocol import GenerationRequest, SamplingParams
+from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
 from serve_app.engine.runner.prepare import build_runner
 from serve_app.engine.runner.speculation import propose_draft
 from serve_app.engine.runner.weights import (

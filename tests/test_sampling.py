@@ -19,7 +19,6 @@ from serve_app.engine.sampling import (
     TopK,
     TopP,
     build_processors,
-    sample_rows,
 )
 from serve_app.engine.tiny import build_tiny_model
 
@@ -279,18 +278,6 @@ def test_sampling_respects_top_k(tiny_logits: torch.Tensor) -> None:
     top2 = set(torch.topk(tiny_logits, 2).indices.tolist())
     tokens = draws(SamplingParams(temperature=2.0, top_k=2, seed=0), tiny_logits, 50)
     assert set(tokens) == top2
-
-
-def test_sample_rows_uses_each_rows_sampler(tiny_logits: torch.Tensor) -> None:
-    batch = torch.stack([tiny_logits, -tiny_logits])
-    samplers = [Sampler(SamplingParams()), Sampler(SamplingParams())]
-    tokens = sample_rows(batch, samplers, [history(), history()])
-    assert tokens == [int(tiny_logits.argmax()), int(tiny_logits.argmin())]
-
-
-def test_sample_rows_rejects_mismatched_batch(tiny_logits: torch.Tensor) -> None:
-    with pytest.raises(ValueError):
-        sample_rows(tiny_logits[None], [], [])
 
 
 def test_sampler_rejects_batched_input(tiny_logits: torch.Tensor) -> None:

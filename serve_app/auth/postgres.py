@@ -29,7 +29,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from serve_app.auth.store import SqlAuthStore
+from serve_app.auth.sql import SqlAuthStore
 
 MIGRATION_LOCK_ID = 0x5E12_A0A7  # any constant shared by every replica of this app
 

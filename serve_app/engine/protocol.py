@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from serve_app.errors import UpstreamUnavailableError
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -99,3 +101,17 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def shutdown(self) -> None:
         """Stop the step loop and release the model."""
+
+
+async def generate_text(
+    engine: Engine, request: GenerationRequest, **kwargs: Any
+) -> tuple[str, GenerationChunk]:
+    """Run a request to the end; returns all its text and its last chunk (usage, finish)."""
+    parts: list[str] = []
+    last: GenerationChunk | None = None
+    async for chunk in engine.generate(request, **kwargs):
+        parts.append(chunk.text)
+        last = chunk
+    if last is None or last.finish_reason is None:
+        raise UpstreamUnavailableError("The request was aborted before it finished.")
+    return "".join(parts), last

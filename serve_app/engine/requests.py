@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from serve_app.engine.constraints import (
+    SchemaError,
+    TokenTexts,
+    attach_constraint,
+    constraint_for_response_format,
+)
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest
 from serve_app.engine.sampling import Sampler, TokenHistory
 from serve_app.engine.text import IncrementalDetokenizer, StopMatcher
+from serve_app.errors import ContextLengthExceededError, InvalidRequestError
 
 
 class RequestStatus(enum.Enum):
@@ -57,9 +63,6 @@ class RequestState:
     cached_tokens: int = 0
     abort_requested: bool = False
     finish_reason: str | None = None
-    arrival_time: float = field(default_factory=time.monotonic)
-    first_token_time: float | None = None
-    finish_time: float | None = None
 
     @property
     def request_id(self) -> str:
@@ -107,3 +110,54 @@ class RequestState:
         except RuntimeError:  # the caller's loop was closed: nobody is listening any more
             return False
         return True
+
+
+def new_request_state(
+    request: GenerationRequest,
+    context_param: str,
+    loop: asyncio.AbstractEventLoop,
+    *,
+    context_length: int,
+    tokenizer: Any,
+    token_texts: TokenTexts,
+    eos_token_ids: frozenset[int],
+    skip_special_tokens: bool,
+) -> RequestState:
+    """Validate a request and build its state (on the caller's thread, so errors are 4xx):
+    ``context_param`` is the field blamed when prompt + max_tokens exceeds the context."""
+    prompt = list(request.prompt_token_ids)
+    params = request.params
+    if not prompt:
+        raise InvalidRequestError(
+            "The prompt must contain at least one token.", param=context_param
+        )
+    if params.max_tokens < 1:
+        raise InvalidRequestError("max_tokens must be at least 1.", param="max_tokens")
+    if len(prompt) + params.max_tokens > context_length:
+        raise ContextLengthExceededError.for_limit(context_length, context_param)
+    try:
+        sampler = Sampler(params)
+        constraint = constraint_for_response_format(
+            params.response_format,
+            token_texts,
+            eos_token_ids,
+            max_tokens=params.max_tokens,
+        )
+    except SchemaError as e:
+        raise InvalidRequestError(str(e), param="response_format") from e
+    except ValueError as e:
+        raise InvalidRequestError(str(e)) from e
+    attach_constraint(sampler, constraint)
+    return RequestState(
+        request=request,
+        history=TokenHistory(prompt_ids=prompt, output_ids=[]),
+        sampler=sampler,
+        detokenizer=IncrementalDetokenizer(
+            tokenizer,
+            prompt_ids=prompt,
+            skip_special_tokens=skip_special_tokens,
+        ),
+        stop_matcher=StopMatcher(params.stop),
+        queue=asyncio.Queue(),
+        loop=loop,
+    )

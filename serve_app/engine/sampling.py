@@ -222,16 +222,3 @@ def _finite(logits: torch.Tensor) -> torch.Tensor:
     """
     finfo = torch.finfo(logits.dtype)
     return torch.nan_to_num(logits, nan=finfo.min, posinf=finfo.max, neginf=finfo.min)
-
-
-def sample_rows(
-    logits: torch.Tensor, samplers: Sequence[Sampler], histories: Sequence[TokenHistory]
-) -> list[int]:
-    """One token per row of a ``[B, V]`` batch; histories are read, not appended to."""
-    if logits.dim() != 2 or not len(samplers) == len(histories) == logits.shape[0]:
-        raise ValueError(
-            f"logits {tuple(logits.shape)} need one sampler and one history per row, "
-            f"got {len(samplers)} and {len(histories)}"
-        )
-    rows = zip(logits, samplers, histories, strict=True)
-    return [sampler(row, history) for row, sampler, history in rows]

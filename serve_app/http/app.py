@@ -24,7 +24,6 @@ from serve_app.api.common import ErrorResponse, HTTPValidationError
 from serve_app.api.decisions import DecisionRequest, DecisionResponse
 from serve_app.api.edit import EditCompletion, EditCompletionRequest
 from serve_app.api.fim import FimCompletion, FimCompletionChunk, FimCompletionRequest
-from serve_app.api.models import EndpointModelList, ModelList
 from serve_app.auth.keys import hash_key
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.errors import (
@@ -35,8 +34,10 @@ from serve_app.errors import (
     UpstreamBadResponseError,
     UpstreamTimeoutError,
 )
-from serve_app.http.errors import VALIDATION_422_PATHS, as_service_error, install_error_handlers
+from serve_app.http.errors import as_service_error, install_error_handlers
+from serve_app.http.listings import register_listings
 from serve_app.http.middleware import Authenticate, BoundedBody, RequestId, RequestMetrics
+from serve_app.http.openapi import openapi_without_implicit_422
 from serve_app.http.sse import open_event_stream, sse_event
 from serve_app.serving.billing import RequestContext, cache_salt_for
 from serve_app.serving.chat import DEFAULT_CHAT_MAX_TOKENS
@@ -52,15 +53,26 @@ DECISION_ERRORS: dict[int | str, dict[str, Any]] = {
     **{code: {"model": ErrorResponse} for code in (401, 402, 404, 413, 429, 500, 502, 503, 504)},
     422: {"model": HTTPValidationError | ErrorResponse},
 }
-LISTING_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (401, 500)
-}
 MAX_RECENT_KEYS = 10_000
 # Tokens a prompt template may add beyond the request's own text (per question for decisions).
 TEMPLATE_TOKENS = 64
 # The router's timeout backstop: past the model deployment's own deadline, which answers first.
 BACKSTOP_GRACE_S = 5.0
 SSE_RESPONSE = {"description": "text/event-stream of chunks, ending with `data: [DONE]`."}
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a model route calls: its endpoint (billing, metrics), the role its model must
+    hold, the deployment handle and its unary and streaming methods (``None``: no stream),
+    and the answer type a well-behaved deployment returns."""
+
+    endpoint: str
+    role: str
+    handle: Any
+    method: str
+    stream_method: str | None
+    answer: type
 
 
 @dataclass
@@ -89,7 +101,7 @@ def build_router_app(
     )
     routes = Routes(config, backends)
     routes.register(app)
-    app.openapi = lambda: _openapi_without_implicit_422(app)
+    app.openapi = lambda: openapi_without_implicit_422(app)
     install_error_handlers(app)
     paths = frozenset(route.path for route in app.routes)
     guarded = paths - {"/health"}
@@ -141,16 +153,7 @@ class Routes:
             response_model=ChatCompletion,
             responses={**COMMON_ERRORS, 200: {"content": {"text/event-stream": SSE_RESPONSE}}},
         )(self.apply)
-        get("/v1/models", response_model=ModelList, responses=LISTING_ERRORS, name="list_models")(
-            self._listing(None)
-        )
-        for endpoint in ("chat", "fim", "edit", "apply"):
-            get(
-                f"/v1/{endpoint}/completions/models",
-                response_model=EndpointModelList,
-                responses=LISTING_ERRORS,
-                name=f"list_{endpoint}_models",
-            )(self._listing(f"{endpoint}.completions"))
+        register_listings(app, self, bearer)
         get("/health", include_in_schema=False)(self.health)
 
     # --- auth and usage -------------------------------------------------------------------
@@ -286,13 +289,8 @@ class Routes:
         response: Response,
         credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     ) -> EditCompletion:
-        grant = await self.authorize(request, credentials, body.model, "edit.completions", body)
-        _apply_headers(response, grant)
-        self.require_role(grant, body.model, "edit")
-        result = await self.call(
-            grant, body.model, "edit.completions", self.backends.edit.edit, body
-        )
-        return _checked(result, EditCompletion)
+        call = Call("edit.completions", "edit", self.backends.edit, "edit", None, EditCompletion)
+        return await self.dispatch(request, response, credentials, body, call)
 
     async def fim(
         self,
@@ -301,19 +299,10 @@ class Routes:
         response: Response,
         credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     ) -> Any:
-        grant = await self.authorize(request, credentials, body.model, "fim.completions", body)
-        _apply_headers(response, grant)
-        self.require_role(grant, body.model, "fim")
-        if body.stream:
-            context = self.context(grant, body.model, "fim.completions")
-            stream = self.backends.fim.options(stream=True).stream.remote(body, context)
-            return await self.stream(
-                grant, body.model, "fim.completions", stream, body.include_usage
-            )
-        result = await self.call(
-            grant, body.model, "fim.completions", self.backends.fim.complete, body
+        call = Call(
+            "fim.completions", "fim", self.backends.fim, "complete", "stream", FimCompletion
         )
-        return _checked(result, FimCompletion)
+        return await self.dispatch(request, response, credentials, body, call)
 
     async def chat(
         self,
@@ -322,21 +311,11 @@ class Routes:
         response: Response,
         credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     ) -> Any:
-        grant = await self.authorize(request, credentials, body.model, "chat.completions", body)
-        _apply_headers(response, grant)
-        if not self.config.roles.chat:
-            self.refuse(grant, ModelNotFoundError(body.model))
-        self.require_role(grant, body.model, "edit")
-        if body.stream:
-            context = self.context(grant, body.model, "chat.completions")
-            stream = self.backends.edit.options(stream=True).chat_stream.remote(body, context)
-            return await self.stream(
-                grant, body.model, "chat.completions", stream, body.include_usage
-            )
-        result = await self.call(
-            grant, body.model, "chat.completions", self.backends.edit.chat, body
+        call = Call(
+            "chat.completions", "edit", self.backends.edit, "chat", "chat_stream", ChatCompletion
         )
-        return _checked(result, ChatCompletion)
+        enabled = bool(self.config.roles.chat)
+        return await self.dispatch(request, response, credentials, body, call, enabled=enabled)
 
     async def apply(
         self,
@@ -346,19 +325,37 @@ class Routes:
         credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     ) -> Any:
         """Merge an update snippet into code; served by the edit model's deployment."""
-        grant = await self.authorize(request, credentials, body.model, "apply.completions", body)
-        _apply_headers(response, grant)
-        self.require_role(grant, body.model, "edit")
-        if body.stream:
-            context = self.context(grant, body.model, "apply.completions")
-            stream = self.backends.edit.options(stream=True).apply_stream.remote(body, context)
-            return await self.stream(
-                grant, body.model, "apply.completions", stream, body.include_usage
-            )
-        result = await self.call(
-            grant, body.model, "apply.completions", self.backends.edit.apply, body
+        call = Call(
+            "apply.completions", "edit", self.backends.edit, "apply", "apply_stream", ChatCompletion
         )
-        return _checked(result, ChatCompletion)
+        return await self.dispatch(request, response, credentials, body, call)
+
+    async def dispatch(
+        self,
+        request: Request,
+        response: Response,
+        credentials: HTTPAuthorizationCredentials | None,
+        body: Any,
+        call: Call,
+        *,
+        enabled: bool = True,
+    ) -> Any:
+        """The one path of a model route: authorize (reserving the estimate), rate headers,
+        the role check (a disabled endpoint is an unknown model), then stream or call, and
+        check the answer's shape."""
+        grant = await self.authorize(request, credentials, body.model, call.endpoint, body)
+        _apply_headers(response, grant)
+        if not enabled:
+            self.refuse(grant, ModelNotFoundError(body.model))
+        self.require_role(grant, body.model, call.role)
+        if call.stream_method is not None and body.stream:
+            context = self.context(grant, body.model, call.endpoint)
+            streaming = call.handle.options(stream=True)
+            chunks = getattr(streaming, call.stream_method).remote(body, context)
+            return await self.stream(grant, body.model, call.endpoint, chunks, body.include_usage)
+        method = getattr(call.handle, call.method)
+        result = await self.call(grant, body.model, call.endpoint, method, body)
+        return _checked(result, call.answer)
 
     async def stream(
         self, grant: Any, model: str, endpoint: str, chunks: Any, include_usage: bool
@@ -388,49 +385,13 @@ class Routes:
                 raise
             raise as_service_error(exc) from None
 
-    def _listing(self, endpoint: str | None):
-        """The route of one model listing: every model (``None``, no ``supported_endpoints``)
-        or the models of one endpoint (with them), less those the account may not use."""
-
-        async def list_models(
-            request: Request,
-            response: Response,
-            credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
-        ) -> ModelList | EndpointModelList:
-            grant = await self.authorize(request, credentials, None, "models")
-            _apply_headers(response, grant)
-            allowed = await self.backends.auth.allowed_models.remote(grant)
-            visible = [m for m in self.config.models if allowed is None or m.id in allowed]
-            if endpoint is None:
-                return ModelList(data=[self.config.card(model.id) for model in visible])
-            cards = [
-                self.config.card(model.id, endpoint)
-                for model in visible
-                if endpoint in self.config.endpoints_of(model.id)
-            ]
-            return EndpointModelList(data=cards)
-
-        return list_models
+    @staticmethod
+    def apply_headers(response: Response, grant: Any) -> None:
+        """The grant's rate-limit headers on a plain (non-streaming) answer."""
+        _apply_headers(response, grant)
 
     async def health(self, request: Request) -> dict[str, str]:
         return {"status": "ok"}
-
-
-def _openapi_without_implicit_422(app: FastAPI) -> dict[str, Any]:
-    """FastAPI documents a 422 on every route with a body; only /v1/decisions answers 422
-    (the others answer validation failures with 400), so the document says exactly that."""
-    if app.openapi_schema is None:
-        from fastapi.openapi.utils import get_openapi
-
-        document = get_openapi(
-            title=app.title, version=app.version, routes=app.routes, summary=app.summary
-        )
-        for path, operations in document["paths"].items():
-            if path not in VALIDATION_422_PATHS:
-                for operation in operations.values():
-                    operation.get("responses", {}).pop("422", None)
-        app.openapi_schema = document
-    return app.openapi_schema
 
 
 async def _await(response: Any) -> Any:
@@ -470,8 +431,6 @@ def _count_tokens(model: str, endpoint: str, usage: Any) -> None:
 
 def _checked(result: Any, expected: type) -> Any:
     """A model deployment that answers the wrong shape is a 502, not a 500 or a bad 200."""
-    if isinstance(result, ServiceError):
-        raise result
     if not isinstance(result, expected):
         logger.error("upstream returned %s, expected %s", type(result).__name__, expected.__name__)
         raise UpstreamBadResponseError()

@@ -1,4 +1,4 @@
-"""Measure what auth costs per request: ``python -m serve_app.auth.bench [--n N] [--db PATH]``.
+"""Measure what auth costs per request: ``python -m bench.auth [--n N] [--db PATH]``.
 
 Runs against a throwaway SQLite file, or ``--db`` (a SQLite path or ``postgresql://`` URL;
 its accounts are named ``bench-*``), and prints microseconds per call for the

@@ -1,0 +1,118 @@
+"""``AuthStore``: the interface every auth store (SQLite, PostgreSQL) implements."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+from serve_app.auth.records import KEEP, Account, Admission, ApiKey, Keep, UsageRecord, UsageTotal
+
+
+class AuthStore(abc.ABC):
+    """Repository of accounts, keys, the usage ledger and rate windows.
+
+    Implementations must make ``take_request`` and ``record_usage`` atomic across every
+    process that shares the store: that is what makes limits hold across replicas.
+    """
+
+    # Accounts
+    @abc.abstractmethod
+    def create_account(
+        self,
+        name: str,
+        *,
+        models: Sequence[str] | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        quota_tokens: int | None = None,
+        quota_period: str = "total",
+        status: str = "active",
+        now: float | None = None,
+    ) -> Account: ...
+
+    @abc.abstractmethod
+    def get_account(self, account_id: int) -> Account | None: ...
+
+    @abc.abstractmethod
+    def get_account_by_name(self, name: str) -> Account | None: ...
+
+    @abc.abstractmethod
+    def list_accounts(self) -> list[Account]: ...
+
+    @abc.abstractmethod
+    def update_account(
+        self,
+        account_id: int,
+        *,
+        status: str | Keep = KEEP,
+        models: Sequence[str] | None | Keep = KEEP,
+        rpm: int | None | Keep = KEEP,
+        tpm: int | None | Keep = KEEP,
+        quota_tokens: int | None | Keep = KEEP,
+        quota_period: str | Keep = KEEP,
+    ) -> Account: ...
+
+    @abc.abstractmethod
+    def is_empty(self) -> bool:
+        """True when no account exists yet (first start)."""
+
+    # Keys
+    @abc.abstractmethod
+    def add_key(
+        self, account_id: int, key_hash: str, hint: str, now: float | None = None
+    ) -> ApiKey: ...
+
+    @abc.abstractmethod
+    def find_key(self, key_hash: str) -> tuple[ApiKey, Account] | None:
+        """The key with this hash and its account, revoked or not, in one consistent read."""
+
+    @abc.abstractmethod
+    def list_keys(self, account_id: int | None = None) -> list[ApiKey]: ...
+
+    @abc.abstractmethod
+    def revoke_key(self, key_id: int, now: float | None = None) -> bool:
+        """Revoke; False when no such key or already revoked."""
+
+    @abc.abstractmethod
+    def touch_key(self, key_id: int, now: float, min_interval: float) -> None:
+        """Set ``last_used_at`` unless it was set less than ``min_interval`` ago."""
+
+    # Time, admission, rate windows and usage
+    @abc.abstractmethod
+    def now(self) -> float:
+        """The store's clock (epoch seconds): the one every replica's limits are measured on."""
+
+    @abc.abstractmethod
+    def admit(
+        self,
+        account_id: int,
+        *,
+        estimated_tokens: int,
+        max_concurrent: int | None,
+        hold_seconds: float | None,
+    ) -> Admission:
+        """In one transaction: check quota, rate windows and concurrent requests against the
+        reservation of ``estimated_tokens``; if everything fits, count the request and hold
+        the reservation (charged to quota and token window) for at most ``hold_seconds``.
+        ``hold_seconds=None``: a request that costs no tokens (a listing), counted in the
+        request window only, with nothing held."""
+
+    @abc.abstractmethod
+    def record_usage(self, record: UsageRecord, reservation_id: int | None = None) -> int:
+        """Append to the ledger and charge the actual tokens in one transaction, settling the
+        reservation (charge ``actual - reserved``) when it is still held. ``created_at`` is
+        set from the store's clock. Returns the tokens used in the current quota period."""
+
+    @abc.abstractmethod
+    def release(self, reservation_id: int) -> None:
+        """Refund a reservation that no ledger row settled (a no-op once settled)."""
+
+    @abc.abstractmethod
+    def list_usage(self, account_id: int, limit: int = 100) -> list[UsageRecord]:
+        """Newest ledger rows first."""
+
+    @abc.abstractmethod
+    def usage_totals(self, account_id: int, since: float | None = None) -> list[UsageTotal]: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most stores need it
+        """Release connections."""
