@@ -95,7 +95,14 @@ def test_repeated_prefix_is_served_from_the_prefix_cache(embedded_client):
 
 def test_eight_concurrent_streams_complete_in_order(embedded_client):
     def one(i: int) -> tuple[str, str]:
-        overrides = {"prompt": f"def add_{i}(a, b):\n    return ", "max_tokens": 8, "stop": []}
+        # A suffix that fits the prefix: greedy picks with a wide margin, so a batch's
+        # different padding cannot flip a near-tie between two continuations.
+        overrides = {
+            "prompt": f"def add_{i}(a, b):\n    return ",
+            "suffix": f"\n\n\nprint(add_{i}(1, 2))\n",
+            "max_tokens": 8,
+            "stop": [],
+        }
         events = stream_events(embedded_client, **overrides)
         alone = fim(embedded_client, **overrides)["choices"][0]["text"]
         return streamed_text(events), alone
