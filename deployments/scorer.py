@@ -18,7 +18,11 @@ class DecisionScorer:
         model = config.model(config.roles.decisions)
         loaded = load_configured_model(config, model, cpus=replica_cpus())
         self.decisions = DecisionService(
-            LikelihoodScorer(loaded, context_length=model.context_length)
+            LikelihoodScorer(
+                loaded,
+                context_length=model.context_length,
+                prefix_cache_bytes=config.engine.prefix_cache_mb * 2**20,
+            )
         )
         self.usage = usage_recorder(auth, config.limits.decision_timeout_s)
 
