@@ -16,6 +16,28 @@ class ServiceError(Exception):
     code: str | None = "server_error"
     default_message: str = "The server had an error while processing your request."
 
+    def __init_subclass__(
+        cls,
+        *,
+        status: int | None = None,
+        type: str | None = None,  # the contract's name for the field (shadows the builtin here)
+        code: str | None = None,
+        message: str | None = None,
+        **kwargs,
+    ) -> None:
+        """A subclass declares its wire form in its class line, e.g.
+        ``class Gone(ServiceError, status=410, code="gone", message="...")``; what it leaves
+        out it inherits."""
+        super().__init_subclass__(**kwargs)
+        for name, value in (
+            ("status_code", status),
+            ("error_type", type),
+            ("code", code),
+            ("default_message", message),
+        ):
+            if value is not None:
+                setattr(cls, name, value)
+
     def __init__(
         self,
         message: str | None = None,
@@ -41,16 +63,20 @@ def _rebuild(cls: type[ServiceError], args: tuple, state: dict) -> ServiceError:
     return error
 
 
-class InvalidRequestError(ServiceError):
-    status_code = 400
-    error_type = "invalid_request_error"
-    code = "invalid_value"
-    default_message = "The request is invalid."
+class InvalidRequestError(
+    ServiceError,
+    status=400,
+    type="invalid_request_error",
+    code="invalid_value",
+    message="The request is invalid.",
+):
+    """A request the contract refuses: a bad value, or too large for the model."""
 
 
-class ContextLengthExceededError(InvalidRequestError):
-    code = "context_length_exceeded"
-
+class ContextLengthExceededError(
+    InvalidRequestError,
+    code="context_length_exceeded",
+):
     @classmethod
     def for_limit(cls, context_length: int, param: str = "messages") -> ContextLengthExceededError:
         return cls(
@@ -60,28 +86,33 @@ class ContextLengthExceededError(InvalidRequestError):
         )
 
 
-class AuthenticationError(ServiceError):
-    status_code = 401
-    error_type = "authentication_error"
-    code = "invalid_api_key"
-    default_message = (
-        "Incorrect API key provided. Pass a valid key as 'Authorization: Bearer <API_KEY>'."
-    )
+class AuthenticationError(
+    ServiceError,
+    status=401,
+    type="authentication_error",
+    code="invalid_api_key",
+    message="Incorrect API key provided. Pass a valid key as 'Authorization: Bearer <API_KEY>'.",
+):
+    """No key, or one that is unknown or revoked."""
 
 
-class AccountError(ServiceError):
-    status_code = 402
-    error_type = "account_error"
-    code = "account_error"
-    default_message = "Your account is inactive or its quota is exhausted."
+class AccountError(
+    ServiceError,
+    status=402,
+    type="account_error",
+    code="account_error",
+    message="Your account is inactive or its quota is exhausted.",
+):
+    """The account is inactive or has used its quota."""
 
 
-class ModelNotFoundError(ServiceError):
-    status_code = 404
-    error_type = "invalid_request_error"
-    code = "model_not_found"
-    default_message = "The model does not exist or you do not have access to it."
-
+class ModelNotFoundError(
+    ServiceError,
+    status=404,
+    type="invalid_request_error",
+    code="model_not_found",
+    message="The model does not exist or you do not have access to it.",
+):
     def __init__(self, model: str | None = None, **kwargs) -> None:
         message = kwargs.pop("message", None) or (
             f"The model '{model}' does not exist or you do not have access to it."
@@ -92,33 +123,43 @@ class ModelNotFoundError(ServiceError):
         super().__init__(message, **kwargs)
 
 
-class NotFoundError(ServiceError):
-    status_code = 404
-    error_type = "invalid_request_error"
-    code = "not_found"
-    default_message = "Unknown path."
+class NotFoundError(
+    ServiceError,
+    status=404,
+    type="invalid_request_error",
+    code="not_found",
+    message="Unknown path.",
+):
+    """A path the API does not have."""
 
 
-class RequestTooLargeError(ServiceError):
-    status_code = 413
-    error_type = "invalid_request_error"
-    code = "request_too_large"
-    default_message = "The request body exceeds the size limit."
+class RequestTooLargeError(
+    ServiceError,
+    status=413,
+    type="invalid_request_error",
+    code="request_too_large",
+    message="The request body exceeds the size limit.",
+):
+    """A body over the configured size limit."""
 
 
-class RequestTimeoutError(ServiceError):
-    status_code = 408
-    error_type = "invalid_request_error"
-    code = "request_timeout"
-    default_message = "The request body did not arrive in time."
+class RequestTimeoutError(
+    ServiceError,
+    status=408,
+    type="invalid_request_error",
+    code="request_timeout",
+    message="The request body did not arrive in time.",
+):
+    """A body that did not finish arriving in time."""
 
 
-class UnprocessableRequestError(ServiceError):
+class UnprocessableRequestError(
+    ServiceError,
+    status=422,
+    type="invalid_request_error",
+    code="invalid_value",
+):
     """A decision request that validated but cannot be answered (422 on /v1/decisions)."""
-
-    status_code = 422
-    error_type = "invalid_request_error"
-    code = "invalid_value"
 
     @classmethod
     def from_invalid(cls, error: InvalidRequestError) -> UnprocessableRequestError:
@@ -128,30 +169,42 @@ class UnprocessableRequestError(ServiceError):
         return converted
 
 
-class RateLimitError(ServiceError):
-    status_code = 429
-    error_type = "rate_limit_error"
-    code = "rate_limit_reached"
-    default_message = "Rate limit reached. Please retry after the time in the Retry-After header."
+class RateLimitError(
+    ServiceError,
+    status=429,
+    type="rate_limit_error",
+    code="rate_limit_reached",
+    message="Rate limit reached. Please retry after the time in the Retry-After header.",
+):
+    """Over the account's request or token rate, or its concurrency cap."""
 
 
 class ServerError(ServiceError):
     """Anything unexpected. Its message never reaches a client (see ``serve_app.http.errors``)."""
 
 
-class UpstreamBadResponseError(ServiceError):
-    status_code = 502
-    code = "bad_gateway"
-    default_message = "The model component returned an invalid response."
+class UpstreamBadResponseError(
+    ServiceError,
+    status=502,
+    code="bad_gateway",
+    message="The model component returned an invalid response.",
+):
+    """A model deployment answered something other than its answer type."""
 
 
-class UpstreamUnavailableError(ServiceError):
-    status_code = 503
-    code = "service_unavailable"
-    default_message = "The model component is unavailable or overloaded. Please retry."
+class UpstreamUnavailableError(
+    ServiceError,
+    status=503,
+    code="service_unavailable",
+    message="The model component is unavailable or overloaded. Please retry.",
+):
+    """A deployment is down, overloaded, or could not finish the request."""
 
 
-class UpstreamTimeoutError(ServiceError):
-    status_code = 504
-    code = "timeout"
-    default_message = "The model component timed out."
+class UpstreamTimeoutError(
+    ServiceError,
+    status=504,
+    code="timeout",
+    message="The model component timed out.",
+):
+    """The request ran past its deadline."""
