@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Sequence
+from typing import Any
 
-from serve_app.auth.records import KEEP, Account, Admission, ApiKey, Keep, UsageRecord, UsageTotal
+from serve_app.auth.records import (
+    KEEP,
+    Account,
+    Admission,
+    ApiKey,
+    Keep,
+    UsageRecord,
+    UsageTotal,
+    check_account_fields,
+)
 
 
 class AuthStore(abc.ABC):
@@ -15,8 +26,8 @@ class AuthStore(abc.ABC):
     process that shares the store: that is what makes limits hold across replicas.
     """
 
-    # Accounts
-    @abc.abstractmethod
+    # Accounts: the public calls check their fields once, here; a store implements the
+    # ``_insert_account`` and ``_update_account`` hooks with fields already checked and encoded.
     def create_account(
         self,
         name: str,
@@ -28,7 +39,23 @@ class AuthStore(abc.ABC):
         quota_period: str = "total",
         status: str = "active",
         now: float | None = None,
-    ) -> Account: ...
+    ) -> Account:
+        """A new account (``models=None``: every model; a limit of ``None``: no limit)."""
+        fields = check_account_fields(
+            name=name,
+            status=status,
+            models=models,
+            rpm=rpm,
+            tpm=tpm,
+            quota_tokens=quota_tokens,
+            quota_period=quota_period,
+        )
+        fields["created_at"] = time.time() if now is None else now
+        return self._insert_account(fields)
+
+    @abc.abstractmethod
+    def _insert_account(self, fields: dict[str, Any]) -> Account:
+        """Insert the checked columns; ``StoreError`` when the name is taken."""
 
     @abc.abstractmethod
     def get_account(self, account_id: int) -> Account | None: ...
@@ -39,7 +66,6 @@ class AuthStore(abc.ABC):
     @abc.abstractmethod
     def list_accounts(self) -> list[Account]: ...
 
-    @abc.abstractmethod
     def update_account(
         self,
         account_id: int,
@@ -50,7 +76,22 @@ class AuthStore(abc.ABC):
         tpm: int | None | Keep = KEEP,
         quota_tokens: int | None | Keep = KEEP,
         quota_period: str | Keep = KEEP,
-    ) -> Account: ...
+    ) -> Account:
+        """Change the given fields (``KEEP``: leave as is); the account as it is now."""
+        changes = {
+            "status": status,
+            "models": models,
+            "rpm": rpm,
+            "tpm": tpm,
+            "quota_tokens": quota_tokens,
+            "quota_period": quota_period,
+        }
+        fields = check_account_fields(**{k: v for k, v in changes.items() if v is not KEEP})
+        return self._update_account(account_id, fields)
+
+    @abc.abstractmethod
+    def _update_account(self, account_id: int, fields: dict[str, Any]) -> Account:
+        """Set the checked columns (none: no write); ``StoreError`` for an unknown id."""
 
     @abc.abstractmethod
     def is_empty(self) -> bool:

@@ -30,15 +30,12 @@ from serve_app.auth.interface import AuthStore
 from serve_app.auth.migrations import MIGRATIONS
 from serve_app.auth.ratelimit import Bucket
 from serve_app.auth.records import (
-    KEEP,
     Account,
     Admission,
     ApiKey,
-    Keep,
     StoreError,
     UsageRecord,
     UsageTotal,
-    check_account_fields,
     period_key,
 )
 
@@ -148,28 +145,7 @@ class SqlAuthStore(AuthStore):
 
     # -- accounts
 
-    def create_account(
-        self,
-        name: str,
-        *,
-        models: Sequence[str] | None = None,
-        rpm: int | None = None,
-        tpm: int | None = None,
-        quota_tokens: int | None = None,
-        quota_period: str = "total",
-        status: str = "active",
-        now: float | None = None,
-    ) -> Account:
-        fields = check_account_fields(
-            name=name,
-            status=status,
-            models=models,
-            rpm=rpm,
-            tpm=tpm,
-            quota_tokens=quota_tokens,
-            quota_period=quota_period,
-        )
-        fields["created_at"] = time.time() if now is None else now
+    def _insert_account(self, fields: dict[str, Any]) -> Account:
         columns = ", ".join(fields)
         marks = ", ".join("?" for _ in fields)
         try:
@@ -180,7 +156,7 @@ class SqlAuthStore(AuthStore):
                     tuple(fields.values()),
                 ).fetchall()[0][0]
         except self.integrity_errors as error:
-            raise StoreError(f"account {name!r} already exists") from error
+            raise StoreError(f"account {fields['name']!r} already exists") from error
         return self._require_account(account_id)
 
     def get_account(self, account_id: int) -> Account | None:
@@ -195,26 +171,7 @@ class SqlAuthStore(AuthStore):
         rows = self._query(f"SELECT {_ACCOUNT_COLUMNS} FROM accounts ORDER BY id")
         return [_account(row) for row in rows]
 
-    def update_account(
-        self,
-        account_id: int,
-        *,
-        status: str | Keep = KEEP,
-        models: Sequence[str] | None | Keep = KEEP,
-        rpm: int | None | Keep = KEEP,
-        tpm: int | None | Keep = KEEP,
-        quota_tokens: int | None | Keep = KEEP,
-        quota_period: str | Keep = KEEP,
-    ) -> Account:
-        changes = {
-            "status": status,
-            "models": models,
-            "rpm": rpm,
-            "tpm": tpm,
-            "quota_tokens": quota_tokens,
-            "quota_period": quota_period,
-        }
-        fields = check_account_fields(**{k: v for k, v in changes.items() if v is not KEEP})
+    def _update_account(self, account_id: int, fields: dict[str, Any]) -> Account:
         if fields:
             assignments = ", ".join(f"{column} = ?" for column in fields)
             with self._write() as db:
