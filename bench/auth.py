@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from serve_app.auth.authorizer import AuthConfig, Authorizer
 from serve_app.auth.keys import generate_key, hash_key, key_hint
-from serve_app.auth.service import AuthConfig, AuthService
 from serve_app.auth.store import SQLiteAuthStore, open_store
 
 
@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> None:
             keys[name] = generate_key()
             store.add_key(account.id, hash_key(keys[name]), key_hint(keys[name]))
         config = AuthConfig({"m"})
-        cached = AuthService(store, config)
-        uncached = AuthService(store, AuthConfig({"m"}, cache_ttl=0))
+        cached = Authorizer(store, config)
+        uncached = Authorizer(store, AuthConfig({"m"}, cache_ttl=0))
         grant = cached.authorize(keys["limited"], "m", "/v1/chat")
         results = {
             "authorize, unlimited account, cached key": per_call_us(

@@ -7,8 +7,8 @@ import logging
 import os
 from typing import Any
 
+from serve_app.auth.authorizer import AuthConfig, Authorizer, Grant
 from serve_app.auth.local_key import bootstrap_key_file
-from serve_app.auth.service import AuthConfig, AuthService, Grant
 from serve_app.auth.store import open_store
 from serve_app.config import AppConfig
 from serve_app.errors import ServiceError, UpstreamUnavailableError
@@ -16,10 +16,13 @@ from serve_app.errors import ServiceError, UpstreamUnavailableError
 logger = logging.getLogger(__name__)
 
 
-class AuthDeployment:
+class AuthService:
+    """The auth deployment (deployed as ``AuthService``): one ``Authorizer`` per replica, its
+    store calls run off the event loop."""
+
     def __init__(self, config: AppConfig) -> None:
         store = open_store(config.auth_db)
-        self.service = AuthService(
+        self.authorizer = Authorizer(
             store,
             AuthConfig(
                 model_ids=frozenset(model.id for model in config.models),
@@ -38,17 +41,17 @@ class AuthDeployment:
                 logger.warning("created account 'local'; its API key is in %s (mode 0600)", path)
 
     async def authenticate(self, api_key: str | None) -> None:
-        await self._in_thread(self.service.authenticate, api_key)
+        await self._in_thread(self.authorizer.authenticate, api_key)
 
     async def authorize(
         self, api_key: str | None, model: str | None, endpoint: str, estimated_tokens: int = 0
     ) -> Grant:
         return await self._in_thread(
-            self.service.authorize, api_key, model, endpoint, estimated_tokens
+            self.authorizer.authorize, api_key, model, endpoint, estimated_tokens
         )
 
     async def release(self, grant: Grant) -> None:
-        await self._in_thread(self.service.release, grant)
+        await self._in_thread(self.authorizer.release, grant)
 
     async def record_usage(
         self,
@@ -60,7 +63,13 @@ class AuthDeployment:
         status: int,
     ) -> None:
         await self._in_thread(
-            self.service.record_usage, grant, model, endpoint, input_tokens, output_tokens, status
+            self.authorizer.record_usage,
+            grant,
+            model,
+            endpoint,
+            input_tokens,
+            output_tokens,
+            status,
         )
 
     @staticmethod
@@ -74,9 +83,6 @@ class AuthDeployment:
         except Exception as exc:
             logger.error("auth store failed: %s", type(exc).__name__)
             raise UpstreamUnavailableError("The account service is unavailable. Retry.") from None
-
-    async def allowed_models(self, grant: Grant) -> set[str] | None:
-        return self.service.allowed_models(grant)
 
     @staticmethod
     def get_deployment_options(config: AppConfig) -> dict[str, Any]:

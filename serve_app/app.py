@@ -17,7 +17,7 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
-from deployments.auth import AuthDeployment
+from deployments.auth import AuthService
 from deployments.edit_model import EditModel
 from deployments.fim_model import FimModel
 from deployments.router import Router
@@ -31,7 +31,7 @@ def deploy(cls: type, config: AppConfig, **overrides: Any):
 
 def build_app(args: dict[str, Any] | AppConfig | None = None) -> Application:
     config = args if isinstance(args, AppConfig) else AppConfig.model_validate(args or {})
-    auth = deploy(AuthDeployment, config).bind(config)
+    auth = deploy(AuthService, config).bind(config)
     # The model deployments write their own ledger rows (serve_app.serving.billing).
     scorer = deploy(DecisionScorer, config).bind(config, auth)
     edit = deploy(EditModel, config).bind(config, auth)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from ray import serve
 
-from deployments.auth import AuthDeployment
+from deployments.auth import AuthService
 from deployments.edit_model import EditModel
 from deployments.fim_model import FimModel
 from deployments.scorer import DecisionScorer
@@ -32,9 +32,9 @@ def local_handle(cls: type, config: AppConfig, *args):
 def local_router_app(config: AppConfig) -> FastAPI:
     # Model deployments bill through an auth deployment of their own: in local testing mode
     # a handle passed as an argument cannot be used, a bound deployment can (same store).
-    billing = deploy(AuthDeployment, config).bind(config)
+    billing = deploy(AuthService, config).bind(config)
     backends = Backends(
-        auth=local_handle(AuthDeployment, config),
+        auth=local_handle(AuthService, config),
         scorer=local_handle(DecisionScorer, config, billing),
         edit=local_handle(EditModel, config, billing),
         fim=local_handle(FimModel, config, billing),

@@ -24,8 +24,8 @@ import httpx
 import pytest
 
 from serve_app.api.fim import FimCompletionRequest
+from serve_app.auth.authorizer import AuthConfig, Authorizer
 from serve_app.auth.keys import generate_key, hash_key, key_hint
-from serve_app.auth.service import AuthConfig, AuthService
 from serve_app.auth.store import UsageRecord, open_store
 from serve_app.config import AppConfig, Limits
 from serve_app.errors import RateLimitError
@@ -334,7 +334,7 @@ class FakeClock:
 def test_concurrent_requests_per_account_are_capped(tmp_path: Path):
     store = open_store(tmp_path / "auth.sqlite3")
     key, _ = new_account(str(tmp_path / "auth.sqlite3"), "busy")
-    service = AuthService(store, AuthConfig({"m"}, max_concurrent=2))
+    service = Authorizer(store, AuthConfig({"m"}, max_concurrent=2))
     first = service.authorize(key, "m", "fim", estimated_tokens=10)
     service.authorize(key, "m", "fim", estimated_tokens=10)
     with pytest.raises(RateLimitError) as caught:
@@ -348,7 +348,7 @@ def test_reservations_settle_to_the_actual_count_and_refunds_are_idempotent(tmp_
     db = str(tmp_path / "auth.sqlite3")
     key, account = new_account(db, "settle", quota_tokens=1000, tpm=10_000)
     store = open_store(db)
-    service = AuthService(store, AuthConfig({"m"}))
+    service = Authorizer(store, AuthConfig({"m"}))
     grant = service.authorize(key, "m", "fim", estimated_tokens=600)
     assert store.get_account(account).tokens_used_at(store.now()) == 600  # reserved up front
     service.record_usage(grant, "m", "fim", 50, 20, 200)
@@ -366,8 +366,8 @@ def test_rate_windows_follow_the_store_clock_not_the_replicas(tmp_path: Path):
     db = str(tmp_path / "auth.sqlite3")
     key, _ = new_account(db, "clocked", rpm=1)
     clock = FakeClock(1_900_000_000.0)  # years away from this machine's wall clock
-    first = AuthService(open_store(db, clock=clock), AuthConfig({"m"}))
-    second = AuthService(open_store(db, clock=clock), AuthConfig({"m"}))
+    first = Authorizer(open_store(db, clock=clock), AuthConfig({"m"}))
+    second = Authorizer(open_store(db, clock=clock), AuthConfig({"m"}))
     first.authorize(key, "m", "fim")
     with pytest.raises(RateLimitError):
         second.authorize(key, "m", "fim")

@@ -337,7 +337,7 @@ def default_app(app_config):
     from fastapi.testclient import TestClient
     from ray import serve
 
-    from deployments.auth import AuthDeployment
+    from deployments.auth import AuthService
     from serve_app.app import deploy
     from serve_app.config import AuthOptions, Limits
     from serve_app.http.app import Backends, build_router_app
@@ -349,7 +349,7 @@ def default_app(app_config):
         }
     )
     auth = serve.run(
-        deploy(AuthDeployment, config).bind(config),
+        deploy(AuthService, config).bind(config),
         name="abuse-defaults-auth",
         route_prefix=None,
         _local_testing_mode=True,

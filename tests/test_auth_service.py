@@ -1,6 +1,6 @@
-"""AuthService over both stores: error order, limits across replicas, ledger, CLI.
+"""Authorizer over both stores: error order, limits across replicas, ledger, CLI.
 
-"Replicas" are separate AuthService + store objects on one database, as separate Ray replica
+"Replicas" are separate Authorizer + store objects on one database, as separate Ray replica
 processes would be; one test uses real processes to check the locking itself. Rate-limit
 tests drive a fake wall clock, so they neither sleep nor depend on when they run.
 
@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from serve_app.auth import cli, ratelimit
+from serve_app.auth.authorizer import AuthConfig, Authorizer, bootstrap_local
 from serve_app.auth.keys import KEY_PREFIX, generate_key, hash_key, key_hint
-from serve_app.auth.service import AuthConfig, AuthService, bootstrap_local
 from serve_app.auth.store import StoreError, open_store
 from serve_app.errors import AccountError, AuthenticationError, ModelNotFoundError, RateLimitError
 
@@ -109,10 +109,10 @@ def store(db):
     store.close()
 
 
-def replica(db, clock=None, ttl: float = 0.5) -> AuthService:
-    """Another AuthService with its own connection to the same store: a second replica."""
+def replica(db, clock=None, ttl: float = 0.5) -> Authorizer:
+    """Another Authorizer with its own connection to the same store: a second replica."""
     config = AuthConfig(MODELS, cache_ttl=ttl)
-    return AuthService(open_store(db, clock=clock), config)
+    return Authorizer(open_store(db, clock=clock), config)
 
 
 def new_key(store, account_name: str, **account_fields) -> str:
@@ -175,10 +175,10 @@ def test_allow_list_and_listing_endpoint(store, db):
     everything = new_key(store, "everything")
     service = replica(db)
     grant = service.authorize(limited, "m1", "/v1/chat/completions")
-    assert service.allowed_models(grant) == {"m1"}
+    assert set(grant.models) == {"m1"}
     listing = service.authorize(limited, None, "/v1/models")  # no model check
-    assert service.allowed_models(listing) == {"m1"}
-    assert service.allowed_models(service.authorize(everything, None, "/v1/models")) is None
+    assert set(listing.models) == {"m1"}
+    assert service.authorize(everything, None, "/v1/models").models is None
     assert service.authorize(everything, "m2", "/v1/completions").account_name == "everything"
 
 
@@ -340,7 +340,7 @@ def test_last_used_is_recorded_and_throttled(store, db, clock):
 def test_reopening_keeps_accounts_keys_and_usage(db, clock):
     store = open_store(db, clock=clock)
     key = new_key(store, "acme", rpm=10, models=["m1"])
-    service = AuthService(store, AuthConfig(MODELS))
+    service = Authorizer(store, AuthConfig(MODELS))
     service.record_usage(service.authorize(key, "m1", "/v1/chat"), "m1", "/v1/chat", 3, 4, 200)
     store.close()
     reopened = open_store(db, clock=clock)
@@ -348,7 +348,7 @@ def test_reopening_keeps_accounts_keys_and_usage(db, clock):
     account = reopened.get_account_by_name("acme")
     assert (account.rpm, account.models, account.tokens_used_at(clock())) == (10, ("m1",), 7)
     assert len(reopened.list_usage(account.id)) == 1
-    grant = AuthService(reopened, AuthConfig(MODELS)).authorize(key, "m1", "/v1/chat")
+    grant = Authorizer(reopened, AuthConfig(MODELS)).authorize(key, "m1", "/v1/chat")
     assert grant.headers["x-ratelimit-remaining-requests"] == "8"  # the earlier request counts
     reopened.close()
 

@@ -93,12 +93,12 @@ def test_prod_config_bootstraps_nothing(tmp_path):
 
 
 def test_a_replica_never_prints_the_key(tmp_path, monkeypatch, capfd):
-    from deployments.auth import AuthDeployment
+    from deployments.auth import AuthService
 
     monkeypatch.delenv("SERVE_APP_API_KEY", raising=False)
     monkeypatch.delenv("SERVE_APP_AUTH_DB", raising=False)
     config = AppConfig(data_dir=str(tmp_path), auth={"bootstrap_local_key": True})
-    AuthDeployment(config)
+    AuthService(config)
     key = (tmp_path / "local-api-key").read_text().strip()
     captured = capfd.readouterr()
     assert key not in captured.out + captured.err

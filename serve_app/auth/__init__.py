@@ -6,14 +6,16 @@ Use from a deployment::
     new_key = bootstrap_local(store, os.environ.get("SERVE_APP_API_KEY"))
     if new_key:
         print(f"API key for account 'local': {new_key}")  # shown once, never logged
-    auth = AuthService(store, AuthConfig(model_ids={"my-model"}))
+    auth = Authorizer(store, AuthConfig(model_ids={"my-model"}))
     grant = auth.authorize(token, "my-model", "/v1/chat/completions", estimated_tokens=900)
     ...  # serve it; add grant.headers to the response
     auth.record_usage(grant, "my-model", "/v1/chat/completions", 400, 120, 200)
 
-Layout: ``keys`` (generation, sha256 hashing), ``ratelimit`` (sliding-window arithmetic),
-``store`` (``AuthStore`` interface, shared SQL, SQLite), ``postgres`` (PostgreSQL store),
-``service`` (``AuthService``, ``bootstrap_local``), ``cli`` (``serve-app-keys``), ``bench``.
+Layout: ``records`` (accounts, keys, ledger rows), ``interface`` (``AuthStore``), ``sql``
+(the SQL both stores share), ``sqlite`` and ``postgres`` (the dialects), ``migrations``,
+``store`` (``open_store``, ``resolve_auth_db``), ``keys`` (generation, sha256 hashing),
+``ratelimit`` (sliding-window arithmetic), ``authorizer`` (``Authorizer``, ``Grant``,
+``bootstrap_local``), ``local_key`` (the local key file), ``cli`` (``serve-app-keys``).
 
 Everything that must agree across replicas lives in the store: key status, account limits,
 per-account rate windows (5 s buckets, checked and counted in one transaction) and the
@@ -21,21 +23,21 @@ quota counter, charged in the same transaction as the ledger row. Each replica o
 key lookups for ``AuthConfig.cache_ttl`` (0.5 s), which bounds how late it sees a revocation.
 """
 
-from serve_app.auth.service import (
+from serve_app.auth.authorizer import (
+    AccountLimits,
     AuthConfig,
-    AuthService,
+    Authorizer,
     Grant,
-    Limits,
     bootstrap_local,
 )
 from serve_app.auth.store import AuthStore, SQLiteAuthStore, StoreError, open_store
 
 __all__ = [
     "AuthConfig",
-    "AuthService",
+    "Authorizer",
     "AuthStore",
     "Grant",
-    "Limits",
+    "AccountLimits",
     "SQLiteAuthStore",
     "StoreError",
     "bootstrap_local",

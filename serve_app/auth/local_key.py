@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from serve_app.auth.service import bootstrap_local
+from serve_app.auth.authorizer import bootstrap_local
 from serve_app.auth.store import AuthStore, default_data_dir
 
 KEY_FILENAME = "local-api-key"

@@ -46,8 +46,8 @@ def listing_route(routes: Routes, bearer: HTTPBearer, endpoint: str | None) -> A
     ) -> ModelList | EndpointModelList:
         grant = await routes.authorize(request, credentials, None, "models")
         routes.apply_headers(response, grant)
-        allowed = await routes.backends.auth.allowed_models.remote(grant)
-        visible = [m for m in config.models if allowed is None or m.id in allowed]
+        # The grant carries the account's allow-list: no second hop to the auth service.
+        visible = [m for m in config.models if grant.models is None or m.id in grant.models]
         if endpoint is None:
             return ModelList(data=[config.card(model.id) for model in visible])
         cards = [

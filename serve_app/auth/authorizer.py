@@ -1,4 +1,4 @@
-"""``AuthService``: who is calling, may they, and what did it cost. No HTTP, no Ray.
+"""``Authorizer``: who is calling, may they, and what did it cost. No HTTP, no Ray.
 
 A Ray deployment (or the router) constructs one per replica from a store and an
 ``AuthConfig`` and calls ``authorize`` before a request and ``record_usage`` after it. All
@@ -60,7 +60,9 @@ class AuthConfig:
 
 
 @dataclass(frozen=True)
-class Limits:
+class AccountLimits:
+    """An account's own limits as a grant carries them (not the server's HTTP limits)."""
+
     rpm: int | None
     tpm: int | None
     quota_tokens: int | None
@@ -74,7 +76,7 @@ class Grant:
     account_id: int
     key_id: int
     account_name: str
-    limits: Limits
+    limits: AccountLimits
     models: tuple[str, ...] | None  # the account's allow-list; None: every model
     headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-* for set limits
     reservation_id: int | None = None  # tokens reserved at admission, settled by the ledger
@@ -87,7 +89,7 @@ class _Entry:
     expires: float  # time.monotonic()
 
 
-class AuthService:
+class Authorizer:
     """Authorization, rate limiting and usage accounting over an ``AuthStore``."""
 
     def __init__(self, store: AuthStore, config: AuthConfig | None = None) -> None:
@@ -126,7 +128,9 @@ class AuthService:
             account_id=account.id,
             key_id=entry.key.id,
             account_name=account.name,
-            limits=Limits(account.rpm, account.tpm, account.quota_tokens, account.quota_period),
+            limits=AccountLimits(
+                account.rpm, account.tpm, account.quota_tokens, account.quota_period
+            ),
             models=account.models,
             headers=verdict.headers if verdict else {},
             reservation_id=reservation_id,
@@ -171,10 +175,6 @@ class AuthService:
         """Refund the grant's reservation if no ledger row settled it (idempotent)."""
         if grant.reservation_id is not None:
             self.store.release(grant.reservation_id)
-
-    def allowed_models(self, grant: Grant) -> set[str] | None:
-        """The account's allow-list for filtering model listings; None means every model."""
-        return None if grant.models is None else set(grant.models)
 
     def clear_cache(self) -> None:
         with self._lock:
