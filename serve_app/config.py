@@ -206,7 +206,10 @@ class AuthOptions(StrictConfig):
     )
 
 
-class Limits(StrictConfig):
+class HttpLimits(StrictConfig):
+    """What one HTTP request may be: body size and time, questions, deadlines (not an
+    account's limits: those are ``serve_app.auth.AccountLimits``)."""
+
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     body_timeout_s: float = Field(
         default=30.0, gt=0, description="Longest a client may take to send its body (408)."
@@ -221,7 +224,7 @@ class AppConfig(StrictConfig):
     roles: Roles = Field(default_factory=Roles)
     engine: EngineOptions = Field(default_factory=EngineOptions)
     auth: AuthOptions = Field(default_factory=AuthOptions)
-    limits: Limits = Field(default_factory=Limits)
+    limits: HttpLimits = Field(default_factory=HttpLimits)
     cache_dir: str | None = Field(
         default=None, description="Where converted models live; default ~/.cache/serve-app/models."
     )

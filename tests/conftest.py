@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.config import AppConfig, AuthOptions, EngineOptions, Limits, ModelConfig, Roles
+from serve_app.config import AppConfig, AuthOptions, EngineOptions, HttpLimits, ModelConfig, Roles
 
 TEST_KEY = "sk-sa-test-0123456789abcdefghijklmnop"
 TINY_ID = "tiny-qwen2"
@@ -46,7 +46,7 @@ def tiny_config(tiny_source: str, data_dir: Path, **overrides) -> AppConfig:
         ],
         "roles": Roles(fim=TINY_ID, edit=TINY_ID, decisions=TINY_ID),
         "engine": EngineOptions(torch_threads=1, max_batch_size=4, prefill_chunk_tokens=64),
-        "limits": Limits(max_body_bytes=1_000_000, max_questions=32),
+        "limits": HttpLimits(max_body_bytes=1_000_000, max_questions=32),
         # As configs/local.yaml: the test key bootstraps a local account; docs open.
         "auth": AuthOptions(bootstrap_local_key=True, docs="open"),
         "data_dir": str(data_dir),

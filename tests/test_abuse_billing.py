@@ -27,7 +27,7 @@ from serve_app.api.fim import FimCompletionRequest
 from serve_app.auth.authorizer import AuthConfig, Authorizer
 from serve_app.auth.keys import generate_key, hash_key, key_hint
 from serve_app.auth.store import UsageRecord, open_store
-from serve_app.config import AppConfig, Limits
+from serve_app.config import AppConfig, HttpLimits
 from serve_app.errors import RateLimitError
 from serve_app.serving.billing import RequestContext, UsageRecorder
 from serve_app.serving.fim import FimService
@@ -45,7 +45,7 @@ def billing_config(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -
     return tiny_config(
         tiny_source,
         tmp_path_factory.mktemp("billing-data"),
-        limits=Limits(max_body_bytes=1_000_000, request_timeout_s=REQUEST_TIMEOUT_S),
+        limits=HttpLimits(max_body_bytes=1_000_000, request_timeout_s=REQUEST_TIMEOUT_S),
     )
 
 

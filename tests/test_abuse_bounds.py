@@ -339,13 +339,13 @@ def default_app(app_config):
 
     from deployments.auth import AuthService
     from serve_app.app import deploy
-    from serve_app.config import AuthOptions, Limits
+    from serve_app.config import AuthOptions, HttpLimits
     from serve_app.http.app import Backends, build_router_app
 
     config = app_config.model_copy(
         update={
             "auth": AuthOptions(bootstrap_local_key=True),
-            "limits": Limits(max_body_bytes=1_000_000, body_timeout_s=0.3),
+            "limits": HttpLimits(max_body_bytes=1_000_000, body_timeout_s=0.3),
         }
     )
     auth = serve.run(
