@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from deployments.metrics import LatencyMetrics, report_engine_stats
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.serving.billing import RequestContext, UsageRecorder
-from serve_app.serving.generation import Generator, start_engine
+from serve_app.serving.generation import EngineClient, start_engine
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +43,10 @@ class EngineDeployment:
 
     deployment_name: ClassVar[str]
 
-    def start_generator(self, config: AppConfig, model: ModelConfig) -> Generator:
+    def start_engine_client(self, config: AppConfig, model: ModelConfig) -> EngineClient:
         self.engine = start_engine(config, model, cpus=replica_cpus())
         self._stats_task = _start_background(report_engine_stats(self.engine))
-        return Generator(self.engine, model, LatencyMetrics())
+        return EngineClient(self.engine, model, LatencyMetrics())
 
     def check_health(self) -> None:
         """Serve's health check: a replica whose engine loop died gets replaced."""

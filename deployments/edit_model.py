@@ -25,10 +25,10 @@ class EditModel(EngineDeployment):
     deployment_name = "EditModel"
 
     def __init__(self, config: AppConfig, auth: Any = None) -> None:
-        generator = self.start_generator(config, config.model(config.roles.edit))
-        self.editor = EditService(generator)
-        self.chatter = ChatService(generator)
-        self.applier = ApplyService(generator)
+        client = self.start_engine_client(config, config.model(config.roles.edit))
+        self.editor = EditService(client)
+        self.chatter = ChatService(client)
+        self.applier = ApplyService(client)
         self.usage = usage_recorder(auth, config.limits.request_timeout_s)
 
     async def edit(

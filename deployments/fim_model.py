@@ -16,7 +16,7 @@ class FimModel(EngineDeployment):
     deployment_name = "FimModel"
 
     def __init__(self, config: AppConfig, auth: Any = None) -> None:
-        self.fim = FimService(self.start_generator(config, config.model(config.roles.fim)))
+        self.fim = FimService(self.start_engine_client(config, config.model(config.roles.fim)))
         self.usage = usage_recorder(auth, config.limits.request_timeout_s)
 
     async def complete(

@@ -31,7 +31,7 @@ from serve_app.config import AppConfig, HttpLimits
 from serve_app.errors import RateLimitError
 from serve_app.serving.billing import RequestContext, UsageRecorder
 from serve_app.serving.fim import FimService
-from serve_app.serving.generation import Generator, start_engine
+from serve_app.serving.generation import EngineClient, start_engine
 from tests.conftest import TEST_KEY, TINY_ID, tiny_config
 
 REQUEST_TIMEOUT_S = 5.0  # the tiny model makes ~100 tokens/s here: LONG needs ~40 s
@@ -200,7 +200,7 @@ def test_a_timeout_cancels_the_engine_request_and_frees_its_slot(billing_config)
     generating until max_tokens, and the write gets the tokens it processed."""
     model = billing_config.model(billing_config.roles.fim)
     engine = start_engine(billing_config, model)
-    service = FimService(Generator(engine, model))
+    service = FimService(EngineClient(engine, model))
     rows: list[tuple[int, int, int]] = []
 
     async def write(context, input_tokens, output_tokens, status) -> None:
@@ -230,7 +230,7 @@ def test_a_timeout_cancels_the_engine_request_and_frees_its_slot(billing_config)
 def test_a_usage_write_that_fails_is_no_silent_200(billing_config):
     model = billing_config.model(billing_config.roles.fim)
     engine = start_engine(billing_config, model)
-    service = FimService(Generator(engine, model))
+    service = FimService(EngineClient(engine, model))
     attempts = []
 
     async def broken_write(context, input_tokens, output_tokens, status) -> None:

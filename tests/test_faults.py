@@ -186,11 +186,11 @@ def wait_for_fim(url: str, since: float) -> float:
 def test_closing_a_fim_stream_frees_its_engine_slot_within_a_second(app_config):
     from serve_app.api.fim import FimCompletionRequest
     from serve_app.serving.fim import FimService
-    from serve_app.serving.generation import Generator, start_engine
+    from serve_app.serving.generation import EngineClient, start_engine
 
     model = app_config.model(app_config.roles.fim)
     engine = start_engine(app_config, model)
-    service = FimService(Generator(engine, model))
+    service = FimService(EngineClient(engine, model))
     body = FimCompletionRequest(model=model.id, max_tokens=LONG_MAX_TOKENS, **LONG_RUNNING)
 
     async def scenario() -> float:

@@ -23,7 +23,7 @@ from serve_app.engine.prompts.apply import (
     wrap_updated,
 )
 from serve_app.engine.prompts.chat_encoding import encode_chat
-from serve_app.serving.generation import Generator, usage_of
+from serve_app.serving.generation import EngineClient, chunk_maker, usage_of
 
 logger = logging.getLogger(__name__)
 
@@ -32,21 +32,21 @@ MODEL_STOPS = ("\n```",)
 
 
 class ApplyService:
-    def __init__(self, generator: Generator) -> None:
-        self.generator = generator
+    def __init__(self, client: EngineClient) -> None:
+        self.client = client
 
     async def merge(self, body: ApplyCompletionRequest) -> tuple[str, str, CompletionUsage]:
         """The answer's content, its finish reason and the usage of the model call."""
         applied = parse_apply_request(body.content)
         prompt_ids = encode_chat(
-            self.generator.tokenizer, applied.messages(), continue_final_message=True
+            self.client.tokenizer, applied.messages(), continue_final_message=True
         )
-        model = self.generator.model
+        model = self.client.model
         room = model.context_length - len(prompt_ids)
         max_tokens = max(1, min(DEFAULT_APPLY_MAX_TOKENS, model.max_output_length, room))
         params = body.to_sampling_params(max_tokens, MODEL_STOPS)
-        request = self.generator.request(prompt_ids, params, prompt_param="messages")
-        text, last = await self.generator.complete(request)
+        request = self.client.request(prompt_ids, params, prompt_param="messages")
+        text, last = await self.client.complete(request)
         merged, finish = clean_model_output(text), last.finish_reason or "stop"
         if finish != "stop" or not keeps_untouched(applied.original, applied.snippet, merged):
             fallback = merge_snippet(applied.original, applied.snippet)
@@ -67,13 +67,7 @@ class ApplyService:
     async def stream(self, body: ApplyCompletionRequest) -> AsyncIterator[ChatCompletionChunk]:
         """The chat stream's shape. The merge is checked as a whole before anything is sent,
         so the content arrives after generation, line by line."""
-        completion_id, created = new_id("chatcmpl"), now()
-
-        def chunk(choices: list[ChatChunkChoice], usage=None) -> ChatCompletionChunk:
-            return ChatCompletionChunk(
-                id=completion_id, created=created, model=body.model, choices=choices, usage=usage
-            )
-
+        chunk = chunk_maker(ChatCompletionChunk, "chatcmpl", body.model)
         content, finish, usage = await self.merge(body)
         yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(role="assistant", content=""))])
         for line in content.splitlines(keepends=True):

@@ -8,7 +8,7 @@ reservation to settle, the prefix-cache salt), and ``UsageRecorder`` runs the ca
 
 - it enforces the request timeout itself, so the engine request is cancelled and its slot
   freed at the next step (504, billed what was processed);
-- it meters the work as it happens (``current_meter``: the ``Generator`` adds each chunk's
+- it meters the work as it happens (``current_meter``: the ``EngineClient`` adds each chunk's
   running counts, the decision service its result), so a cancelled or failed request is
   billed the tokens it processed: 499 for a client that went away, the error's status for a
   failure after generation (a json_schema answer that fails validation is a 502, billed);

@@ -15,12 +15,12 @@ from serve_app.api.chat import (
     ChatDelta,
     ChatResponseMessage,
 )
-from serve_app.api.common import CompletionUsage, new_id, now
+from serve_app.api.common import new_id, now
 from serve_app.engine.constraints import SchemaError, compile_schema, validate_output
 from serve_app.engine.prompts.chat_encoding import encode_chat
-from serve_app.engine.protocol import GenerationRequest
+from serve_app.engine.protocol import GenerationChunk, GenerationRequest
 from serve_app.errors import InvalidRequestError, UpstreamBadResponseError
-from serve_app.serving.generation import Generator, usage_of
+from serve_app.serving.generation import EngineClient, chunk_maker, usage_of
 
 DEFAULT_CHAT_MAX_TOKENS = 1024
 
@@ -28,8 +28,8 @@ logger = logging.getLogger(__name__)
 
 
 class ChatService:
-    def __init__(self, generator: Generator) -> None:
-        self.generator = generator
+    def __init__(self, client: EngineClient) -> None:
+        self.client = client
 
     async def _request(self, body: ChatCompletionRequest) -> GenerationRequest:
         """Bound, then tokenise (and compile the schema) off the event loop."""
@@ -39,22 +39,22 @@ class ChatService:
         schema = requested_schema(body)
         if schema is not None:  # first: a schema over a cap is named, whatever its size
             try:  # cached: the engine's compile of the same schema is then a lookup
-                await self.generator.off_loop(compile_schema, schema)
+                await self.client.off_loop(compile_schema, schema)
             except SchemaError as e:
                 raise InvalidRequestError(str(e), param="response_format") from None
         chars = sum(len(message["content"]) for message in messages)
-        self.generator.check_input_size(chars, "messages")
+        self.client.check_input_size(chars, "messages")
         # Message contents are encoded as plain text (a user cannot write turn markers), on a
         # worker thread: a long conversation must not stall the replica's other streams.
-        prompt_ids = await self.generator.off_loop(encode_chat, self.generator.tokenizer, messages)
-        max_tokens = min(DEFAULT_CHAT_MAX_TOKENS, self.generator.model.max_output_length)
+        prompt_ids = await self.client.off_loop(encode_chat, self.client.tokenizer, messages)
+        max_tokens = min(DEFAULT_CHAT_MAX_TOKENS, self.client.model.max_output_length)
         params = body.to_sampling_params(default_max_tokens=max_tokens)
-        return self.generator.request(prompt_ids, params, prompt_param="messages", role="chat")
+        return self.client.request(prompt_ids, params, prompt_param="messages", role="chat")
 
     async def complete(self, body: ChatCompletionRequest) -> ChatCompletion:
-        text, last = await self.generator.complete(await self._request(body))
+        text, last = await self.client.complete(await self._request(body))
         if body.json_mode is not None and last.finish_reason == "stop":
-            await self.generator.off_loop(check_json_output, text, body)
+            await self.client.off_loop(check_json_output, text, body)
         choice = ChatChoice(
             index=0,
             message=ChatResponseMessage(content=text),
@@ -71,21 +71,15 @@ class ChatService:
     async def stream(self, body: ChatCompletionRequest) -> AsyncIterator[ChatCompletionChunk]:
         """Role delta, content deltas, the finish chunk, then always a usage chunk."""
         request = await self._request(body)
-        completion_id, created = new_id("chatcmpl"), now()
-
-        def chunk(choices: list[ChatChunkChoice], usage=None) -> ChatCompletionChunk:
-            return ChatCompletionChunk(
-                id=completion_id, created=created, model=body.model, choices=choices, usage=usage
-            )
-
+        chunk = chunk_maker(ChatCompletionChunk, "chatcmpl", body.model)
         yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(role="assistant", content=""))])
-        async for piece in self.generator.stream_then_usage(request):
-            if isinstance(piece, CompletionUsage):
-                yield chunk([], piece)
-            else:
-                delta = ChatDelta(content=piece.text) if piece.text else ChatDelta()
-                choice = ChatChunkChoice(index=0, delta=delta, finish_reason=piece.finish_reason)
-                yield chunk([choice])
+        async for piece in self.client.stream_chunks(request, chunk, _delta_choice):
+            yield piece
+
+
+def _delta_choice(piece: GenerationChunk) -> ChatChunkChoice:
+    delta = ChatDelta(content=piece.text) if piece.text else ChatDelta()
+    return ChatChunkChoice(index=0, delta=delta, finish_reason=piece.finish_reason)
 
 
 def json_instruction(body: ChatCompletionRequest) -> str:

@@ -13,32 +13,32 @@ from serve_app.engine.prompts.edit import (
     parse_edit_prompt,
 )
 from serve_app.engine.protocol import GenerationRequest
-from serve_app.serving.generation import Generator, usage_of
+from serve_app.serving.generation import EngineClient, usage_of
 
 logger = logging.getLogger(__name__)
 
 
 class EditService:
-    def __init__(self, generator: Generator) -> None:
-        self.generator = generator
+    def __init__(self, client: EngineClient) -> None:
+        self.client = client
 
     async def complete(self, body: EditCompletionRequest) -> EditCompletion:
         # Parsed and tokenised (several times, while fitting) off the event loop: a prompt near
         # the body limit would otherwise stall every stream of this replica.
-        prompt = await self.generator.off_loop(parse_edit_prompt, body.content)
+        prompt = await self.client.off_loop(parse_edit_prompt, body.content)
         params = body.to_sampling_params()
-        context_length = self.generator.model.context_length
-        _, prompt_ids = await self.generator.off_loop(
+        context_length = self.client.model.context_length
+        _, prompt_ids = await self.client.off_loop(
             fit_to_context,
             prompt,
-            self.generator.tokenizer,
+            self.client.tokenizer,
             max_prompt_tokens=context_length - params.max_tokens,
             context_length=context_length,
         )
-        request: GenerationRequest = self.generator.request(
+        request: GenerationRequest = self.client.request(
             prompt_ids, params, "messages", role="edit"
         )
-        raw, last = await self.generator.complete(request)
+        raw, last = await self.client.complete(request)
         region, usable = extract_edited_region(raw, prompt)
         if not usable:
             logger.info("edit model returned nothing usable; answering the region unchanged")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from serve_app.api.common import CompletionUsage, new_id, now
+from serve_app.api.common import new_id, now
 from serve_app.api.fim import (
     FimChoice,
     FimChunkChoice,
@@ -13,28 +13,28 @@ from serve_app.api.fim import (
     FimCompletionRequest,
 )
 from serve_app.engine.prompts.fim import build_fim_prompt, fim_format_for
-from serve_app.engine.protocol import GenerationRequest
-from serve_app.serving.generation import Generator, usage_of
+from serve_app.engine.protocol import GenerationChunk, GenerationRequest
+from serve_app.serving.generation import EngineClient, chunk_maker, usage_of
 
 
 class FimService:
-    def __init__(self, generator: Generator) -> None:
-        self.generator = generator
-        loaded = generator.loaded
+    def __init__(self, client: EngineClient) -> None:
+        self.client = client
+        loaded = client.loaded
         self.format = fim_format_for(loaded.tokenizer, loaded.model_type)
 
     async def _request(self, body: FimCompletionRequest) -> GenerationRequest:
         """Bound, then tokenise off the event loop."""
         suffix = body.suffix or ""
-        self.generator.check_input_size(len(body.prompt) + len(suffix), "prompt")
-        prompt_ids = await self.generator.off_loop(
-            build_fim_prompt, self.format, self.generator.tokenizer, body.prompt, suffix
+        self.client.check_input_size(len(body.prompt) + len(suffix), "prompt")
+        prompt_ids = await self.client.off_loop(
+            build_fim_prompt, self.format, self.client.tokenizer, body.prompt, suffix
         )
-        params = body.to_sampling_params(self.generator.model.default_temperature)
-        return self.generator.request(prompt_ids, params, prompt_param="prompt", role="fim")
+        params = body.to_sampling_params(self.client.model.default_temperature)
+        return self.client.request(prompt_ids, params, prompt_param="prompt", role="fim")
 
     async def complete(self, body: FimCompletionRequest) -> FimCompletion:
-        text, last = await self.generator.complete(await self._request(body))
+        text, last = await self.client.complete(await self._request(body))
         return FimCompletion(
             id=new_id("cmpl"),
             created=now(),
@@ -46,16 +46,10 @@ class FimService:
     async def stream(self, body: FimCompletionRequest) -> AsyncIterator[FimCompletionChunk]:
         """Content chunks, then always one usage chunk (the router drops it unless asked)."""
         request = await self._request(body)
-        completion_id, created = new_id("cmpl"), now()
+        chunk = chunk_maker(FimCompletionChunk, "cmpl", body.model)
+        async for piece in self.client.stream_chunks(request, chunk, _text_choice):
+            yield piece
 
-        def chunk(choices: list[FimChunkChoice], usage=None) -> FimCompletionChunk:
-            return FimCompletionChunk(
-                id=completion_id, created=created, model=body.model, choices=choices, usage=usage
-            )
 
-        async for piece in self.generator.stream_then_usage(request):
-            if isinstance(piece, CompletionUsage):
-                yield chunk([], piece)
-            else:
-                choice = FimChunkChoice(index=0, text=piece.text, finish_reason=piece.finish_reason)
-                yield chunk([choice])
+def _text_choice(piece: GenerationChunk) -> FimChunkChoice:
+    return FimChunkChoice(index=0, text=piece.text, finish_reason=piece.finish_reason)

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, TypeVar
 
-from serve_app.api.common import CompletionUsage
+from serve_app.api.common import CompletionUsage, new_id, now
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.engine.engine import EngineConfig, LLMEngine
 from serve_app.engine.json.token_bytes import TokenTexts
@@ -76,7 +76,7 @@ class _Unobserved:
         pass
 
 
-class Generator:
+class EngineClient:
     """A model's engine plus the checks every generation request gets."""
 
     def __init__(
@@ -142,18 +142,21 @@ class Generator:
                 first, last = False, now
             yield chunk
 
-    async def stream_then_usage(
-        self, request: GenerationRequest
-    ) -> AsyncIterator[GenerationChunk | CompletionUsage]:
-        """The chunks worth sending (new text or a finish), then the request's usage once:
-        what every streaming endpoint turns into its own chunk shape."""
+    async def stream_chunks(
+        self,
+        request: GenerationRequest,
+        chunk: Callable[..., T],
+        choice_of: Callable[[GenerationChunk], Any],
+    ) -> AsyncIterator[T]:
+        """The stream every streaming endpoint sends: ``chunk([choice_of(piece)])`` for each
+        piece worth sending (new text or a finish), then ``chunk([], usage)`` once."""
         last = None
-        async for chunk in self.stream(request):
-            last = chunk
-            if chunk.text or chunk.finish_reason:
-                yield chunk
+        async for piece in self.stream(request):
+            last = piece
+            if piece.text or piece.finish_reason:
+                yield chunk([choice_of(piece)])
         if last is not None:
-            yield usage_of(last)
+            yield chunk([], usage_of(last))
 
     async def complete(self, request: GenerationRequest) -> tuple[str, GenerationChunk]:
         """All of a request's text and its last chunk (finish reason and usage)."""
@@ -165,6 +168,19 @@ class Generator:
         if last is None or last.finish_reason is None:
             raise UpstreamUnavailableError("The request was aborted before it finished.")
         return "".join(parts), last
+
+
+def chunk_maker(chunk_type: Callable[..., T], id_prefix: str, model: str) -> Callable[..., T]:
+    """``chunk(choices, usage=None)`` for one stream: every chunk of a stream carries the
+    same id, creation time and model."""
+    completion_id, created = new_id(id_prefix), now()
+
+    def chunk(choices: list[Any], usage: CompletionUsage | None = None) -> T:
+        return chunk_type(
+            id=completion_id, created=created, model=model, choices=choices, usage=usage
+        )
+
+    return chunk
 
 
 def usage_of(chunk: GenerationChunk) -> CompletionUsage:
