@@ -16,6 +16,7 @@ from serve_app.api.common import (
     MAX_NESTING,
     MAX_STOP_CHARS,
     MAX_STOP_SEQUENCES,
+    CompletionEnvelope,
     CompletionUsage,
     RequestModel,
     ResponseModel,
@@ -146,11 +147,8 @@ class ChatChoice(ResponseModel):
     finish_reason: Literal["stop", "length"]
 
 
-class ChatCompletion(ResponseModel):
-    id: str
+class ChatCompletion(CompletionEnvelope):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: list[ChatChoice]
     usage: CompletionUsage
 
@@ -166,10 +164,7 @@ class ChatChunkChoice(ResponseModel):
     finish_reason: Literal["stop", "length"] | None = None
 
 
-class ChatCompletionChunk(ResponseModel):
-    id: str
+class ChatCompletionChunk(CompletionEnvelope):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
     usage: CompletionUsage | None = None

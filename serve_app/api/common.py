@@ -71,6 +71,16 @@ class ResponseModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class CompletionEnvelope(ResponseModel):
+    """What every completion and stream chunk carries first; a subclass narrows ``object`` to
+    its own literal and adds its ``choices`` and ``usage``."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+
+
 class CompletionUsage(ResponseModel):
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from serve_app.api.common import CompletionUsage, RequestModel, ResponseModel
+from serve_app.api.common import CompletionEnvelope, CompletionUsage, RequestModel, ResponseModel
 from serve_app.engine.protocol import SamplingParams
 
 
@@ -73,10 +73,8 @@ class EditChoice(ResponseModel):
     message: AssistantMessage
 
 
-class EditCompletion(ResponseModel):
+class EditCompletion(CompletionEnvelope):
     id: str = Field(description='Starts with "cmpl-".')
     object: Literal["edit.completion"] = "edit.completion"
-    created: int
-    model: str
     choices: list[EditChoice]
     usage: CompletionUsage

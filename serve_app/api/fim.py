@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 from serve_app.api.common import (
     MAX_STOP_CHARS,
     MAX_STOP_SEQUENCES,
+    CompletionEnvelope,
     CompletionUsage,
     RequestModel,
     ResponseModel,
@@ -109,11 +110,8 @@ class FimChoice(ResponseModel):
     finish_reason: Literal["stop", "length"]
 
 
-class FimCompletion(ResponseModel):
-    id: str
+class FimCompletion(CompletionEnvelope):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[FimChoice]
     usage: CompletionUsage
 
@@ -124,12 +122,9 @@ class FimChunkChoice(ResponseModel):
     finish_reason: Literal["stop", "length"] | None = None
 
 
-class FimCompletionChunk(ResponseModel):
+class FimCompletionChunk(CompletionEnvelope):
     """One SSE event; the usage chunk has no choices (``stream_options.include_usage``)."""
 
-    id: str
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[FimChunkChoice]
     usage: CompletionUsage | None = None
