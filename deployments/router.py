@@ -11,6 +11,9 @@ from serve_app.http.app import Backends, build_router_app
 
 
 class Router:
+    """The ingress deployment (deployed as ``Router``): serves the FastAPI app whose routes
+    run ``serve_app.http.app.RouteHandlers`` on handles to the other deployments."""
+
     def __init__(self, config: AppConfig, auth: Any, scorer: Any, edit: Any, fim: Any) -> None:
         backends = Backends(auth=auth, scorer=scorer, edit=edit, fim=fim)
         # Serve's proxy sets and returns x-request-id itself.

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from fastapi import Depends, FastAPI, Request, Response
@@ -62,17 +62,47 @@ SSE_RESPONSE = {"description": "text/event-stream of chunks, ending with `data: 
 
 
 @dataclass(frozen=True)
-class Call:
-    """What a model route calls: its endpoint (billing, metrics), the role its model must
-    hold, the deployment handle and its unary and streaming methods (``None``: no stream),
-    and the answer type a well-behaved deployment returns."""
+class ModelRoute:
+    """One model route: its ``name`` (``<name>.completions`` is its endpoint for billing and
+    metrics), path and wire models, the role its model must hold (the ``Backends`` field of
+    the deployment that serves it), the unary and streaming methods it calls there (``None``:
+    no stream), and whether the config enables it."""
 
-    endpoint: str
-    role: str
-    handle: Any
-    method: str
-    stream_method: str | None
+    name: str
+    path: str
+    body: type
     answer: type
+    role: str
+    method: str
+    stream_method: str | None = None
+    enabled: Callable[[AppConfig], bool] = lambda config: True
+    description: str | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.name}.completions"
+
+
+FIM_ROUTE = ModelRoute(
+    "fim", "/v1/fim/completions", FimCompletionRequest, FimCompletion, "fim", "complete", "stream"
+)
+MODEL_ROUTES = (
+    ModelRoute(
+        "edit", "/v1/edit/completions", EditCompletionRequest, EditCompletion, "edit", "edit"
+    ),
+    FIM_ROUTE,
+    # The OpenAI legacy path is the same FIM service: clients post FIM there.
+    replace(FIM_ROUTE, path="/v1/completions"),
+    ModelRoute(
+        "chat", "/v1/chat/completions", ChatCompletionRequest, ChatCompletion, "edit", "chat",
+        "chat_stream", enabled=lambda config: bool(config.roles.chat),
+    ),
+    ModelRoute(
+        "apply", "/v1/apply/completions", ApplyCompletionRequest, ChatCompletion, "edit", "apply",
+        "apply_stream",
+        description="Merge an update snippet into code; served by the edit model's deployment.",
+    ),
+)  # fmt: skip
 
 
 @dataclass
@@ -99,8 +129,8 @@ def build_router_app(
         redoc_url=None if docs_off else "/redoc",
         openapi_url=None if docs_off else "/openapi.json",
     )
-    routes = Routes(config, backends)
-    routes.register(app)
+    handlers = RouteHandlers(config, backends)
+    handlers.register(app)
     app.openapi = lambda: openapi_without_implicit_422(app)
     install_error_handlers(app)
     paths = frozenset(route.path for route in app.routes)
@@ -113,14 +143,17 @@ def build_router_app(
         max_bytes=config.limits.max_body_bytes,
         timeout_s=config.limits.body_timeout_s,
     )
-    app.add_middleware(Authenticate, authenticate=routes.authenticate, paths=guarded)
+    app.add_middleware(Authenticate, authenticate=handlers.authenticate, paths=guarded)
     app.add_middleware(RequestMetrics, paths=paths)
     if add_request_id:
         app.add_middleware(RequestId)
     return app
 
 
-class Routes:
+class RouteHandlers:
+    """What the HTTP routes run: the key check, admission, the one dispatch path of a model
+    route, streaming and billing hooks. (``Router`` is the ingress deployment serving them.)"""
+
     def __init__(self, config: AppConfig, backends: Backends) -> None:
         self.config = config
         self.backends = backends
@@ -129,32 +162,36 @@ class Routes:
         self._detached: set[asyncio.Future] = set()
 
     def register(self, app: FastAPI) -> None:
-        post, get = app.post, app.get
-        post("/v1/decisions", response_model=DecisionResponse, responses=DECISION_ERRORS)(
+        app.post("/v1/decisions", response_model=DecisionResponse, responses=DECISION_ERRORS)(
             self.decisions
         )
-        post("/v1/edit/completions", response_model=EditCompletion, responses=COMMON_ERRORS)(
-            self.edit
-        )
-        for fim_path in ("/v1/fim/completions", "/v1/completions"):
-            # The OpenAI legacy path is the same FIM service: clients post FIM there.
-            post(
-                fim_path,
-                response_model=FimCompletion,
-                responses={**COMMON_ERRORS, 200: {"content": {"text/event-stream": SSE_RESPONSE}}},
-            )(self.fim)
-        post(
-            "/v1/chat/completions",
-            response_model=ChatCompletion,
-            responses={**COMMON_ERRORS, 200: {"content": {"text/event-stream": SSE_RESPONSE}}},
-        )(self.chat)
-        post(
-            "/v1/apply/completions",
-            response_model=ChatCompletion,
-            responses={**COMMON_ERRORS, 200: {"content": {"text/event-stream": SSE_RESPONSE}}},
-        )(self.apply)
+        for route in MODEL_ROUTES:
+            responses = dict(COMMON_ERRORS)
+            if route.stream_method is not None:
+                responses[200] = {"content": {"text/event-stream": SSE_RESPONSE}}
+            app.post(
+                route.path,
+                response_model=route.answer,
+                responses=responses,
+                name=route.name,
+                description=route.description,
+            )(self.model_endpoint(route))
         register_listings(app, self, bearer)
-        get("/health", include_in_schema=False)(self.health)
+        app.get("/health", include_in_schema=False)(self.health)
+
+    def model_endpoint(self, route: ModelRoute) -> Callable[..., Awaitable[Any]]:
+        """The FastAPI endpoint of ``route``: its body validates as ``route.body``."""
+
+        async def endpoint(
+            request: Request,
+            body: Any,
+            response: Response,
+            credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
+        ) -> Any:
+            return await self.dispatch(request, response, credentials, body, route)
+
+        endpoint.__annotations__["body"] = route.body  # what FastAPI validates and documents
+        return endpoint
 
     # --- auth and usage -------------------------------------------------------------------
 
@@ -282,80 +319,31 @@ class Routes:
             raise UnprocessableRequestError.from_invalid(exc) from None
         return _checked(result, DecisionResponse)
 
-    async def edit(
-        self,
-        request: Request,
-        body: EditCompletionRequest,
-        response: Response,
-        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
-    ) -> EditCompletion:
-        call = Call("edit.completions", "edit", self.backends.edit, "edit", None, EditCompletion)
-        return await self.dispatch(request, response, credentials, body, call)
-
-    async def fim(
-        self,
-        request: Request,
-        body: FimCompletionRequest,
-        response: Response,
-        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
-    ) -> Any:
-        call = Call(
-            "fim.completions", "fim", self.backends.fim, "complete", "stream", FimCompletion
-        )
-        return await self.dispatch(request, response, credentials, body, call)
-
-    async def chat(
-        self,
-        request: Request,
-        body: ChatCompletionRequest,
-        response: Response,
-        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
-    ) -> Any:
-        call = Call(
-            "chat.completions", "edit", self.backends.edit, "chat", "chat_stream", ChatCompletion
-        )
-        enabled = bool(self.config.roles.chat)
-        return await self.dispatch(request, response, credentials, body, call, enabled=enabled)
-
-    async def apply(
-        self,
-        request: Request,
-        body: ApplyCompletionRequest,
-        response: Response,
-        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
-    ) -> Any:
-        """Merge an update snippet into code; served by the edit model's deployment."""
-        call = Call(
-            "apply.completions", "edit", self.backends.edit, "apply", "apply_stream", ChatCompletion
-        )
-        return await self.dispatch(request, response, credentials, body, call)
-
     async def dispatch(
         self,
         request: Request,
         response: Response,
         credentials: HTTPAuthorizationCredentials | None,
         body: Any,
-        call: Call,
-        *,
-        enabled: bool = True,
+        route: ModelRoute,
     ) -> Any:
         """The one path of a model route: authorize (reserving the estimate), rate headers,
         the role check (a disabled endpoint is an unknown model), then stream or call, and
         check the answer's shape."""
-        grant = await self.authorize(request, credentials, body.model, call.endpoint, body)
+        grant = await self.authorize(request, credentials, body.model, route.endpoint, body)
         _apply_headers(response, grant)
-        if not enabled:
+        if not route.enabled(self.config):
             self.refuse(grant, ModelNotFoundError(body.model))
-        self.require_role(grant, body.model, call.role)
-        if call.stream_method is not None and body.stream:
-            context = self.context(grant, body.model, call.endpoint)
-            streaming = call.handle.options(stream=True)
-            chunks = getattr(streaming, call.stream_method).remote(body, context)
-            return await self.stream(grant, body.model, call.endpoint, chunks, body.include_usage)
-        method = getattr(call.handle, call.method)
-        result = await self.call(grant, body.model, call.endpoint, method, body)
-        return _checked(result, call.answer)
+        self.require_role(grant, body.model, route.role)
+        handle = getattr(self.backends, route.role)
+        if route.stream_method is not None and body.stream:
+            context = self.context(grant, body.model, route.endpoint)
+            streaming = handle.options(stream=True)
+            chunks = getattr(streaming, route.stream_method).remote(body, context)
+            return await self.stream(grant, body.model, route.endpoint, chunks, body.include_usage)
+        method = getattr(handle, route.method)
+        result = await self.call(grant, body.model, route.endpoint, method, body)
+        return _checked(result, route.answer)
 
     async def stream(
         self, grant: Any, model: str, endpoint: str, chunks: Any, include_usage: bool

@@ -11,7 +11,7 @@ from serve_app.api.common import ErrorResponse
 from serve_app.api.models import EndpointModelList, ModelList
 
 if TYPE_CHECKING:
-    from serve_app.http.app import Routes
+    from serve_app.http.app import RouteHandlers
 
 LISTING_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (401, 500)
@@ -20,10 +20,10 @@ LISTING_ERRORS: dict[int | str, dict[str, Any]] = {
 LISTED_ENDPOINTS = ("chat", "fim", "edit", "apply")
 
 
-def register_listings(app: FastAPI, routes: Routes, bearer: HTTPBearer) -> None:
+def register_listings(app: FastAPI, handlers: RouteHandlers, bearer: HTTPBearer) -> None:
     """Add the overall listing and one listing per endpoint to ``app``."""
     app.get("/v1/models", response_model=ModelList, responses=LISTING_ERRORS, name="list_models")(
-        listing_route(routes, bearer, None)
+        listing_route(handlers, bearer, None)
     )
     for endpoint in LISTED_ENDPOINTS:
         app.get(
@@ -31,21 +31,21 @@ def register_listings(app: FastAPI, routes: Routes, bearer: HTTPBearer) -> None:
             response_model=EndpointModelList,
             responses=LISTING_ERRORS,
             name=f"list_{endpoint}_models",
-        )(listing_route(routes, bearer, f"{endpoint}.completions"))
+        )(listing_route(handlers, bearer, f"{endpoint}.completions"))
 
 
-def listing_route(routes: Routes, bearer: HTTPBearer, endpoint: str | None) -> Any:
+def listing_route(handlers: RouteHandlers, bearer: HTTPBearer, endpoint: str | None) -> Any:
     """The route of one model listing: every model (``None``, no ``supported_endpoints``)
     or the models of one endpoint (with them), less those the account may not use."""
-    config = routes.config
+    config = handlers.config
 
     async def list_models(
         request: Request,
         response: Response,
         credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     ) -> ModelList | EndpointModelList:
-        grant = await routes.authorize(request, credentials, None, "models")
-        routes.apply_headers(response, grant)
+        grant = await handlers.authorize(request, credentials, None, "models")
+        handlers.apply_headers(response, grant)
         # The grant carries the account's allow-list: no second hop to the auth service.
         visible = [m for m in config.models if grant.models is None or m.id in grant.models]
         if endpoint is None:
