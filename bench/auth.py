@@ -16,7 +16,8 @@ from pathlib import Path
 
 from serve_app.auth.authorizer import AuthConfig, Authorizer
 from serve_app.auth.keys import generate_key, hash_key, key_hint
-from serve_app.auth.store import SQLiteAuthStore, open_store
+from serve_app.auth.sqlite import SQLiteAuthStore
+from serve_app.auth.store import open_store
 
 
 def per_call_us(fn: Callable[[], object], n: int) -> float:

@@ -26,7 +26,8 @@ import pytest
 from serve_app.api.fim import FimCompletionRequest
 from serve_app.auth.authorizer import AuthConfig, Authorizer
 from serve_app.auth.keys import generate_key, hash_key, key_hint
-from serve_app.auth.store import UsageRecord, open_store
+from serve_app.auth.records import UsageRecord
+from serve_app.auth.store import open_store
 from serve_app.config import AppConfig, HttpLimits
 from serve_app.errors import RateLimitError
 from serve_app.serving.billing import RequestContext, UsageRecorder

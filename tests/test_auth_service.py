@@ -27,7 +27,8 @@ import pytest
 from serve_app.auth import cli, ratelimit
 from serve_app.auth.authorizer import AuthConfig, Authorizer, bootstrap_local
 from serve_app.auth.keys import KEY_PREFIX, generate_key, hash_key, key_hint
-from serve_app.auth.store import StoreError, open_store
+from serve_app.auth.records import StoreError
+from serve_app.auth.store import open_store
 from serve_app.errors import AccountError, AuthenticationError, ModelNotFoundError, RateLimitError
 
 MODELS = frozenset({"m1", "m2"})

@@ -30,7 +30,10 @@ from serve_app.auth.authorizer import (
     Grant,
     bootstrap_local,
 )
-from serve_app.auth.store import AuthStore, SQLiteAuthStore, StoreError, open_store
+from serve_app.auth.interface import AuthStore
+from serve_app.auth.records import StoreError
+from serve_app.auth.sqlite import SQLiteAuthStore
+from serve_app.auth.store import open_store
 
 __all__ = [
     "AuthConfig",

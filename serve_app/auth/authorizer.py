@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from serve_app.auth.interface import AuthStore
 from serve_app.auth.keys import (
     generate_key,
     hash_key,
@@ -29,7 +30,7 @@ from serve_app.auth.keys import (
     key_hint,
 )
 from serve_app.auth.ratelimit import Verdict
-from serve_app.auth.store import Account, ApiKey, AuthStore, StoreError, UsageRecord, period_key
+from serve_app.auth.records import Account, ApiKey, StoreError, UsageRecord, period_key
 from serve_app.errors import AccountError, AuthenticationError, ModelNotFoundError, RateLimitError
 
 logger = logging.getLogger(__name__)

@@ -18,17 +18,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from serve_app.auth.interface import AuthStore
 from serve_app.auth.keys import generate_key, hash_key, key_hint
 from serve_app.auth.local_key import bootstrap_key_file
-from serve_app.auth.store import (
-    KEEP,
-    PERIODS,
-    Account,
-    AuthStore,
-    StoreError,
-    open_store,
-    resolve_auth_db,
-)
+from serve_app.auth.records import KEEP, PERIODS, Account, StoreError
+from serve_app.auth.store import open_store, resolve_auth_db
 
 
 def main(argv: Sequence[str] | None = None) -> int:

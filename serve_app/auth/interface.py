@@ -123,7 +123,6 @@ class AuthStore(abc.ABC):
     def now(self) -> float:
         """The store's clock (epoch seconds): the one every replica's limits are measured on."""
 
-    @abc.abstractmethod
     def admit(
         self,
         account_id: int,
@@ -137,6 +136,14 @@ class AuthStore(abc.ABC):
         the reservation (charged to quota and token window) for at most ``hold_seconds``.
         ``hold_seconds=None``: a request that costs no tokens (a listing), counted in the
         request window only, with nothing held."""
+        estimate = max(0, int(estimated_tokens)) if hold_seconds is not None else 0
+        return self._admit(account_id, estimate, max_concurrent, hold_seconds)
+
+    @abc.abstractmethod
+    def _admit(
+        self, account_id: int, estimate: int, max_concurrent: int | None, hold: float | None
+    ) -> Admission:
+        """``admit`` with the estimate already clamped (0 when nothing is held)."""
 
     @abc.abstractmethod
     def record_usage(self, record: UsageRecord, reservation_id: int | None = None) -> int:

@@ -265,15 +265,9 @@ class SqlAuthStore(AuthStore):
     def _server_now(self, db: Any) -> float:
         return time.time()
 
-    def admit(
-        self,
-        account_id: int,
-        *,
-        estimated_tokens: int,
-        max_concurrent: int | None,
-        hold_seconds: float | None,
+    def _admit(
+        self, account_id: int, estimate: int, max_concurrent: int | None, hold: float | None
     ) -> Admission:
-        estimate = max(0, int(estimated_tokens)) if hold_seconds is not None else 0
         with self._write() as db:
             self._lock_account(db, account_id)
             now = self._now(db)
@@ -295,7 +289,7 @@ class SqlAuthStore(AuthStore):
                 "DELETE FROM reservations WHERE account_id = ? AND expires_at <= ?",
                 (account_id, now),
             )
-            if max_concurrent is not None and hold_seconds is not None:
+            if max_concurrent is not None and hold is not None:
                 held = self._execute(
                     db, "SELECT count(*) FROM reservations WHERE account_id = ?", (account_id,)
                 ).fetchone()[0]
@@ -312,14 +306,14 @@ class SqlAuthStore(AuthStore):
                     return Admission("rate", None, verdict, used)
             bucket = ratelimit.bucket_start(now)
             self._execute(db, _UPSERT_WINDOW, (account_id, bucket, 1, estimate))
-            if hold_seconds is None:
+            if hold is None:
                 return Admission(None, None, verdict, used)
             used = self._add_to_quota(db, account_id, period_now, estimate)
             reservation_id = self._execute(
                 db,
                 "INSERT INTO reservations (account_id, tokens, bucket, usage_period, expires_at) "
                 "VALUES (?, ?, ?, ?, ?) RETURNING id",
-                (account_id, estimate, bucket, period_now, now + hold_seconds),
+                (account_id, estimate, bucket, period_now, now + hold),
             ).fetchall()[0][0]
         return Admission(None, reservation_id, verdict, used)
 

@@ -2,8 +2,8 @@
 
 The store is split by concept: ``records`` (accounts, keys, ledger rows), ``interface``
 (the ``AuthStore`` ABC), ``sql`` (the SQL and migrations SQLite and PostgreSQL share),
-``sqlite`` (the default, one file per node) and ``postgres`` (a cluster). The names callers
-use are re-exported here.
+``sqlite`` (the default, one file per node) and ``postgres`` (a cluster). Records and
+``StoreError`` are imported from ``records``, the store classes from their own modules.
 """
 
 from __future__ import annotations
@@ -13,40 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from serve_app.auth.interface import AuthStore
-from serve_app.auth.records import (
-    KEEP,
-    PERIODS,
-    STATUSES,
-    Account,
-    Admission,
-    ApiKey,
-    StoreError,
-    UsageRecord,
-    UsageTotal,
-    period_key,
-)
-from serve_app.auth.sql import SqlAuthStore
 from serve_app.auth.sqlite import SQLiteAuthStore
-
-__all__ = [
-    "DB_FILENAME",
-    "KEEP",
-    "PERIODS",
-    "STATUSES",
-    "Account",
-    "Admission",
-    "ApiKey",
-    "AuthStore",
-    "SQLiteAuthStore",
-    "SqlAuthStore",
-    "StoreError",
-    "UsageRecord",
-    "UsageTotal",
-    "default_data_dir",
-    "open_store",
-    "period_key",
-    "resolve_auth_db",
-]
 
 DB_FILENAME = "auth.sqlite3"
 
