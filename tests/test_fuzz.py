@@ -10,8 +10,10 @@ data rejected with a 4xx, and auth not ignored.
 Two adjustments keep the run fast and deep (``_shape``):
 
 - ``max_tokens``/``max_completion_tokens`` that the schema allows (up to 8192, default 512 or
-  1024) are capped at ``MAX_TOKENS``: the tiny model generates a few hundred tokens a second on
-  this CPU, so uncapped cases would cost seconds each. Out-of-range values are sent as generated.
+  1024, or what the context leaves for apply; a null or absent ``max_tokens`` means that
+  default) are capped at ``MAX_TOKENS``: the tiny model generates a few hundred tokens a second
+  on this CPU, so uncapped cases would cost seconds each. Out-of-range values are sent as
+  generated.
 - The ``model`` field is a free string in the schema, so almost every generated value is
   unknown (404). In positive mode, three in four cases with a string ``model`` get the served
   model's id instead, so generation, scoring and their errors are fuzzed too (and an edit or
@@ -103,8 +105,8 @@ def _shape(case: schemathesis.Case, use_served_model: bool) -> None:
         if field in body and isinstance(value, int) and not isinstance(value, bool):
             if 1 <= value <= 8192:
                 body[field] = min(value, MAX_TOKENS)
-        elif field == "max_tokens" and field not in body and case.path != "/v1/decisions":
-            body[field] = MAX_TOKENS
+        elif field == "max_tokens" and value is None and case.path != "/v1/decisions":
+            body[field] = MAX_TOKENS  # absent or null: the endpoint's default, up to thousands
     if use_served_model and isinstance(body.get("model"), str):
         body["model"] = TINY_ID
         if case.path == "/v1/edit/completions":

@@ -10,14 +10,13 @@ from __future__ import annotations
 from pydantic import Field
 
 from serve_app.api.chat import ChatMessage
-from serve_app.api.common import RequestModel, StreamOptions
+from serve_app.api.common import StreamingRequest
 from serve_app.engine.protocol import SamplingParams
 
 DEFAULT_APPLY_MAX_TOKENS = 8192
 
 
-class ApplyCompletionRequest(RequestModel):
-    model: str = Field(min_length=1)
+class ApplyCompletionRequest(StreamingRequest):
     messages: list[ChatMessage] = Field(
         min_length=1,
         description="The last user message holds the original code and the update snippet "
@@ -31,17 +30,9 @@ class ApplyCompletionRequest(RequestModel):
         description="Default 8192, or what the model's context leaves after the prompt.",
     )
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, ge=0.0, le=1.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     stop: list[str] | str | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     diffusing: bool = Field(default=False, description="Accepted; a no-op (autoregressive model).")
-
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
 
     @property
     def content(self) -> str:

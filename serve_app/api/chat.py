@@ -14,15 +14,15 @@ from pydantic import Field, field_validator, model_validator
 
 from serve_app.api.common import (
     MAX_NESTING,
-    MAX_STOP_CHARS,
-    MAX_STOP_SEQUENCES,
-    CompletionEnvelope,
-    CompletionUsage,
+    Completion,
+    CompletionChunk,
+    FinishReason,
     RequestModel,
     ResponseModel,
     StopSequences,
-    StreamOptions,
+    StreamingRequest,
     json_depth,
+    stop_field,
 )
 from serve_app.engine.protocol import SamplingParams
 
@@ -75,24 +75,15 @@ class ResponseFormat(RequestModel):
         return self
 
 
-class ChatCompletionRequest(RequestModel):
-    model: str = Field(min_length=1)
+class ChatCompletionRequest(StreamingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1, le=8192)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=8192)
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, ge=0.0, le=1.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    stop: StopSequences = Field(
-        default=None,
-        description=f"At most {MAX_STOP_SEQUENCES} sequences of at most {MAX_STOP_CHARS} "
-        "characters.",
-    )
+    stop: StopSequences = stop_field()
     seed: int | None = None
     n: Literal[1] = Field(default=1, description="Only one choice per request is supported.")
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto"] | dict[str, Any] | None = None
@@ -110,10 +101,6 @@ class ChatCompletionRequest(RequestModel):
         return tools
 
     _tool_choice_depth = field_validator("tool_choice")(_shallow)
-
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
 
     @property
     def json_mode(self) -> Literal["json_object", "json_schema"] | None:
@@ -144,13 +131,12 @@ class ChatResponseMessage(ResponseModel):
 class ChatChoice(ResponseModel):
     index: int
     message: ChatResponseMessage
-    finish_reason: Literal["stop", "length"]
+    finish_reason: FinishReason
 
 
-class ChatCompletion(CompletionEnvelope):
+class ChatCompletion(Completion):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
-    usage: CompletionUsage
 
 
 class ChatDelta(ResponseModel):
@@ -161,10 +147,9 @@ class ChatDelta(ResponseModel):
 class ChatChunkChoice(ResponseModel):
     index: int
     delta: ChatDelta
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: FinishReason | None = None
 
 
-class ChatCompletionChunk(CompletionEnvelope):
+class ChatCompletionChunk(CompletionChunk):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: list[ChatChunkChoice]
-    usage: CompletionUsage | None = None

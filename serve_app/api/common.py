@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -24,6 +24,12 @@ StopSequence = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 StopSequences = (
     StopSequence | Annotated[list[StopSequence], Field(max_length=MAX_STOP_SEQUENCES)] | None
 )
+
+
+def stop_field(lead: str = "Stop sequences") -> Any:
+    """The ``stop`` field of a generating request (``StopSequences``), bounds documented."""
+    bounds = f"at most {MAX_STOP_SEQUENCES} sequences of at most {MAX_STOP_CHARS} characters"
+    return Field(default=None, description=f"{lead}: {bounds}.")
 
 
 class RequestModel(BaseModel):
@@ -71,16 +77,6 @@ class ResponseModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class CompletionEnvelope(ResponseModel):
-    """What every completion and stream chunk carries first; a subclass narrows ``object`` to
-    its own literal and adds its ``choices`` and ``usage``."""
-
-    id: str
-    object: str
-    created: int
-    model: str
-
-
 class CompletionUsage(ResponseModel):
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
@@ -98,8 +94,51 @@ class CompletionUsage(ResponseModel):
         )
 
 
+# Why a choice ended: its stop (or the end of the model's answer), or its token budget.
+FinishReason = Literal["stop", "length"]
+
+
+class CompletionEnvelope(ResponseModel):
+    """What every completion and stream chunk carries, in this order; a subclass narrows
+    ``object`` to its literal and ``choices`` to its choice type."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[Any]
+
+
+class Completion(CompletionEnvelope):
+    """A whole answer: its usage is always there."""
+
+    usage: CompletionUsage
+
+
+class CompletionChunk(CompletionEnvelope):
+    """One SSE event; the usage chunk has no choices (``stream_options.include_usage``)."""
+
+    usage: CompletionUsage | None = None
+
+
 class StreamOptions(RequestModel):
     include_usage: bool = False
+
+
+class StreamingRequest(RequestModel):
+    """The fields every generating endpoint that streams (chat, FIM, apply) defines alike:
+    the model, the sampling knobs with the same bounds and defaults, and streaming."""
+
+    model: str = Field(min_length=1)
+    top_p: float = Field(default=1.0, ge=0.0, le=1.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether the stream sends its usage chunk to the client."""
+        return bool(self.stream_options and self.stream_options.include_usage)
 
 
 class ErrorInfo(ResponseModel):

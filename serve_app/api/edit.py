@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from serve_app.api.common import CompletionEnvelope, CompletionUsage, RequestModel, ResponseModel
+from serve_app.api.common import Completion, FinishReason, RequestModel, ResponseModel
 from serve_app.engine.protocol import SamplingParams
 
 
@@ -69,12 +69,11 @@ class AssistantMessage(ResponseModel):
 
 class EditChoice(ResponseModel):
     index: int
-    finish_reason: Literal["stop", "length"]
+    finish_reason: FinishReason
     message: AssistantMessage
 
 
-class EditCompletion(CompletionEnvelope):
+class EditCompletion(Completion):
     id: str = Field(description='Starts with "cmpl-".')
     object: Literal["edit.completion"] = "edit.completion"
     choices: list[EditChoice]
-    usage: CompletionUsage

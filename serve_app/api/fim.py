@@ -7,40 +7,30 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from serve_app.api.common import (
-    MAX_STOP_CHARS,
-    MAX_STOP_SEQUENCES,
-    CompletionEnvelope,
-    CompletionUsage,
-    RequestModel,
+    Completion,
+    CompletionChunk,
+    FinishReason,
     ResponseModel,
     StopSequences,
-    StreamOptions,
+    StreamingRequest,
+    stop_field,
 )
 from serve_app.engine.protocol import SamplingParams
 
 DEFAULT_FIM_STOP = ("\n\n", "\n \n")
 
 
-class FimCompletionRequest(RequestModel):
-    model: str = Field(min_length=1)
+class FimCompletionRequest(StreamingRequest):
     prompt: str
     suffix: str | None = None
     max_tokens: int = Field(default=512, ge=1, le=8192)
     temperature: float | None = Field(
         default=None, ge=0.0, le=2.0, description="Defaults to the model's default (0 = greedy)."
     )
-    top_p: float = Field(default=1.0, ge=0.0, le=1.0)
     top_k: int = Field(default=-1, description="-1 (no cutoff) or 1..1000.")
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=1.5, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
-    stop: StopSequences = Field(
-        default=None,
-        description='Stop sequences; default ["\\n\\n", "\\n \\n"]; at most '
-        f"{MAX_STOP_SEQUENCES} of at most {MAX_STOP_CHARS} characters.",
-    )
-    stream: bool = False
-    stream_options: StreamOptions | None = None
+    stop: StopSequences = stop_field('Stop sequences; default ["\\n\\n", "\\n \\n"]')
     seed: int | None = None
     # OpenAI legacy-completion fields that clients of POST /v1/completions send: accepted at
     # the values this service honours (one choice, no echo, no logprobs), refused otherwise.
@@ -85,10 +75,6 @@ class FimCompletionRequest(RequestModel):
         stops = [self.stop] if isinstance(self.stop, str) else self.stop
         return tuple(stop for stop in stops if stop)
 
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
-
     def to_sampling_params(self, default_temperature: float = 0.0) -> SamplingParams:
         temperature = default_temperature if self.temperature is None else self.temperature
         return SamplingParams(
@@ -107,24 +93,20 @@ class FimCompletionRequest(RequestModel):
 class FimChoice(ResponseModel):
     index: int
     text: str
-    finish_reason: Literal["stop", "length"]
+    finish_reason: FinishReason
 
 
-class FimCompletion(CompletionEnvelope):
+class FimCompletion(Completion):
     object: Literal["text_completion"] = "text_completion"
     choices: list[FimChoice]
-    usage: CompletionUsage
 
 
-class FimChunkChoice(ResponseModel):
-    index: int
-    text: str
-    finish_reason: Literal["stop", "length"] | None = None
+class FimChunkChoice(FimChoice):
+    """A streamed choice: the same text piece, its finish reason null until the last."""
+
+    finish_reason: FinishReason | None = None
 
 
-class FimCompletionChunk(CompletionEnvelope):
-    """One SSE event; the usage chunk has no choices (``stream_options.include_usage``)."""
-
+class FimCompletionChunk(CompletionChunk):
     object: Literal["text_completion"] = "text_completion"
     choices: list[FimChunkChoice]
-    usage: CompletionUsage | None = None
