@@ -92,6 +92,30 @@ def cache_salt_for(account_id: int, shared: bool) -> str | None:
     return None if shared else f"account-{account_id}"
 
 
+class _Outcome:
+    """The status a ledger row records for the work inside ``with outcome:``: 200, the
+    error's own status, 499 for a client that went away, 500 for anything unexpected. A
+    timeout leaves the block as ``UpstreamTimeoutError`` (504)."""
+
+    def __init__(self) -> None:
+        self.status = 500
+
+    def __enter__(self) -> _Outcome:
+        return self
+
+    def __exit__(self, kind: type | None, error: BaseException | None, traceback: Any) -> bool:
+        if error is None:
+            self.status = 200
+        elif isinstance(error, TimeoutError):
+            self.status = UpstreamTimeoutError.status_code
+            raise UpstreamTimeoutError() from None
+        elif isinstance(error, asyncio.CancelledError | GeneratorExit):
+            self.status = CLIENT_GONE
+        elif isinstance(error, ServiceError):
+            self.status = error.status_code
+        return False  # the error goes on to the caller
+
+
 class UsageRecorder:
     """Runs model calls under the request timeout and writes their ledger rows.
 
@@ -110,23 +134,14 @@ class UsageRecorder:
         """Await ``work()`` and bill it. Without a context (no router) nothing is written."""
         meter = UsageMeter()
         token = _scope.set(_Scope(context, meter))
-        status = 500
+        outcome = _Outcome()
         try:
-            async with asyncio.timeout(self.timeout_s):
-                result = await work()
-            status = 200
-        except TimeoutError:
-            status = UpstreamTimeoutError.status_code
-            raise UpstreamTimeoutError() from None
-        except asyncio.CancelledError:
-            status = CLIENT_GONE
-            raise
-        except ServiceError as error:
-            status = error.status_code
-            raise
+            with outcome:
+                async with asyncio.timeout(self.timeout_s):
+                    result = await work()
         finally:
             _scope.reset(token)
-            written = await self._settle(context, meter, status)
+            written = await self._settle(context, meter, outcome.status)
         if not written:
             raise UpstreamUnavailableError("Usage could not be recorded. Retry.")
         return result
@@ -137,33 +152,24 @@ class UsageRecorder:
         """Yield ``chunks()`` and bill them; the deadline bounds the whole stream."""
         meter = UsageMeter()
         scope = _Scope(context, meter)
-        status = 500
+        outcome = _Outcome()
         deadline = asyncio.get_running_loop().time() + self.timeout_s
         iterator = chunks()
         try:
-            while True:
-                token = _scope.set(scope)
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        chunk = await anext(iterator)
-                except StopAsyncIteration:
-                    break
-                finally:
-                    _scope.reset(token)
-                yield chunk
-            status = 200
-        except TimeoutError:
-            status = UpstreamTimeoutError.status_code
-            raise UpstreamTimeoutError() from None
-        except (asyncio.CancelledError, GeneratorExit):
-            status = CLIENT_GONE
-            raise
-        except ServiceError as error:
-            status = error.status_code
-            raise
+            with outcome:
+                while True:
+                    token = _scope.set(scope)
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            chunk = await anext(iterator)
+                    except StopAsyncIteration:
+                        break
+                    finally:
+                        _scope.reset(token)
+                    yield chunk
         finally:
             await _close(iterator)
-            written = await self._settle(context, meter, status)
+            written = await self._settle(context, meter, outcome.status)
         if not written:
             raise UpstreamUnavailableError("Usage could not be recorded.")
 
