@@ -1,4 +1,4 @@
-"""The edit model deployment: next-edit rewriting, apply, and chat on the same instruct model.
+"""The instruct model's deployment (``EditModel``): next-edit, apply and chat on one engine.
 
 Chat and apply live here rather than in deployments of their own because all three are
 chat-template generation on the same instruct model: one copy of the weights serves them, and
@@ -22,6 +22,9 @@ from serve_app.serving.edit import EditService
 
 
 class EditModel(EngineDeployment):
+    """The instruct model's deployment (named for its first role, as the product fixes it):
+    it serves next-edit, apply and chat, each through its own service on one engine."""
+
     deployment_name = "EditModel"
 
     def __init__(self, config: AppConfig, auth: Any = None) -> None:

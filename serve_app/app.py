@@ -2,7 +2,7 @@
 
     Router (ingress) ──► AuthService
           ├────────────► DecisionScorer
-          ├────────────► EditModel (edit + chat)
+          ├────────────► EditModel (the instruct model: next-edit, apply, chat)
           └────────────► FimModel
 
 Used from YAML as ``import_path: serve_app.app:build_app`` with ``args:`` (an ``AppConfig``);
