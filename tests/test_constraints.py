@@ -567,28 +567,19 @@ def test_response_format_factory(tiny) -> None:
 
 
 def test_engine_hook(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The hook the engine needs: attach the constraint to the request's sampler in
-    ``_new_state``; the engine's eos handling then ends the request as soon as JSON is done."""
+    """The engine attaches a request's ``response_format`` constraint to its sampler; the
+    engine's eos handling then ends the request as soon as the JSON is done."""
     from serve_app.engine.engine import EngineConfig, LLMEngine
     from serve_app.engine.loader import load_model
     from serve_app.engine.protocol import GenerationRequest, generate_text
 
     loaded = load_model("tiny:" + str(tmp_path_factory.getbasetemp() / "tiny-model"))
-    texts = TokenTexts.for_tokenizer(loaded.tokenizer)
-
-    class JsonEngine(LLMEngine):
-        def _new_state(self, request, context_param, loop):
-            state = super()._new_state(request, context_param, loop)
-            constraint = JsonConstraint(
-                texts, self.eos_token_ids, PERSON, max_tokens=request.params.max_tokens
-            )
-            attach_constraint(state.sampler, constraint)
-            return state
-
-    engine = JsonEngine(loaded, EngineConfig())
+    response_format = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+    engine = LLMEngine(loaded, EngineConfig())
     try:
         prompt = loaded.tokenizer.encode("person:")
-        request = GenerationRequest("r", prompt, SamplingParams(max_tokens=30))
+        params = SamplingParams(max_tokens=30, response_format=response_format)
+        request = GenerationRequest("r", prompt, params)
         text, last = asyncio.run(asyncio.wait_for(generate_text(engine, request), 60))
     finally:
         engine.shutdown()
