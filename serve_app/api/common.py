@@ -93,6 +93,11 @@ class CompletionUsage(ResponseModel):
             cached_input_tokens=cached,
         )
 
+    @property
+    def token_counts(self) -> tuple[int, int]:
+        """(input, output) tokens: what every usage shape reports for the token metric."""
+        return self.prompt_tokens, self.completion_tokens
+
 
 # Why a choice ended: its stop (or the end of the model's answer), or its token budget.
 FinishReason = Literal["stop", "length"]

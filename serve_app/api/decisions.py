@@ -85,6 +85,11 @@ class DecisionUsage(ResponseModel):
     input_tokens: int = Field(ge=0)
     output_tokens: int = Field(ge=0)
 
+    @property
+    def token_counts(self) -> tuple[int, int]:
+        """(input, output) tokens, as ``CompletionUsage.token_counts``."""
+        return self.input_tokens, self.output_tokens
+
 
 class DecisionResponse(ResponseModel):
     model: str = Field(min_length=1)

@@ -20,8 +20,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from serve_app import __version__, metrics
 from serve_app.api.apply import ApplyCompletionRequest
 from serve_app.api.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
-from serve_app.api.common import ErrorResponse, HTTPValidationError
-from serve_app.api.decisions import DecisionRequest, DecisionResponse
+from serve_app.api.common import CompletionUsage, ErrorResponse, HTTPValidationError
+from serve_app.api.decisions import DecisionRequest, DecisionResponse, DecisionUsage
 from serve_app.api.edit import EditCompletion, EditCompletionRequest
 from serve_app.api.fim import FimCompletion, FimCompletionChunk, FimCompletionRequest
 from serve_app.auth.keys import hash_key
@@ -254,10 +254,13 @@ class RouteHandlers:
         self._detached.add(task)
         task.add_done_callback(_forget(self._detached))
 
-    async def call(self, grant: Any, model: str, endpoint: str, method: Any, body: Any) -> Any:
-        """One model call. The model deployment enforces the request timeout and writes the
-        ledger row (serve_app.serving.billing); the router's own timeout is a backstop just
-        past it that cancels the call, so the engine slot is freed either way."""
+    async def call(
+        self, grant: Any, model: str, endpoint: str, method: Any, body: Any, answer: type
+    ) -> Any:
+        """One model call, its answer checked to be an ``answer``. The model deployment
+        enforces the request timeout and writes the ledger row (serve_app.serving.billing);
+        the router's own timeout is a backstop just past it that cancels the call, so the
+        engine slot is freed either way."""
         timeout = (
             self.config.limits.decision_timeout_s
             if endpoint == "decisions"
@@ -279,7 +282,8 @@ class RouteHandlers:
         finally:
             if not answered:
                 self.release(grant)
-        _count_tokens(model, endpoint, getattr(result, "usage", None))
+        result = _checked(result, answer)
+        _count_tokens(model, endpoint, result.usage)
         return result
 
     def require_role(self, grant: Any, model: str, role: str) -> None:
@@ -312,12 +316,11 @@ class RouteHandlers:
                 ),
             )
         try:
-            result = await self.call(
-                grant, body.model, "decisions", self.backends.scorer.decide, body
+            return await self.call(
+                grant, body.model, "decisions", self.backends.scorer.decide, body, DecisionResponse
             )
         except InvalidRequestError as exc:
             raise UnprocessableRequestError.from_invalid(exc) from None
-        return _checked(result, DecisionResponse)
 
     async def dispatch(
         self,
@@ -342,8 +345,7 @@ class RouteHandlers:
             chunks = getattr(streaming, route.stream_method).remote(body, context)
             return await self.stream(grant, body.model, route.endpoint, chunks, body.include_usage)
         method = getattr(handle, route.method)
-        result = await self.call(grant, body.model, route.endpoint, method, body)
-        return _checked(result, route.answer)
+        return await self.call(grant, body.model, route.endpoint, method, body, route.answer)
 
     async def stream(
         self, grant: Any, model: str, endpoint: str, chunks: Any, include_usage: bool
@@ -358,7 +360,7 @@ class RouteHandlers:
             return sse_event(chunk.model_dump(exclude=None if is_usage_chunk else {"usage"}))
 
         async def on_finish(last: Any) -> None:
-            usage = getattr(last, "usage", None) if last is not None else None
+            usage = last.usage if last is not None else None
             if usage is None:  # ended early: the model side billed what it processed
                 self.release(grant)
             _count_tokens(model, endpoint, usage)
@@ -408,9 +410,10 @@ def _max_output(body: Any, model: ModelConfig | None) -> int:
     return 0
 
 
-def _count_tokens(model: str, endpoint: str, usage: Any) -> None:
-    input_tokens = getattr(usage, "input_tokens", None) or getattr(usage, "prompt_tokens", 0)
-    output_tokens = getattr(usage, "output_tokens", None) or getattr(usage, "completion_tokens", 0)
+def _count_tokens(model: str, endpoint: str, usage: CompletionUsage | DecisionUsage | None) -> None:
+    if usage is None:
+        return
+    input_tokens, output_tokens = usage.token_counts
     if input_tokens or output_tokens:
         tags = {"endpoint": endpoint, "model": model}
         metrics.tokens().inc(input_tokens, tags={**tags, "direction": "input"})
