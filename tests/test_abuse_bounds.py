@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from serve_app.engine.constraints import compile_schema
+from tests.clients import tagged_apply
 from tests.conftest import AUTH, TEST_KEY, TINY_ID
 
 CHAT_PROBE = {
@@ -25,6 +26,7 @@ CHAT_PROBE = {
     "max_tokens": 1,
 }
 FIM_PROBE = {"model": TINY_ID, "prompt": "x", "max_tokens": 1}
+APPLY_MESSAGES = [{"role": "user", "content": tagged_apply("x = 1", "x = 2")}]
 BLOCKED_LIMIT_S = 0.1  # the event loop may never stall longer than this
 
 
@@ -181,12 +183,14 @@ def test_any_of_fan_out_is_capped_naming_any_of(client):
 @pytest.mark.parametrize(
     "stop", [["x" * 40_000], ["a"] * 200_000], ids=["one-long-stop", "many-stops"]
 )
-@pytest.mark.parametrize("endpoint", ["chat", "fim"])
+@pytest.mark.parametrize("endpoint", ["chat", "fim", "apply"])
 def test_stop_lists_are_bounded(client, stop, endpoint):
-    if endpoint == "chat":
-        path, body = "/v1/chat/completions", {**CHAT_PROBE, "stop": stop}
-    else:
-        path, body = "/v1/fim/completions", {"model": TINY_ID, "prompt": "x", "stop": stop}
+    path, body = {
+        "chat": ("/v1/chat/completions", CHAT_PROBE),
+        "fim": ("/v1/fim/completions", FIM_PROBE),
+        "apply": ("/v1/apply/completions", {**CHAT_PROBE, "messages": APPLY_MESSAGES}),
+    }[endpoint]
+    body = {**body, "stop": stop}
     response = client.post(path, json=body, headers=AUTH)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "stop"

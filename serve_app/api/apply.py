@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from serve_app.api.chat import ChatMessage
-from serve_app.api.common import StreamingRequest
+from serve_app.api.common import StopSequences, StreamingRequest, stop_field
 from serve_app.engine.protocol import SamplingParams
 
 DEFAULT_APPLY_MAX_TOKENS = 8192
@@ -31,7 +31,7 @@ class ApplyCompletionRequest(StreamingRequest):
     )
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    stop: list[str] | str | None = None
+    stop: StopSequences = stop_field("Stop sequences, besides the closing tag")
     diffusing: bool = Field(default=False, description="Accepted; a no-op (autoregressive model).")
 
     @property
