@@ -12,8 +12,9 @@ from typing import Any
 
 from serve_app.engine.engine import EngineConfig, LLMEngine
 from serve_app.engine.loader import load_model
-from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT, fit_to_context, parse_edit_prompt
+from serve_app.engine.prompts.edit import fit_to_context, parse_edit_prompt
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
+from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 
 
 def _configs(args: Any) -> dict[str, EngineConfig]:

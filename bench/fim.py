@@ -3,15 +3,19 @@
     make run                      # in one terminal (or serve run configs/local.yaml)
     .venv/bin/python bench/fim.py --key $SERVE_APP_API_KEY
 
-Service figures: single-stream decode tok/s and time to first token (TTFT); aggregate tok/s at
-concurrency 1, 4, 8; TTFT of a 1,000-token prompt cold and with a 900-token cached prefix.
+Service figures: single-stream decode tok/s and time to first token (TTFT); aggregate tok/s of
+4 and 8 concurrent streams (64 tokens each); TTFT of a 1,500-token prompt cold, then of the same
+prompt with a new last line (its prefix cached). Every prompt carries a per-run salt, so "cold"
+is cold against a server that has run this benchmark before.
 Baseline: the same prompts through ``model.generate`` one request at a time in this process,
-with the same number of torch threads as the service's FIM replica (--threads).
+with the same number of torch threads as the service's FIM replica (--threads);
+``--no-baseline`` skips it (and loads only the tokenizer).
 
 llama.cpp: with ``--llama-url`` the same workload also goes to a running ``llama-server`` on
 the embedded model's own GGUF with the same threads (``/work/shared/tools/build-llama-server``
-builds it; e.g. ``llama-server -m model.gguf -t 1 -np 8 --port 8080``), and the table gets its
-column and the service / llama.cpp ratios (for times, below 1 is better; for tok/s, above).
+builds it; e.g. ``llama-server -m model.gguf -t 1 -c 32768 -np 8 --port 8090``), and the table
+gets its column and the service / llama.cpp ratios (for times, below 1 is better; for tok/s,
+above). README's "Benchmarks" section has the whole side-by-side recipe.
 """
 
 from __future__ import annotations
@@ -96,7 +100,10 @@ def llama_stream(url: str) -> Stream:
         }
         start = time.perf_counter()
         ttft, tokens, cached = None, 0, 0
-        async with http.post(f"{url.rstrip('/')}/infill", json=body) as response:
+        # A fresh connection per request: llama-server drops a kept-alive connection after
+        # a stream, and aiohttp's next request on it fails with "Cannot write request body".
+        headers = {"Connection": "close"}
+        async with http.post(f"{url.rstrip('/')}/infill", json=body, headers=headers) as response:
             response.raise_for_status()
             async for raw in response.content:
                 line = raw.decode().strip()
@@ -106,41 +113,62 @@ def llama_stream(url: str) -> Stream:
                 if chunk.get("content") and ttft is None:
                     ttft = time.perf_counter() - start
                 if chunk.get("stop"):
+                    # timings.cache_n: prompt tokens reused from the slot's cache
                     tokens = chunk.get("tokens_predicted", tokens)
-                    cached = chunk.get("tokens_cached", 0) - tokens
+                    cached = chunk.get("timings", {}).get("cache_n", 0)
         total = time.perf_counter() - start
-        return StreamResult(ttft if ttft is not None else total, total, tokens, max(cached, 0))
+        return StreamResult(ttft if ttft is not None else total, total, tokens, cached)
 
     return stream
 
 
-async def server_figures(key: str | None, stream: Stream, tokenizer) -> dict[str, float]:
-    """The FIM workload against one server: the same requests for the service and llama.cpp."""
+# Row labels in print order: the engine issue's table. Times (s): lower is better; tok/s: higher.
+ROWS = {
+    "ttft_s": "time to first token, short prompt (s)",
+    "decode_tok_s": "single stream, 64 tokens, decode (tok/s)",
+    "agg_tok_s_c4": "4 concurrent streams, 64 tokens each, aggregate (tok/s)",
+    "agg_tok_s_c8": "8 concurrent streams, 64 tokens each, aggregate (tok/s)",
+    "ttft_long_cold_s": "time to first token, {long}-token prompt, cold (s)",
+    "ttft_long_warm_s": "same prompt with a new last line, prefix cached (s)",
+    "warm_cached_tokens": "prompt tokens reported cached in that request",
+}
+
+
+def long_prompts(tokenizer, tokens: int, salt: str) -> tuple[str, str]:
+    """A cold prompt of ``tokens`` tokens and the same prompt with one new last line: what an
+    editor sends after the user types a line at the end of a long file."""
+    cold = long_prefix(tokenizer, tokens, salt)
+    cut = cold.rfind("\n") + 1  # end on a complete line, then type a new one
+    return cold[:cut], cold[:cut] + f"result_{salt} = helper_{salt}_0(42)\n"
+
+
+async def server_figures(
+    key: str | None, stream: Stream, tokenizer, long_tokens: int, salt: str
+) -> dict[str, float]:
+    """The FIM workload against one server: the same requests for the service and llama.cpp.
+    ``salt`` makes every prompt new to the server, so "cold" is cold on a warm server too."""
     figures: dict[str, float] = {}
+    code = f"# run {salt}\n" + CODE
     async with session(key) as http:
-        await stream(http, CODE, 4)  # warm-up
-        single = await stream(http, CODE + "    ", 64)
+        await stream(http, code, 4)  # warm-up
+        single = await stream(http, code + "    ", 64)
         figures["ttft_s"] = single.ttft_s
         figures["decode_tok_s"] = (single.completion_tokens - 1) / (single.total_s - single.ttft_s)
-        for concurrency in (1, 4, 8):
-            prefixes = [f"# request {i}\n" + CODE for i in range(concurrency)]
+        for concurrency in (4, 8):
+            prefixes = [f"# request {i}\n" + code for i in range(concurrency)]
             start = time.perf_counter()
-            results = await asyncio.gather(*(stream(http, p, 32) for p in prefixes))
+            results = await asyncio.gather(*(stream(http, p, 64) for p in prefixes))
             wall = time.perf_counter() - start
             figures[f"agg_tok_s_c{concurrency}"] = sum(r.completion_tokens for r in results) / wall
-        cold_prefix = long_prefix(tokenizer, 1000, "cold")
-        cold = await stream(http, cold_prefix, 1)
-        figures["ttft_1000_cold_s"] = cold.ttft_s
-        warm_prefix = tokenizer.decode(tokenizer.encode(cold_prefix)[:900]) + long_prefix(
-            tokenizer, 100, "warm"
-        )
-        warm = await stream(http, warm_prefix, 1)
-        figures["ttft_1000_warm_s"] = warm.ttft_s
+        cold_prompt, warm_prompt = long_prompts(tokenizer, long_tokens, salt)
+        figures["ttft_long_cold_s"] = (await stream(http, cold_prompt, 1)).ttft_s
+        warm = await stream(http, warm_prompt, 1)
+        figures["ttft_long_warm_s"] = warm.ttft_s
         figures["warm_cached_tokens"] = warm.cached_tokens
     return figures
 
 
-def baseline_figures(args, loaded) -> dict[str, float]:
+def baseline_figures(args, loaded, salt: str) -> dict[str, float]:
     """Naive serving: one ``model.generate`` call per request, requests one after another."""
     import torch
 
@@ -162,20 +190,25 @@ def baseline_figures(args, loaded) -> dict[str, float]:
         return time.perf_counter() - start, out.shape[1] - ids.shape[1]
 
     figures: dict[str, float] = {}
-    generate(CODE, 4)
-    first, _ = generate(CODE + "    ", 1)
-    total, produced = generate(CODE + "    ", 64)
+    code = f"# run {salt}\n" + CODE
+    generate(code, 4)
+    first, _ = generate(code + "    ", 1)
+    total, produced = generate(code + "    ", 64)
     figures["ttft_s"] = first
     figures["decode_tok_s"] = (produced - 1) / max(total - first, 1e-9)
-    for concurrency in (1, 4, 8):
+    for concurrency in (4, 8):
         start = time.perf_counter()
-        produced = sum(generate(f"# request {i}\n" + CODE, 32)[1] for i in range(concurrency))
+        produced = sum(generate(f"# request {i}\n" + code, 64)[1] for i in range(concurrency))
         figures[f"agg_tok_s_c{concurrency}"] = produced / (time.perf_counter() - start)
-    cold_prefix = long_prefix(loaded.tokenizer, 1000, "cold")
-    figures["ttft_1000_cold_s"] = generate(cold_prefix, 1)[0]
-    figures["ttft_1000_warm_s"] = figures["ttft_1000_cold_s"]  # no cache: same cost again
+    cold_prompt, _ = long_prompts(loaded.tokenizer, args.long_tokens, salt)
+    figures["ttft_long_cold_s"] = generate(cold_prompt, 1)[0]
+    figures["ttft_long_warm_s"] = figures["ttft_long_cold_s"]  # no cache: same cost again
     figures["warm_cached_tokens"] = 0
     return figures
+
+
+def ratio(ours: float, theirs: float) -> str:
+    return f"{ours / theirs:.2f}x" if theirs else "-"
 
 
 def main() -> None:
@@ -188,29 +221,47 @@ def main() -> None:
         "http://127.0.0.1:8080): adds its column and the ratios, measured in this run",
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip the naive baseline")
+    parser.add_argument(
+        "--long-tokens",
+        type=int,
+        default=1500,
+        help="the long prompt's size; llama-server's /infill keeps at most 3/4 of its batch "
+        "(1,536 tokens by default) of a prefix, so stay below that",
+    )
     args = parser.parse_args()
+    salt = f"{time.time_ns() % 10**9:09d}"
 
-    from serve_app.engine.loader import load_model
+    if args.no_baseline:  # the tokenizer alone: no 2.5 GB of fp32 weights in this process
+        from transformers import AutoTokenizer
 
-    loaded = load_model(args.source, threads=args.threads)
-    columns = {
-        "service": asyncio.run(server_figures(args.key, service_stream(args), loaded.tokenizer))
-    }
+        from serve_app.engine.loader import resolve_source
+
+        loaded, tokenizer = None, AutoTokenizer.from_pretrained(resolve_source(args.source))
+    else:
+        from serve_app.engine.loader import load_model
+
+        loaded = load_model(args.source, threads=args.threads)
+        tokenizer = loaded.tokenizer
+
+    def figures(key: str | None, stream: Stream) -> dict[str, float]:
+        return asyncio.run(server_figures(key, stream, tokenizer, args.long_tokens, salt))
+
+    columns = {"service": figures(args.key, service_stream(args))}
     if args.llama_url:
-        columns["llama.cpp"] = asyncio.run(
-            server_figures(None, llama_stream(args.llama_url), loaded.tokenizer)
-        )
-    if not args.no_baseline:
-        columns["naive baseline"] = baseline_figures(args, loaded)
+        columns["llama.cpp"] = figures(None, llama_stream(args.llama_url))
+    if loaded is not None:
+        columns["naive baseline"] = baseline_figures(args, loaded, salt)
     others = [name for name in columns if name != "service"]
     rows = [["metric", *columns, *(f"service / {name}" for name in others)]]
     service = columns["service"]
-    for metric in service:
-        ratios = [
-            f"{service[metric] / columns[name][metric]:.2f}x" if columns[name][metric] else "-"
-            for name in others
-        ]
-        rows.append([metric, *(f"{c[metric]:.2f}" for c in columns.values()), *ratios])
+    for metric, label in ROWS.items():
+        rows.append(
+            [
+                label.format(long=f"{args.long_tokens:,}"),
+                *(f"{c[metric]:.2f}" for c in columns.values()),
+                *(ratio(service[metric], columns[name][metric]) for name in others),
+            ]
+        )
     print(table(rows))
 
 

@@ -1,0 +1,62 @@
+#!/bin/bash
+# The local graph and llama.cpp's server side by side, in one run (README "Benchmarks"):
+# `serve run configs/local.yaml` (on $PORT, its own Ray temp dir and auth store) and
+# `llama-server` on the embedded model's own GGUF with the FIM replica's thread count (1) and
+# nice level (Ray runs replicas at nice 15), then bench.fim with both columns, bench.edit and
+# bench.memory (after a warm-up request to each model endpoint, and after the benchmarks).
+# Stops everything it started. Run from the repository root:
+#   LLAMA_SERVER=/path/to/llama-server bench/llama_side_by_side.sh
+set -u
+VENV=${VENV:-.venv}
+LLAMA_SERVER=${LLAMA_SERVER:-$HOME/.cache/llama-server/llama.cpp/build/bin/llama-server}
+GGUF=${GGUF:-$HOME/.cache/llama-server/qwen2.5-coder-0.5b-q4_k_m.gguf}
+PORT=${PORT:-8123}
+LLAMA_PORT=${LLAMA_PORT:-8090}
+WORK=${WORK:-/tmp/side-by-side}
+export PYTHONPATH=$PWD RAY_TMPDIR=$WORK/ray SERVE_APP_DATA_DIR=$WORK/data RAY_AUTH_MODE=disabled
+mkdir -p "$WORK/ray" "$WORK/data"
+
+if [ ! -f "$GGUF" ]; then  # the GGUF the embedded model is converted from, joined from its parts
+  "$VENV/bin/python" -c "import sys; from serve_app.engine.embedded import *
+spec = get_embedded_model('qwen2.5-coder-0.5b'); assemble_parts(spec, part_paths(spec), sys.argv[1])" "$GGUF"
+fi
+sed "s/port: 8000/port: $PORT/" configs/local.yaml > "$WORK/local.yaml"
+echo "== $(date -u +%T) CPU flags: $(grep -m1 -o -w -E 'avx|avx2|fma|f16c|avx512[a-z_0-9]*|avx_vnni|amx[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+uptime
+"$VENV/bin/python" -m serve_app.auth.cli bootstrap --config "$WORK/local.yaml" > /dev/null
+KEY=$(cat "$WORK/data/local-api-key")
+(while true; do echo "$(date -u +%T) $(cut -d' ' -f1-3 /proc/loadavg)"; sleep 10; done) > "$WORK/load.log" &
+LOAD_PID=$!
+"$VENV/bin/serve" run "$WORK/local.yaml" > "$WORK/serve.log" 2>&1 &
+SERVE_PID=$!
+nice -n 15 "$LLAMA_SERVER" -m "$GGUF" -t 1 -c 32768 -np 8 --port "$LLAMA_PORT" > "$WORK/llama.log" 2>&1 &
+LLAMA_PID=$!
+
+URL=http://127.0.0.1:$PORT
+post() { curl -s -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' "$URL$1" -d "$2"; }
+for _ in $(seq 1 120); do  # the ingress may answer before every replica is up: ask FIM itself
+  post /v1/fim/completions '{"model":"qwen2.5-coder-0.5b","prompt":"def f(x):\n","max_tokens":2}' \
+    | grep -q '"choices"' && break
+  sleep 5
+done
+echo "== $(date -u +%T) warm-up: one request per model endpoint"
+post /v1/edit/completions '{"model":"qwen2.5-coder-0.5b","max_tokens":32,"messages":[{"role":"user","content":"<|current_file_content|>\ncurrent_file_path: a.py\n<|code_to_edit|>\nprint(total(cart)<|cursor|>)\n<|/code_to_edit|>\n<|/current_file_content|>\n"}]}' | head -c 200; echo
+post /v1/decisions '{"model":"qwen2.5-coder-0.5b","state":{"ticket":"Login returns HTTP 500"},"questions":{"is_bug":{"type":"noul","instructions":"The ticket reports a defect."}}}' | head -c 200; echo
+post /v1/chat/completions '{"model":"qwen2.5-coder-0.5b","max_tokens":8,"messages":[{"role":"user","content":"Say hi"}]}' | head -c 200; echo
+"$VENV/bin/python" -m bench.memory --pid $SERVE_PID --top 8
+echo "== $(date -u +%T) bench.fim"; uptime
+"$VENV/bin/python" -m bench.fim --url "$URL" --key "$KEY" --llama-url "http://127.0.0.1:$LLAMA_PORT" --no-baseline
+echo "== $(date -u +%T) bench.edit"; uptime
+"$VENV/bin/python" -m bench.edit --url "$URL" --key "$KEY" --repeats 5
+echo "== $(date -u +%T) memory after the benchmarks"
+"$VENV/bin/python" -m bench.memory --pid $SERVE_PID --top 8
+"$VENV/bin/python" -m bench.memory --pid $LLAMA_PID --top 1
+
+TREE=$("$VENV/bin/python" -c "from bench.memory import tree; print(*tree($SERVE_PID))")
+kill $LLAMA_PID
+kill -TERM $SERVE_PID  # not SIGINT: a background job ignores it
+for _ in $(seq 1 60); do kill -0 $SERVE_PID 2>/dev/null || break; sleep 1; done
+sleep 3
+for pid in $TREE; do kill -0 "$pid" 2>/dev/null && kill "$pid"; done  # what shutdown left
+kill $LOAD_PID
+echo "== load (1, 5, 15 min) during the run"; cat "$WORK/load.log"
