@@ -115,8 +115,8 @@ def test_input_bytes_are_checked_before_tokenisation(tiny: LoadedModel) -> None:
 
 # -------------------------------------------------- budgets from the app config, over HTTP
 
-LOW_SCORED_TOKENS = 2_500
-LOW_INPUT_BYTES = 4_000
+LOW_SCORED_TOKENS = 4_500  # one noul question runs ~1,900 here; two 255-label choices ~5,900
+LOW_INPUT_BYTES = 8_000  # above the two 255-label choices (~5,500 bytes)
 
 
 @pytest.fixture(scope="module")
@@ -146,16 +146,15 @@ def test_configured_scored_token_budget_is_the_422s_limit(low_budget_client) -> 
     small = post_decision(low_budget_client, "small", {"ok": {"type": "noul"}})
     assert small.status_code == 200, small.text
     assert small.json()["usage"]["input_tokens"] <= LOW_SCORED_TOKENS
-    response = post_decision(
-        low_budget_client, "small", {"pick": {"type": "choice", "criteria": LABELS}}
-    )
+    two = {name: {"type": "choice", "criteria": LABELS} for name in ("a", "b")}
+    response = post_decision(low_budget_client, "small", two)
     assert response.status_code == 422, response.text
     message = response.json()["error"]["message"]
     assert "max_scored_tokens" in message and str(LOW_SCORED_TOKENS) in message
 
 
 def test_configured_input_byte_budget_is_the_422s_limit(low_budget_client) -> None:
-    response = post_decision(low_budget_client, "x" * 5_000, {"ok": {"type": "noul"}})
+    response = post_decision(low_budget_client, "x" * 9_000, {"ok": {"type": "noul"}})
     assert response.status_code == 422, response.text
     error = response.json()["error"]
     assert "max_input_bytes" in error["message"] and str(LOW_INPUT_BYTES) in error["message"]
