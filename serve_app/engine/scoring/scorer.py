@@ -74,7 +74,13 @@ class _Plan:
 
 
 class LikelihoodScorer:
-    """Scores decision questions on one loaded model. Synchronous; one request at a time."""
+    """Scores decision questions on one loaded model. Synchronous; one request at a time.
+
+    ``calibrate``: the question kinds answered with contextual calibration (``calibrated``).
+    None by default: on the embedded model it moved the noul probe by one claim of 60 and a
+    held-out set by none (``bench/noul_probe --calibration``), while each calibrated
+    question runs and is billed twice.
+    """
 
     def __init__(
         self,
@@ -83,13 +89,9 @@ class LikelihoodScorer:
         context_length: int,
         prefix_cache_bytes: int = 1 << 30,
         pack_tokens: int = 2048,
-        budget: DecisionBudget | None = None,
         calibrate: Collection[str] = (),
+        budget: DecisionBudget | None = None,
     ) -> None:
-        """``calibrate``: the question kinds answered with contextual calibration
-        (``calibrated``). None by default: on the embedded model it moved the noul probe by
-        one claim of 60 and a held-out set by none (``bench/noul_probe --calibration``),
-        while each calibrated question runs and is billed twice."""
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
