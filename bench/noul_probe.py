@@ -9,7 +9,13 @@ false one), the mean gap within pairs and the Brier score, overall and per kind.
 states grow in severity; prints how often the right label is on top and whether the expected
 score increases along each ladder.
 
+The scorer answers as the service does (no calibration) unless ``--calibrate KINDS`` names
+question kinds to calibrate on the content-free state (``--calibrate noul,choice,score``).
+``--calibration`` prints the raw answers and their calibration on each content-free state in
+``NULL_STATES`` side by side; ``--held-out`` probes ``HELD_OUT`` instead of ``PAIRS``.
+
     python -m bench.noul_probe [--model embedded:qwen2.5-coder-0.5b] [--threads 2]
+        [--noul-only | --choice-only] [--calibration] [--held-out] [--calibrate KINDS]
 """
 
 from __future__ import annotations
@@ -20,7 +26,12 @@ from collections import defaultdict
 from typing import Any
 
 from serve_app.engine.loader import load_model
-from serve_app.engine.scoring import DecisionQuestion, LikelihoodScorer
+from serve_app.engine.scoring import (
+    DecisionQuestion,
+    LikelihoodScorer,
+    QuestionOutcome,
+    calibrated,
+)
 
 Pair = tuple[str, Any, str, Any, str]  # kind, true state, true claim, false state, false claim
 
@@ -245,6 +256,111 @@ PAIRS: list[Pair] = [
     ),
 ]
 
+# Held out: written after the calibration method was chosen on PAIRS, never used to choose
+# anything; reported on their own (``--held-out``).
+HELD_OUT: list[Pair] = [
+    _same_claim(
+        "ticket",
+        "The customer cannot log in.",
+        {"ticket": "I reset my password twice and still get 'invalid credentials' at sign-in."},
+        {"ticket": "Please update the billing address on our account to 5 Main St."},
+    ),
+    _same_state(
+        "ticket",
+        {"ticket": "The mobile app crashes when I open the camera screen.", "platform": "iOS"},
+        "The problem happens on iOS.",
+        "The problem happens on Windows.",
+    ),
+    _same_claim(
+        "ticket",
+        "The ticket is a question about pricing.",
+        {"ticket": "How much does the team plan cost per seat per month?"},
+        {"ticket": "The search box returns no results for any query since this morning."},
+    ),
+    _same_claim(
+        "code",
+        "The function returns a list.",
+        "def evens(xs):\n    return [x for x in xs if x % 2 == 0]",
+        "def count(xs):\n    return len(xs)",
+    ),
+    _same_state(
+        "code",
+        "import requests\n\nresp = requests.get(URL, timeout=5)",
+        "The code makes an HTTP request.",
+        "The code writes to a file.",
+    ),
+    _same_claim(
+        "code",
+        "The test is skipped.",
+        "@pytest.mark.skip(reason='flaky')\ndef test_upload():\n    assert upload()",
+        "def test_upload():\n    assert upload()",
+    ),
+    _same_claim(
+        "log",
+        "The service restarted.",
+        "09:14:02 WARN worker exited with code 137\n09:14:05 INFO worker started (pid 4411)",
+        "09:14:02 INFO handled 1200 requests in the last minute",
+    ),
+    _same_state(
+        "log",
+        "2024-07-09 03:00:00 INFO backup finished: 42 GB in 18 min",
+        "The backup completed.",
+        "The backup ran out of disk space.",
+    ),
+    _same_claim(
+        "log",
+        "A request timed out.",
+        "POST /api/pay 504 Gateway Timeout after 30000 ms",
+        "POST /api/pay 200 OK in 85 ms",
+    ),
+    _same_claim(
+        "order",
+        "The order will be delivered to Germany.",
+        {"order": {"id": 17, "ship_to": {"city": "Berlin", "country": "DE"}}},
+        {"order": {"id": 17, "ship_to": {"city": "Lyon", "country": "FR"}}},
+    ),
+    _same_state(
+        "order",
+        {"order": {"items": [{"sku": "mug", "qty": 2}], "coupon": "SPRING10"}},
+        "A coupon was applied to the order.",
+        "The order contains more than five items.",
+    ),
+    _same_claim(
+        "order",
+        "The refund was issued.",
+        {"refund": {"amount_eur": 30, "status": "completed"}},
+        {"refund": {"amount_eur": 30, "status": "rejected"}},
+    ),
+    _same_claim(
+        "review",
+        "The reviewer had a problem with customer support.",
+        {"rating": 2, "text": "Support never answered my three emails."},
+        {"rating": 5, "text": "Lovely colour and very sturdy."},
+    ),
+    _same_state(
+        "review",
+        {"rating": 3, "text": "The blender is powerful but very loud."},
+        "The review says the product is loud.",
+        "The review says the product is too weak.",
+    ),
+    _same_claim(
+        "mail",
+        "The email is an invitation to an event.",
+        {"subject": "Summer party", "body": "Join us on the roof terrace on 12 July at 6pm!"},
+        {"subject": "Your receipt", "body": "Thank you for your purchase of 2 items."},
+    ),
+    _same_state(
+        "mail",
+        {
+            "from": "it@acme.com",
+            "subject": "Laptop return",
+            "body": "Please return your old laptop to the IT desk by Friday.",
+        },
+        "The email asks the reader to return a device.",
+        "The email announces a promotion.",
+    ),
+]
+
 LABELS = {"backend": "server-side code", "frontend": "UI", "billing": "payments and invoices"}
 CHOICES = [  # (state, question, labels, right label)
     (OUTAGE, "Which team should handle the ticket?", LABELS, "backend"),
@@ -300,20 +416,60 @@ LADDERS = [  # (question, levels, states from the least to the most severe)
 ]
 
 
-def probe_noul(scorer: LikelihoodScorer) -> list[tuple[str, float, bool]]:
-    """(kind, p(true), truth) for every claim, the true twin of each pair first."""
+Result = tuple[str, float, bool]  # kind, p(true), truth
+
+# Content-free states compared by ``--calibration`` (the scorer uses CONTENT_FREE_STATE).
+NULL_STATES: dict[str, Any] = {"N/A": "N/A", "empty": "", "{}": {}}
+
+
+def claims(pairs: list[Pair]) -> list[tuple[str, Any, str, bool]]:
+    """(kind, state, claim, truth) for every claim, the true twin of each pair first."""
+    return [
+        row
+        for kind, true_state, true_claim, false_state, false_claim in pairs
+        for row in ((kind, true_state, true_claim, True), (kind, false_state, false_claim, False))
+    ]
+
+
+def probe_noul(scorer: LikelihoodScorer, pairs: list[Pair]) -> list[Result]:
+    """p(true) for every claim, each asked alone about its state as a caller would."""
     results = []
-    for kind, true_state, true_claim, false_state, false_claim in PAIRS:
-        for state, claim, truth in (
-            (true_state, true_claim, True),
-            (false_state, false_claim, False),
-        ):
-            outcome = scorer.score(state, [DecisionQuestion("q", "noul", claim)]).outcomes["q"]
-            results.append((kind, outcome.probabilities["true"], truth))
+    for kind, state, claim, truth in claims(pairs):
+        outcome = scorer.score(state, [DecisionQuestion("q", "noul", claim)]).outcomes["q"]
+        results.append((kind, outcome.probabilities["true"], truth))
     return results
 
 
-def report_noul(results: list[tuple[str, float, bool]]) -> None:
+def compare_calibration(scorer: LikelihoodScorer, pairs: list[Pair]) -> None:
+    """The uncalibrated answers, then each content-free state's calibration of them.
+
+    ``scorer`` must not calibrate (``calibrate=()``): its raw answers are corrected here
+    with the scorer's own ``calibrated``, one content-free state at a time. The null
+    answers for all claims come from one request per null state (same rows as one each).
+    """
+    rows = claims(pairs)
+    raw = probe_noul(scorer, pairs)
+    print("uncalibrated:")
+    report_noul(raw)
+    questions = [
+        DecisionQuestion(f"c{i}", "noul", claim) for i, (_, _, claim, _) in enumerate(rows)
+    ]
+    for label, null in NULL_STATES.items():
+        priors = scorer.score(null, questions).outcomes
+        fixed = []
+        for i, (kind, p, truth) in enumerate(raw):
+            answer = QuestionOutcome("q", "noul", {"true": p, "false": 1.0 - p})
+            fixed.append((kind, calibrated(answer, priors[f"c{i}"]).probabilities["true"], truth))
+        print(f"calibrated on the content-free state {label!r} (its p(true) per claim:")
+        print(
+            "  "
+            + " ".join(f"{priors[f'c{i}'].probabilities['true']:.2f}" for i in range(len(rows)))
+            + ")"
+        )
+        report_noul(fixed)
+
+
+def report_noul(results: list[Result]) -> None:
     by_kind: dict[str, list[tuple[float, bool]]] = defaultdict(list)
     for kind, p, truth in results:
         by_kind[kind].append((p, truth))
@@ -352,14 +508,35 @@ def main() -> None:
     parser.add_argument("--model", default="embedded:qwen2.5-coder-0.5b")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--noul-only", action="store_true")
+    parser.add_argument("--choice-only", action="store_true", help="skip the noul probe")
+    parser.add_argument(
+        "--calibration",
+        action="store_true",
+        help="compare uncalibrated noul answers with each content-free state's calibration",
+    )
+    parser.add_argument(
+        "--held-out", action="store_true", help="probe the held-out pairs instead of PAIRS"
+    )
+    parser.add_argument(
+        "--calibrate",
+        default="",
+        help="comma-separated question kinds the scorer calibrates (default none, as served)",
+    )
     args = parser.parse_args()
+    pairs = HELD_OUT if args.held_out else PAIRS
+    kinds = () if args.calibration else tuple(k for k in args.calibrate.split(",") if k)
     scorer = LikelihoodScorer(
-        load_model(args.model, dtype="float32", threads=args.threads), context_length=4096
+        load_model(args.model, dtype="float32", threads=args.threads),
+        context_length=4096,
+        calibrate=kinds,
     )
     started = time.perf_counter()
-    results = probe_noul(scorer)
-    print(f"model {args.model}: {len(results)} claims in {time.perf_counter() - started:.0f}s")
-    report_noul(results)
+    print(f"model {args.model}, {len(pairs)} pairs, calibrating {list(kinds)}")
+    if args.calibration:
+        compare_calibration(scorer, pairs)
+    elif not args.choice_only:
+        report_noul(probe_noul(scorer, pairs))
+    print(f"noul probe: {time.perf_counter() - started:.0f}s")
     if not args.noul_only:
         probe_choice_and_score(scorer)
 

@@ -8,6 +8,7 @@ from deployments.common import replica_cpus, usage_recorder
 from serve_app.api.decisions import DecisionRequest, DecisionResponse
 from serve_app.config import AppConfig
 from serve_app.engine.scoring import LikelihoodScorer
+from serve_app.engine.scoring.budget import DecisionBudget
 from serve_app.serving.billing import RequestContext
 from serve_app.serving.decisions import DecisionService
 from serve_app.serving.generation import load_configured_model
@@ -21,6 +22,10 @@ class DecisionScorer:
             LikelihoodScorer(
                 loaded,
                 context_length=model.context_length,
+                budget=DecisionBudget(
+                    max_scored_tokens=config.limits.decision_max_scored_tokens,
+                    max_input_bytes=config.limits.decision_max_input_bytes,
+                ),
                 prefix_cache_bytes=config.engine.prefix_cache_mb * 2**20,
             )
         )

@@ -217,6 +217,20 @@ class HttpLimits(StrictConfig):
     max_questions: int = Field(default=64, ge=1)
     request_timeout_s: float = Field(default=300.0, gt=0)
     decision_timeout_s: float = Field(default=120.0, gt=0)
+    # The scorer's own defaults (scoring.budget.DecisionBudget; a test keeps them equal),
+    # written out here so that reading the config does not import the engine.
+    decision_max_scored_tokens: int = Field(
+        default=65_536,
+        ge=1,
+        description="Tokens one decision request may run through the model (state, questions, "
+        "option tries); beyond it a 422 naming the limit.",
+    )
+    decision_max_input_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="UTF-8 bytes of state plus question text per decision request, checked "
+        "before tokenisation; null: 8 per context token, at least 64 KiB.",
+    )
 
 
 class AppConfig(StrictConfig):

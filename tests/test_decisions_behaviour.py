@@ -37,6 +37,20 @@ def test_plain_statement_and_its_negation(embedded_client):
     assert answers["not_in_france"]["noul"] < 0.5
 
 
+def test_readme_example_and_its_false_twin_fall_on_either_side(embedded_client):
+    """The README's own example (0.30 before calibration, issue 14) and the same claim about
+    a ticket that reports no defect."""
+    question = {"is_bug": {"type": "noul", "instructions": "The ticket reports a software defect."}}
+    defect = {
+        "ticket": "Login page returns HTTP 500 after the last deploy",
+        "customer": "enterprise",
+    }
+    request = {"ticket": "Please send me a copy of last year's invoices.", "customer": "enterprise"}
+    yes = decide(embedded_client, question, state=defect)["answers"]["is_bug"]["noul"]
+    no = decide(embedded_client, question, state=request)["answers"]["is_bug"]["noul"]
+    assert yes > 0.5 > no, (yes, no)
+
+
 def test_obvious_choice_ranks_first(embedded_client):
     answer = decide(
         embedded_client,

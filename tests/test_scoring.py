@@ -19,7 +19,9 @@ from serve_app.engine.prompts.chat_encoding import encode_chat
 from serve_app.engine.scoring import (
     DecisionQuestion,
     LikelihoodScorer,
+    QuestionOutcome,
     build_trie,
+    calibrated,
 )
 from serve_app.errors import ContextLengthExceededError, UnprocessableRequestError
 
@@ -53,8 +55,16 @@ def mixed_questions() -> list[DecisionQuestion]:
 
 
 def reference(scorer: LikelihoodScorer, state: Any, q: DecisionQuestion) -> dict[str, float]:
-    """Straightforward scoring: full prompt forward passes, no cache, no batching."""
-    scores = reference_log_scores(scorer, state, q)
+    """Straightforward scoring: full prompt forward passes, no cache, no batching; the kinds
+    the scorer calibrates are divided by the same reference on the content-free state."""
+    answer = QuestionOutcome(q.name, q.kind, softmax(reference_log_scores(scorer, state, q)))
+    if q.kind not in scorer.calibrate:
+        return answer.probabilities
+    null = reference_log_scores(scorer, prompts.CONTENT_FREE_STATE, q)
+    return calibrated(answer, QuestionOutcome(q.name, q.kind, softmax(null))).probabilities
+
+
+def softmax(scores: dict[str, float]) -> dict[str, float]:
     top = max(scores.values())
     weights = {o: math.exp(s - top) for o, s in scores.items()}
     return {o: w / sum(weights.values()) for o, w in weights.items()}
@@ -232,6 +242,30 @@ def test_ten_questions_give_ten_outcomes(scorer: LikelihoodScorer) -> None:
     assert result.output_tokens == 10
 
 
+def test_calibration_runs_and_bills_the_content_free_pass(tiny: LoadedModel) -> None:
+    questions = [DecisionQuestion(f"q{i}", "noul", f"Statement number {i}.") for i in range(3)]
+    raw = LikelihoodScorer(tiny, context_length=4096).score(STATE, questions)
+    scorer = LikelihoodScorer(tiny, context_length=4096, calibrate=("noul",))
+    result = scorer.score(STATE, questions)
+    null = LikelihoodScorer(tiny, context_length=4096).score(prompts.CONTENT_FREE_STATE, questions)
+    # Billed: the content-free prompt and its question rows as a second request would be,
+    # its system turn served from the cache the state's pass just filled.
+    assert result.input_tokens == raw.input_tokens + null.input_tokens
+    assert result.output_tokens == raw.output_tokens + null.output_tokens
+    assert raw.cached_tokens == 0 and result.cached_tokens >= len(scorer.frame.head)
+    for name, outcome in result.outcomes.items():
+        want = calibrated(raw.outcomes[name], null.outcomes[name]).probabilities
+        assert_close(outcome.probabilities, want, 1e-5)
+
+
+def test_calibrated_scores_match_the_reference(tiny: LoadedModel) -> None:
+    scorer = LikelihoodScorer(tiny, context_length=4096, calibrate=("noul", "choice", "score"))
+    questions = mixed_questions()
+    result = scorer.score(STATE, questions)
+    for q in questions:
+        assert_close(result.outcomes[q.name].probabilities, reference(scorer, STATE, q))
+
+
 def test_prefix_cache_reuses_state(tiny: LoadedModel) -> None:
     scorer = LikelihoodScorer(tiny, context_length=4096)
     questions = mixed_questions()[:2]
@@ -245,7 +279,8 @@ def test_prefix_cache_reuses_state(tiny: LoadedModel) -> None:
     # Another state still reuses the fixed system turn, but not the state itself.
     other = scorer.score({"other": 1}, questions)
     assert 0 < other.cached_tokens < second.cached_tokens
-    fresh = LikelihoodScorer(tiny, context_length=4096).score({"other": 1}, questions)
+    uncached = LikelihoodScorer(tiny, context_length=4096)
+    fresh = uncached.score({"other": 1}, questions)
     for name in fresh.outcomes:
         assert_close(other.outcomes[name].probabilities, fresh.outcomes[name].probabilities, 1e-4)
 

@@ -21,6 +21,15 @@ SYSTEM_TASK = (
     "in the exact format requested, with no explanation."
 )
 
+# The state a calibrated question is also asked about (``scoring.scorer.calibrated``, off
+# unless the scorer is built with ``calibrate``): it carries no information, and is the same
+# for every request, so its prefix is cached and only the questions' own tokens run again.
+# On the 60-claim probe (bench/noul_probe --calibration, 12 examples in the prefix) the empty
+# state gave 45/60 right, 26/30 pairs ordered, Brier 0.175 (uncalibrated 44, 26, 0.185);
+# "N/A" 44, 25, 0.188; "{}" 45, 25, 0.185. On 16 held-out pairs: 20/32, 14/16, 0.193 with or
+# without it. Not worth running and billing every noul question twice.
+CONTENT_FREE_STATE = ""
+
 NOUL_TRUE_WORDS = ("true", "yes")
 NOUL_FALSE_WORDS = ("false", "no")
 
@@ -75,9 +84,9 @@ def noul_message(name: str, instructions: Any = None, criteria: Any = None) -> s
     true or false." (14-pair probe set over 4 states: both sides right on 10 pairs vs 9, each
     statement on the right side 86% vs 79%, mean gap 0.22 vs 0.21). Asking the negated
     question as well and averaging does not help at this size: the model barely reads the
-    negation ("contradict", "false") and answers both questions alike. Contextual calibration
-    (dividing by p(yes) for an "N/A" state or claim) lowered a 28-claim probe from 18 to 14
-    right: "N/A" is not neutral for a yes/no claim, it reads as "no" (p(yes) 0.06-0.18).
+    negation ("contradict", "false") and answers both questions alike. Calibrating on a
+    content-free state (``CONTENT_FREE_STATE``) gains at most one claim of 60: with the worked
+    examples in the prefix the empty state's p(yes) is already 0.2-0.7 per claim.
     """
     criteria = criteria if isinstance(criteria, dict) else {}
     subject = _subject(name, instructions)

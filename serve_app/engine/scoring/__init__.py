@@ -7,7 +7,12 @@ from serve_app.engine.scoring.questions import (
     QuestionOutcome,
     ScoringResult,
 )
-from serve_app.engine.scoring.scorer import MAX_CHOICE_LABELS, MAX_SCORE_LEVELS, LikelihoodScorer
+from serve_app.engine.scoring.scorer import (
+    MAX_CHOICE_LABELS,
+    MAX_SCORE_LEVELS,
+    LikelihoodScorer,
+    calibrated,
+)
 from serve_app.engine.scoring.trie import OptionTrie, build_trie
 
 __all__ = [
@@ -23,4 +28,5 @@ __all__ = [
     "ScoringResult",
     "WorkDone",
     "build_trie",
+    "calibrated",
 ]
