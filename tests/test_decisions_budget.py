@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from serve_app.config import Limits
+from serve_app.config import HttpLimits
 from serve_app.engine.scoring import DecisionBudget
 from tests.conftest import AUTH, TEST_KEY, TINY_ID, tiny_config
 
@@ -29,7 +29,7 @@ def low_budget_client(tiny_source: str, tmp_path_factory: pytest.TempPathFactory
 
     from serve_app.testing import local_router_app
 
-    limits = Limits(
+    limits = HttpLimits(
         max_body_bytes=1_000_000,
         decision_max_scored_tokens=LOW_SCORED_TOKENS,
         decision_max_input_bytes=LOW_INPUT_BYTES,
@@ -65,5 +65,5 @@ def test_configured_input_byte_budget_is_the_422s_limit(low_budget_client) -> No
 
 
 def test_config_defaults_are_the_scorers_defaults() -> None:
-    assert Limits().decision_max_scored_tokens == DecisionBudget().max_scored_tokens
-    assert Limits().decision_max_input_bytes == DecisionBudget().max_input_bytes
+    assert HttpLimits().decision_max_scored_tokens == DecisionBudget().max_scored_tokens
+    assert HttpLimits().decision_max_input_bytes == DecisionBudget().max_input_bytes
