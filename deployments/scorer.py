@@ -7,6 +7,7 @@ from typing import Any
 from deployments.common import replica_cpus, usage_recorder
 from serve_app.api.decisions import DecisionRequest, DecisionResponse
 from serve_app.config import AppConfig
+from serve_app.engine.runner.backend import configured_runner
 from serve_app.engine.scoring import LikelihoodScorer
 from serve_app.serving.billing import RequestContext
 from serve_app.serving.decisions import DecisionService
@@ -22,6 +23,9 @@ class DecisionScorer:
                 loaded,
                 context_length=model.context_length,
                 prefix_cache_bytes=config.engine.prefix_cache_mb * 2**20,
+                # The generating deployments' runner settings; scoring only reads prompts,
+                # so the dense (prefill) weights, never int4.
+                runner=configured_runner(loaded, config.engine, "decision scorer", "dense"),
             )
         )
         self.usage = usage_recorder(auth, config.limits.decision_timeout_s)
