@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.decisions --key $SERVE_APP_API_KEY     # against a running service
     .venv/bin/python -m bench.decisions --in-process [--threads 2]   # the scorer, no HTTP
+    .venv/bin/python -m bench.decisions --in-process --runner both   # HF vs the engine's runner
 
 p50/p95 latency of one request about one ~1,700-token prompt (state ~1,600 tokens) with 1, 5, 10 and
 64 questions, and one 255-label choice; then the baselines: the same 10 questions sent as 10
@@ -9,6 +10,10 @@ one-question requests, one after another, on one state and on a fresh state per 
 (``--no-baselines`` skips them). Every iteration uses a fresh state (a salted ticket), so the
 state's KV is computed each time and the figures show sharing within a request, not the
 cross-request state cache.
+
+``--runner`` (in-process): the scorer's forward, as ``engine.runner`` picks it for a deployment:
+``auto`` (the engine's runner, dense weights), ``hf`` (the HF model), or ``both``, one after the
+other in this run, with a last table comparing them.
 """
 
 from __future__ import annotations
@@ -69,19 +74,27 @@ def state(salt: int) -> dict:
     }
 
 
-async def run(args, send: Send) -> list[list[str]]:
+async def run(args, sends: dict[str, Send]) -> dict[str, list[list[str]]]:
+    """A table per sender; every request goes to each sender in turn (same body, a state
+    none has seen), so a change in the machine's load hits them alike."""
     names = list(QUESTIONS)
-    results: dict[str, list[float]] = {}
+    results: dict[str, dict[str, list[float]]] = {kind: {} for kind in sends}
     salts = itertools.count(random.randrange(10**9))  # states never seen by this service
     prompt_tokens = 0
 
-    async def one_request(questions: dict, salt: int) -> float:
+    async def one_request(questions: dict, salt: int) -> dict[str, float]:
         nonlocal prompt_tokens
         body = {"model": args.model, "state": state(salt), "questions": questions}
-        seconds, usage = await send(body)
+        seconds = {}
+        for kind, send in sends.items():
+            seconds[kind], usage = await send(body)
         if len(questions) == 1 and not prompt_tokens:
             prompt_tokens = usage["input_tokens"]
         return seconds
+
+    def record(case: str, seconds: dict[str, float]) -> None:
+        for kind, value in seconds.items():
+            results[kind].setdefault(case, []).append(value)
 
     # Warm-up on a state of its own: the fixed prefix (system turn, worked examples) is in the
     # prefix cache of any service that has answered once; the states measured below are not.
@@ -90,9 +103,11 @@ async def run(args, send: Send) -> list[list[str]]:
     cases = {f"{n} question{'s' * (n > 1)}, 1 request": names[:n] for n in (1, 5, 10)}
     for case, questions in cases.items():
         subset = {name: QUESTIONS[name] for name in questions}
-        results[case] = [await one_request(subset, next(salts)) for _ in range(args.repeats)]
+        for _ in range(args.repeats):
+            record(case, await one_request(subset, next(salts)))
     for case, questions in (("64 questions, 1 request", MANY), ("255-label choice", LABELS)):
-        results[case] = [await one_request(questions, next(salts)) for _ in range(args.repeats)]
+        for _ in range(args.repeats):
+            record(case, await one_request(questions, next(salts)))
     # Baselines: the same 10 questions as 10 requests, one after another. First on one
     # state (the scorer's prefix cache reuses it across requests), then with every request
     # on a state of its own (nothing to reuse: what sharing the state saves).
@@ -102,16 +117,20 @@ async def run(args, send: Send) -> list[list[str]]:
     ):
         if not args.baselines:
             break
-        results[case] = []
         for _ in range(args.repeats):
-            salt, total = next(salts), 0.0
+            salt, totals = next(salts), dict.fromkeys(sends, 0.0)
             for name in names:
-                total += await one_request(
+                one = await one_request(
                     {name: QUESTIONS[name]}, next(salts) if fresh_each else salt
                 )
-            results[case].append(total)
-    one = percentile(results["1 question, 1 request"], 50)
+                totals = {kind: totals[kind] + one[kind] for kind in sends}
+            record(case, totals)
     print(f"1-question prompt: {prompt_tokens} tokens run (state, system turn and question)")
+    return {kind: summary(values) for kind, values in results.items()}
+
+
+def summary(results: dict[str, list[float]]) -> list[list[str]]:
+    one = percentile(results["1 question, 1 request"], 50)
     rows = [["case", "p50 s", "p95 s", "vs 1 question"]]
     for case, values in results.items():
         p50, p95 = percentile(values, 50), percentile(values, 95)
@@ -129,27 +148,59 @@ async def run_http(args) -> list[list[str]]:
                 answer = await response.json()
             return time.perf_counter() - start, answer["usage"]
 
-        return await run(args, send)
+        return (await run(args, {"http": send}))["http"]
 
 
 async def run_in_process(args) -> list[list[str]]:
-    """The same requests through the decision service on the embedded model, no HTTP."""
-    from serve_app.api.decisions import DecisionRequest
+    """The same requests through the decision service on the embedded model, no HTTP, to a
+    scorer per forward asked for (``--runner``); with both, their figures side by side."""
     from serve_app.engine.loader import load_model
+
+    loaded = load_model(f"embedded:{args.model}", dtype="float32", threads=args.threads)
+    kinds = ["hf", "auto"] if args.runner == "both" else [args.runner]
+    sends = {kind: in_process_sender(loaded, kind, args.cpu_time) for kind in kinds}
+    tables = await run(args, sends)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    if len(kinds) == 1:
+        return tables[kinds[0]]
+    hf, runner = tables["hf"], tables["auto"]
+    print(
+        f"scorer forward 'hf':\n{table(hf)}\n\nscorer forward 'auto' (runner):\n{table(runner)}\n"
+    )
+    rows = [["case", "hf p50 s", "runner p50 s", "hf vs 1 q", "runner vs 1 q", "runner / hf"]]
+    for a, b in zip(hf[1:], runner[1:], strict=True):
+        rows.append([a[0], a[1], b[1], a[3], b[3], f"{float(b[1]) / float(a[1]):.2f}"])
+    return rows
+
+
+def in_process_sender(loaded, runner: str, cpu_time: bool = False) -> Send:
+    """A decision service whose scorer is built as the scorer deployment builds it.
+
+    ``cpu_time``: seconds of this process's CPU instead of wall-clock time; with
+    ``--threads 1`` that is the request's own work, which other jobs on a shared machine
+    hardly change (wall-clock time there measures mostly the load)."""
+    from serve_app.api.decisions import DecisionRequest
+    from serve_app.config import EngineOptions
+    from serve_app.engine.runner.backend import configured_runner
     from serve_app.engine.scoring import LikelihoodScorer
     from serve_app.serving.decisions import DecisionService
 
-    loaded = load_model(f"embedded:{args.model}", dtype="float32", threads=args.threads)
-    service = DecisionService(LikelihoodScorer(loaded, context_length=32768))
+    options = EngineOptions(runner=runner)
+    service = DecisionService(
+        LikelihoodScorer(
+            loaded,
+            context_length=32768,
+            runner=configured_runner(loaded, options, "decision scorer", "dense"),
+        )
+    )
 
     async def send(body: dict) -> tuple[float, dict]:
-        start = time.perf_counter()
+        clock = time.process_time if cpu_time else time.perf_counter
+        start = clock()
         answer = await service.decide(DecisionRequest.model_validate(body))
-        return time.perf_counter() - start, answer.usage.model_dump()
+        return clock() - start, answer.usage.model_dump()
 
-    rows = await run(args, send)
-    print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    return rows
+    return send
 
 
 def main() -> None:
@@ -158,6 +209,12 @@ def main() -> None:
     parser.add_argument("--in-process", action="store_true", help="score in this process")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (--in-process)")
     parser.add_argument("--no-baselines", dest="baselines", action="store_false")
+    parser.add_argument(
+        "--runner", choices=["auto", "hf", "both"], default="auto", help="(--in-process)"
+    )
+    parser.add_argument(
+        "--cpu-time", action="store_true", help="process CPU seconds, not wall (--in-process)"
+    )
     args = parser.parse_args()
     print(table(asyncio.run(run_in_process(args) if args.in_process else run_http(args))))
 

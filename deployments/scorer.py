@@ -7,6 +7,7 @@ from typing import Any
 from deployments.common import replica_cpus, usage_recorder
 from serve_app.api.decisions import DecisionRequest, DecisionResponse
 from serve_app.config import AppConfig
+from serve_app.engine.runner.backend import configured_runner
 from serve_app.engine.scoring import LikelihoodScorer
 from serve_app.engine.scoring.budget import DecisionBudget
 from serve_app.serving.billing import RequestContext
@@ -27,6 +28,9 @@ class DecisionScorer:
                     max_input_bytes=config.limits.decision_max_input_bytes,
                 ),
                 prefix_cache_bytes=config.engine.prefix_cache_mb * 2**20,
+                # The generating deployments' runner settings; scoring only reads prompts,
+                # so the dense (prefill) weights, never int4.
+                runner=configured_runner(loaded, config.engine, "decision scorer", "dense"),
             )
         )
         self.usage = usage_recorder(auth, config.limits.decision_timeout_s)

@@ -12,7 +12,9 @@ import time
 import pytest
 
 from serve_app.api.decisions import DecisionRequest
+from serve_app.config import EngineOptions
 from serve_app.engine.loader import LoadedModel, load_model
+from serve_app.engine.runner.backend import configured_runner
 from serve_app.engine.scoring import DecisionBudget, DecisionQuestion, LikelihoodScorer
 from serve_app.errors import UnprocessableRequestError
 from serve_app.serving.billing import CLIENT_GONE, RequestContext, UsageRecorder
@@ -41,12 +43,14 @@ def small_body() -> DecisionRequest:
     return DecisionRequest(model="m", state="small", questions=questions)
 
 
-def test_cancelled_request_frees_the_scorer_within_a_second(tiny: LoadedModel) -> None:
+@pytest.mark.parametrize("runner", ["hf", "auto"])  # the HF forward, the engine's runner
+def test_cancelled_request_frees_the_scorer_within_a_second(tiny: LoadedModel, runner: str) -> None:
     scorer = LikelihoodScorer(
         tiny,
         context_length=8192,
         pack_tokens=1,  # one question per forward pass
         budget=DecisionBudget(max_scored_tokens=10**7, max_input_bytes=10**7),
+        runner=configured_runner(tiny, EngineOptions(runner=runner), "scorer", "dense"),
     )
     service = DecisionService(scorer)
     rows: list[tuple[int, int, int]] = []

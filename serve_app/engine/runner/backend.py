@@ -116,18 +116,34 @@ class RunnerBackend:
 def make_backend(loaded: Any, config: Any, context_length: int) -> Any:
     """The runner when ``config.runner`` allows it and it supports the model, else HF."""
     from serve_app.engine.batch import HFBackend
+
+    runner = configured_runner(loaded, config, "engine backend")
+    if runner is None:
+        return HFBackend(loaded.model, loaded.device)
+    logger.info("engine backend: runner (%s decode weights)", config.weights)
+    return RunnerBackend(runner, config.max_batch_size, context_length)
+
+
+def configured_runner(
+    loaded: Any, config: Any, purpose: str, weights: str | None = None
+) -> Qwen2Runner | None:
+    """The runner ``config`` asks for (its ``runner``, ``weights``, ``prefill_dtype``), or None
+    where the model runs on HF: ``runner: hf``, or a model the runner does not support.
+
+    The one decision for every user of the model (the generating engine, the decision
+    scorer), so they fall back together. ``weights`` overrides ``config.weights`` for a user
+    that never decodes (the scorer: prefill-shaped work, dense weights only).
+    """
     from serve_app.engine.runner.prepare import build_runner, prefill_dtype
     from serve_app.engine.runner.qwen2 import unsupported_reason
 
     reason = "runner: hf" if config.runner == "hf" else unsupported_reason(loaded.model)
     if reason is not None:
-        logger.info("engine backend: HF model (%s)", reason)
-        return HFBackend(loaded.model, loaded.device)
-    runner = build_runner(
+        logger.info("%s: HF model (%s)", purpose, reason)
+        return None
+    return build_runner(
         loaded.model,
-        weights=config.weights,
+        weights=weights or config.weights,
         dense_dtype=prefill_dtype(config.prefill_dtype),
         cache_dir=getattr(loaded, "location", None),
     )
-    logger.info("engine backend: runner (%s decode weights)", config.weights)
-    return RunnerBackend(runner, config.max_batch_size, context_length)

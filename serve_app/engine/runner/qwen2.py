@@ -6,7 +6,9 @@ takes a ragged batch (row ``b`` feeds ``len(tokens[b])`` tokens starting at posi
 padding compute), and pads only inside attention, where ``scaled_dot_product_attention`` reads
 the slots' keys/values in place. Query ``j`` of row ``b`` sees cache columns
 ``<= starts[b] + j``: causal within the new tokens, and blind to stale columns past a row's end
-(left there by rejected drafts, overwritten later).
+(left there by rejected drafts, overwritten later). ``forward_tree`` is the decision scorer's
+pass over the same layer loop: an option trie on top of a slot's prefix, with explicit
+positions and a tree mask.
 
 The HF module stays the source of truth: embeddings, norms' weights and the rotary embedding
 (whatever its ``rope_type``) are read from it; only the linears get their own int4 copies.
@@ -15,7 +17,7 @@ The HF module stays the source of truth: embeddings, norms' weights and the rota
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +111,7 @@ class Qwen2Runner:
         starts: Sequence[int],
         *,
         decode: bool,
+        check: Callable[[], None] | None = None,
     ) -> torch.Tensor:
         """Feed ``tokens[b]`` at ``starts[b]..`` of slot ``slot0 + b``; write their KV.
 
@@ -117,55 +120,137 @@ class Qwen2Runner:
         Otherwise a prefill chunk: dense weights, logits ``[B, V]`` of each row's last token.
         The weights follow the kind of step, never its row count, so a token's numbers do not
         depend on what else shares the batch or on how many drafts are verified with it.
+        ``check``: called before every layer (it raises to stop the pass, e.g. on cancellation).
         """
         lengths = [len(t) for t in tokens]
         rows = len(tokens)
         width = max(s + n for s, n in zip(starts, lengths, strict=True))
-        cache.ensure(width)
         span = max(lengths)
-        flat = torch.tensor([t for row in tokens for t in row], dtype=torch.long)
         row_of = torch.repeat_interleave(torch.arange(rows), torch.tensor(lengths))
         step_of = torch.cat([torch.arange(n) for n in lengths]) if rows > 1 else torch.arange(span)
         positions = torch.tensor(starts)[row_of] + step_of
         # Query j of row b sees columns <= starts[b] + j (causal, and never past the row's end).
         ends = torch.tensor(starts).view(rows, 1, 1, 1) + torch.arange(span).view(1, 1, span, 1)
-        mask = torch.arange(width).view(1, 1, 1, width) <= ends
-        cos, sin = self.rotary(self.embed[:1].unsqueeze(0), positions.unsqueeze(0))
-        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [N, 1, D]
-        padded = rows > 1 and min(lengths) != span
+        batch = _Batch(
+            slot0=slot0,
+            rows=rows,
+            span=span,
+            row_of=row_of,
+            step_of=step_of,
+            columns=positions,
+            positions=positions,
+            mask=torch.arange(width).view(1, 1, 1, width) <= ends,
+            padded=rows > 1 and min(lengths) != span,
+        )
+        flat = torch.tensor([t for row in tokens for t in row], dtype=torch.long)
+        x = self._layers(cache, flat, batch, decode, check)
+        if not decode:
+            ends_flat = torch.tensor(lengths).cumsum(0) - 1
+            x = x[ends_flat]
+        return self.lm_head(self._norm(x, self.final_norm), decode)
 
+    def forward_tree(
+        self,
+        cache: SlotCache,
+        slot: int,
+        start: int,
+        tokens: Sequence[int],
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        check: Callable[[], None] | None = None,
+    ) -> torch.Tensor:
+        """Final-normed hidden states ``[N, hidden]`` of ``tokens`` laid out as a tree.
+
+        For scoring (dense weights): token ``i`` is written at column ``start + i`` of ``slot``
+        (on top of the prefix held in columns ``< start``), rotated as position
+        ``positions[i]``, and attends where ``mask[i]`` (``[N, start + N]`` bool) is True, so
+        sibling branches of an option trie share a position without seeing each other. The
+        caller applies the LM head only where it reads (``lm_head(h, False)``).
+        """
+        n = len(tokens)
+        width = start + n
+        batch = _Batch(
+            slot0=slot,
+            rows=1,
+            span=n,
+            row_of=torch.zeros(n, dtype=torch.long),
+            step_of=torch.arange(n),
+            columns=start + torch.arange(n),
+            positions=positions,
+            mask=mask.reshape(1, 1, n, width),
+            padded=False,
+        )
+        x = self._layers(cache, torch.tensor(tokens, dtype=torch.long), batch, False, check)
+        return self._norm(x, self.final_norm)
+
+    def _layers(
+        self,
+        cache: SlotCache,
+        flat: torch.Tensor,
+        batch: _Batch,
+        decode: bool,
+        check: Callable[[], None] | None,
+    ) -> torch.Tensor:
+        """The decoder layers over the flattened tokens ``[N]``: hidden states ``[N, hidden]``
+        before the final norm; each token's KV is written at (its row's slot, its column)."""
+        rows, span = batch.rows, batch.span
+        width = batch.mask.shape[-1]
+        cache.ensure(width)
+        slot_of = batch.slot0 + batch.row_of
+        cos, sin = self.rotary(self.embed[:1].unsqueeze(0), batch.positions.unsqueeze(0))
+        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [N, 1, D]
         qk_heads = self.num_heads + self.num_kv_heads
         qk_width = qk_heads * self.head_dim
         x = F.embedding(flat, self.embed).float()
         for index, layer in enumerate(self.layers):
+            if check is not None:
+                check()
             h = self._norm(x, layer.input_norm)
             qkv = layer.qkv(h, decode)
             # q and k heads side by side: one RoPE for both.
             qk = _rope(qkv[:, :qk_width].view(-1, qk_heads, self.head_dim), cos, sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
             v = qkv[:, qk_width:].view(-1, self.num_kv_heads, self.head_dim)
-            keys, values = cache.write(index, slot0 + row_of, positions, k, v)
+            keys, values = cache.write(index, slot_of, batch.columns, k, v)
             keys, values = (
-                keys[slot0 : slot0 + rows, :, :width],
-                values[slot0 : slot0 + rows, :, :width],
+                keys[batch.slot0 : batch.slot0 + rows, :, :width],
+                values[batch.slot0 : batch.slot0 + rows, :, :width],
             )
-            if padded:
+            if batch.padded:
                 qp = q.new_zeros(rows, span, self.num_heads, self.head_dim)
-                qp[row_of, step_of] = q
+                qp[batch.row_of, batch.step_of] = q
             else:
                 qp = q.view(rows, span, self.num_heads, self.head_dim)
-            attn = self._attend(qp.transpose(1, 2), keys, values, mask, decode).transpose(1, 2)
+            attn = self._attend(qp.transpose(1, 2), keys, values, batch.mask, decode)
+            attn = attn.transpose(1, 2)
             attn = (
-                attn[row_of, step_of] if padded else attn.reshape(-1, self.num_heads, self.head_dim)
+                attn[batch.row_of, batch.step_of]
+                if batch.padded
+                else attn.reshape(-1, self.num_heads, self.head_dim)
             )
             x = x + layer.o(attn.reshape(x.shape[0], -1), decode)
             h = self._norm(x, layer.post_norm)
             gate, up = layer.gate_up(h, decode).split(self.intermediate, dim=-1)
             x = x + layer.down(F.silu(gate) * up, decode)
-        if not decode:
-            ends_flat = torch.tensor(lengths).cumsum(0) - 1
-            x = x[ends_flat]
-        return self.lm_head(self._norm(x, self.final_norm), decode)
+        return x
+
+
+@dataclass
+class _Batch:
+    """Where a pass's flattened tokens go: row ``b`` is slot ``slot0 + b``; token ``i`` is
+    query ``step_of[i]`` of row ``row_of[i]``, stored at cache column ``columns[i]`` and
+    rotated as ``positions[i]`` (the same, except in a tree, where siblings share a position).
+    ``mask`` ``[rows, 1, span, width]``: True where a query may attend."""
+
+    slot0: int
+    rows: int
+    span: int
+    row_of: torch.Tensor
+    step_of: torch.Tensor
+    columns: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
+    padded: bool  # rows of different lengths: queries are scattered into a padded block
 
 
 def _small_attention(

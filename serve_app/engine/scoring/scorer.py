@@ -30,14 +30,14 @@ import math
 import threading
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from serve_app.engine.batch import cache_from_kv, kv_from_cache
 from serve_app.engine.loader import LoadedModel
 from serve_app.engine.prefix_cache import PrefixCache
 from serve_app.engine.prompts import decisions as prompts
 from serve_app.engine.prompts.chat_encoding import encode_untrusted
 from serve_app.engine.scoring.budget import CancelHooks, DecisionBudget, WorkDone
+from serve_app.engine.scoring.passes import HFPass, RunnerPass
 from serve_app.engine.scoring.questions import DecisionQuestion, QuestionOutcome, ScoringResult
 from serve_app.engine.scoring.trie import (
     Answers,
@@ -46,9 +46,11 @@ from serve_app.engine.scoring.trie import (
     build_trie,
     make_row,
     pack,
-    tree_mask,
 )
 from serve_app.errors import ContextLengthExceededError, UnprocessableRequestError
+
+if TYPE_CHECKING:
+    from serve_app.engine.runner.qwen2 import Qwen2Runner
 
 MAX_CHOICE_LABELS = 255
 MAX_SCORE_LEVELS = 10
@@ -91,7 +93,10 @@ class LikelihoodScorer:
         pack_tokens: int = 2048,
         calibrate: Collection[str] = (),
         budget: DecisionBudget | None = None,
+        runner: Qwen2Runner | None = None,
     ) -> None:
+        """``runner``: the engine's runner for this model (``configured_runner``, dense
+        weights), as the generating deployments use it; None: the HF model's forward."""
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -103,10 +108,17 @@ class LikelihoodScorer:
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._lock = threading.Lock()
         self._in_flight: WorkDone | None = None
-        self._base = self.model.base_model
-        self._head = self.model.get_output_embeddings()
-        self._hooks = CancelHooks(self._base)
-        self._pad_id = _pad_id(self.tokenizer, loaded.eos_token_ids)
+        self._hooks = CancelHooks(self.model.base_model)  # the HF forward's layers
+        self._pass: HFPass | RunnerPass = (
+            HFPass(self.model, self.device, _pad_id(self.tokenizer, loaded.eos_token_ids))
+            if runner is None
+            else RunnerPass(
+                runner,
+                context_length + self.budget.max_scored_tokens,
+                self._hooks.check,
+            )
+        )
+        self._head = self._pass.head
         self.end_id = _end_of_turn_id(self.tokenizer, loaded.eos_token_ids)
         self.frame = prompts.chat_frame(self.tokenizer)
         self.noul_answers = self._noul_variants()
@@ -151,6 +163,7 @@ class LikelihoodScorer:
             finally:
                 self._hooks.watch(None, work)
                 self._in_flight = None
+                self._pass.release()
         return ScoringResult(
             outcomes={q.name: outcomes[q.name] for q in questions},
             input_tokens=work.input_tokens,
@@ -265,7 +278,7 @@ class LikelihoodScorer:
         for chunk in self._chunks([len(row) for row in rows]):
             self._hooks.check()
             packed = pack([rows[i] for i in chunk])
-            hidden = self._forward([packed], prefix_kv, len(prefix))
+            hidden = self._pass.forward([packed], prefix_kv, len(prefix))
             work.input_tokens += len(packed)
             values = self._read(hidden, [packed])[0]
             for i in chunk:
@@ -285,46 +298,14 @@ class LikelihoodScorer:
         """KV cache of the shared prefix (batch 1): the longest part the prefix cache already
         holds (the fixed system turn at least, the whole state when it repeats), and the rest
         run once on top of it. The one place this scorer touches the prefix cache."""
-        import torch
-
         # A sentinel last token lets the lookup return the whole prefix (it keeps one back).
         cached_len, cached = self.prefix_cache.lookup([*prefix, -1], salt)
         work.cached_tokens += cached_len
         work.input_tokens += len(prefix)  # billed whether run now or taken from the cache
-        if cached_len == len(prefix):
-            return list(cached)
-        ids = torch.tensor([prefix[cached_len:]], device=self.device)
-        past = cache_from_kv(cached) if cached_len else None
-        out = self._base(input_ids=ids, past_key_values=past, use_cache=True)
-        kv = kv_from_cache(out.past_key_values)
-        self.prefix_cache.insert(prefix, kv, salt)
+        kv = self._pass.prefix(prefix, cached_len, cached)
+        if cached_len < len(prefix):
+            self.prefix_cache.insert(prefix, kv, salt)
         return list(kv)
-
-    def _forward(self, rows: list[Row], kv: KV, offset: int) -> Any:
-        """Hidden states of right-padded tree rows on top of a batch-1 KV cache."""
-        import torch
-        from transformers import DynamicCache
-
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        positions = torch.full((len(rows), width), offset, dtype=torch.long)
-        for b, row in enumerate(rows):
-            ids[b, : len(row)] = torch.tensor(row.tokens)
-            positions[b, : len(row)] = torch.tensor(row.depths) + offset
-        mask = tree_mask(rows, offset, width)
-        if self.model.config._attn_implementation != "sdpa":  # eager adds the mask to scores
-            mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
-        expanded = [
-            (k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1)) for k, v in kv
-        ]
-        out = self._base(
-            input_ids=ids.to(self.device),
-            attention_mask=mask.to(self.device),
-            position_ids=positions.to(self.device),
-            past_key_values=DynamicCache(ddp_cache_data=expanded, config=self.model.config),
-            use_cache=True,
-        )
-        return out.last_hidden_state
 
     def _read(self, hidden: Any, rows: list[Row], chunk: int = 256) -> list[list[float]]:
         """log P(target | position) for every row's reads; the LM head runs once per position."""
