@@ -18,13 +18,15 @@ from serve_app.engine.engine import EngineConfig, LLMEngine
 from serve_app.engine.loader import LoadedModel, load_model
 from serve_app.engine.prefix_cache import PrefixCache
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
-from serve_app.engine.runner.prepare import build_runner
+from serve_app.engine.runner.prepare import build_runner, cpu_has_bf16_compute, decode_weights
 from serve_app.engine.runner.speculation import propose_draft
 from serve_app.engine.runner.weights import (
     INT4_GROUP,
+    Linear,
     dequantize_int4_reference,
     int4_supported,
     quantize_int4,
+    quantize_int8,
 )
 
 PROMPTS = [
@@ -176,6 +178,55 @@ def test_int4_engine_output_against_fp32(loaded) -> None:
     same = sum(a == b for a, b in zip(int4, dense, strict=True))
     print(f"tiny model: {same}/{len(prompts)} int4 greedy outputs identical to fp32")
     assert engine.stats().backend == "RunnerBackend" and all(int4)
+
+
+def test_int8_linear_is_close_to_dense() -> None:
+    """fbgemm's int8 linear: per-channel int8 weights and per-call uint8 activations keep a
+    matrix product within ~2% of its largest value (the tiny model amplifies it; the 0.5B
+    figures are in README)."""
+    generator = torch.Generator().manual_seed(2)
+    weight = torch.randn(64, 96, generator=generator)
+    bias = torch.randn(64, generator=generator)
+    x = torch.randn(3, 96, generator=generator)
+    y = Linear([(weight, bias)], int8=quantize_int8(weight, bias))(x, True)
+    expected = x @ weight.t() + bias
+    assert y.dtype == torch.float32 and y.shape == expected.shape
+    assert (y - expected).abs().max() < expected.abs().max() * 0.02
+
+
+def test_int8_engine_decodes_on_int8_and_prefills_dense(loaded) -> None:
+    """weights="int8": decode steps run fbgemm's int8 linears, prompts the dense weights, so a
+    prefill's logits equal the dense runner's exactly and a decode step's stay close."""
+    dense = build_runner(loaded.model, weights="dense")
+    int8 = build_runner(loaded.model, weights="int8")
+    assert int8.layers[0].qkv.int8 is not None and dense.layers[0].qkv.int8 is None
+    prompt = encode(loaded, PROMPTS[1])[:12]
+    with torch.inference_mode():
+        caches = [runner.new_cache(1, 16, 4096) for runner in (dense, int8)]
+        prefill = [
+            r.forward(c, 0, [prompt], [0], decode=False)
+            for r, c in zip((dense, int8), caches, strict=True)
+        ]
+        step = [
+            r.forward(c, 0, [[5]], [12], decode=True)
+            for r, c in zip((dense, int8), caches, strict=True)
+        ]
+    torch.testing.assert_close(prefill[1], prefill[0], rtol=0, atol=0)
+    assert not torch.equal(step[1], step[0])
+    assert (step[1] - step[0]).abs().max() < step[0].abs().max() * 0.1
+    requests = [greedy("r0", prompt, 8)]
+    texts, engine = generate_all(loaded, EngineConfig(weights="int8"), requests)
+    assert engine.stats().backend == "RunnerBackend" and all(texts)
+
+
+def test_auto_weights_follow_the_cpu(loaded, tmp_path) -> None:
+    """auto: int8 where the CPU has no native bf16 (the int4 kernel's activations), else int4."""
+    runner = build_runner(loaded.model, weights="auto", cache_dir=tmp_path)
+    expect_int8 = not cpu_has_bf16_compute()
+    assert decode_weights("auto") == ("int8" if expect_int8 else "int4")
+    assert (runner.layers[0].down.int8 is not None) == expect_int8
+    assert (runner.layers[0].down.int4 is not None) == (not expect_int8)
+    assert decode_weights("dense") == "dense"
 
 
 def test_int4_packs_are_cached_on_disk_and_mapped(loaded, tmp_path) -> None:

@@ -23,9 +23,9 @@ class EngineConfig:
       ``UpstreamUnavailableError`` (503) so load balancers back off instead of queueing forever.
     - ``skip_special_tokens``: leave special tokens out of the text (eos never appears).
     - ``runner``: ``auto`` runs supported models (Qwen2) on the engine's own runner, ``hf``
-      always on the HF model; ``weights``: the runner's decode weights, ``int4`` or ``dense``
-      (dense = exactly the HF model's numbers); ``prefill_dtype``: ``auto`` (bf16 where the CPU
-      computes it natively, else fp32), ``float32`` or ``bfloat16``.
+      always on the HF model; ``weights``: the runner's decode weights, ``int4``, ``int8`` or
+      ``dense`` (dense = exactly the HF model's numbers); ``prefill_dtype``: ``auto`` (bf16
+      where the CPU computes it natively, else fp32), ``float32`` or ``bfloat16``.
     - ``draft_tokens``: prompt-lookup draft length per request role (``GenerationRequest.role``;
       0 or absent = no speculation); needs the runner.
     """

@@ -120,7 +120,9 @@ def make_backend(loaded: Any, config: Any, context_length: int) -> Any:
     runner = configured_runner(loaded, config, "engine backend")
     if runner is None:
         return HFBackend(loaded.model, loaded.device)
-    logger.info("engine backend: runner (%s decode weights)", config.weights)
+    from serve_app.engine.runner.prepare import decode_weights
+
+    logger.info("engine backend: runner (%s decode weights)", decode_weights(config.weights))
     return RunnerBackend(runner, config.max_batch_size, context_length)
 
 

@@ -1,4 +1,4 @@
-"""The runner's linear layers: dense for prefill chunks, int4 groupwise for decode steps.
+"""The runner's linear layers: dense for prefill chunks, int4 or int8 for decode steps.
 
 Why two forms of the same matrix: a decode step multiplies a few rows by every weight, so it is
 bound by the bytes of weights read; int4 reads 1/8 of fp32. A prefill chunk multiplies hundreds
@@ -12,11 +12,21 @@ int4 goes through ``torch.ops.aten._weight_int4pack_mm_for_cpu``: asymmetric 4-b
 activations (fp32 activations hit a scalar path, ~8x slower than fp32 GEMM), so inputs are cast
 to bf16 and outputs back to fp32.
 
+int8 goes through fbgemm's dynamic linear (``torch.ops.quantized.linear_dynamic``): symmetric
+int8 weights per output channel, activations quantized per call. On AVX2 its kernel is made for
+this ISA (VPMADDUBSW), where torch's int4 kernel converts to bf16 in software: measured on this
+box, one thread, the 0.5B's decode linears take ~32 ms per step in int8, ~80 ms in int4 and
+~125 ms in fp32 (README "Engine v2"). It reads twice int4's bytes, so int4 is kept for CPUs with
+native bf16. fbgemm's packed form is opaque, so int8 is quantized at start (seconds), per
+replica.
+
 Dense weights are the HF module's own tensors (no copy) unless the CPU computes bf16 natively
 (AVX512-BF16 or AMX), where a bf16 copy reads prompts ~2x faster.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +60,23 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed, scales_and_zeros.to(torch.bfloat16)
 
 
+def int8_supported() -> bool:
+    return hasattr(torch.ops.quantized, "linear_dynamic") and any(
+        engine in torch.backends.quantized.supported_engines for engine in ("x86", "fbgemm")
+    )
+
+
+def quantize_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.ScriptObject:
+    """fbgemm's packed form of ``weight`` ``[N, K]``: symmetric int8, one scale per row."""
+    w = weight.detach().float()
+    scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-8).double()
+    zeros = torch.zeros(w.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao
+        warnings.simplefilter("ignore")
+        q = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8)
+        return torch.ops.quantized.linear_prepack(q, None if bias is None else bias.float())
+
+
 def dequantize_int4_reference(weight: torch.Tensor) -> torch.Tensor:
     """What ``quantize_int4`` keeps of ``weight``, as fp32 (for tests and error reports)."""
     eye = torch.eye(weight.shape[1], dtype=torch.bfloat16)
@@ -62,22 +89,27 @@ class Linear:
 
     ``parts`` are the dense ``(weight, bias)`` pieces, often the HF parameters themselves (no
     copy); ``int4`` is ``(packed, scales_and_zeros)`` of the stacked matrix and ``int4_bias``
-    its stacked bias. q/k/v and gate/up are stacked so a decode step makes one kernel call.
+    its stacked bias; ``int8`` is fbgemm's packed matrix and bias. q/k/v and gate/up are
+    stacked so a decode step makes one kernel call.
     """
 
     def __init__(
         self,
         parts: list[tuple[torch.Tensor, torch.Tensor | None]],
         int4: tuple[torch.Tensor, torch.Tensor] | None = None,
+        int8: torch.ScriptObject | None = None,
     ) -> None:
         self.parts = parts
         self.int4 = int4
+        self.int8 = int8
         biases = [b for _, b in parts]
         self.int4_bias = None if biases[0] is None else torch.cat(biases).float()
 
     def __call__(self, x: torch.Tensor, quantized: bool) -> torch.Tensor:
         """``x`` is ``[rows, in]`` fp32; the result is ``[rows, out]`` fp32. ``quantized``: use
-        the int4 copy when there is one (decode steps), else the dense weights (prefill)."""
+        the int4 or int8 copy when there is one (decode steps), else the dense weights."""
+        if quantized and self.int8 is not None:
+            return torch.ops.quantized.linear_dynamic(x, self.int8, True)
         if quantized and self.int4 is not None:
             packed, sz = self.int4
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
