@@ -1,8 +1,8 @@
 """Engine micro-benchmark: one request's decode speed, and what batching buys.
 
-Runs, on one ``LLMEngine`` per backend (``--backends``: the HF model, the runner with dense or
-int4 decode weights), all in one process and one run: a single request (time to first token,
-decode tok/s), then the same N requests one after another and all at once (aggregate tok/s),
+Runs, on one ``LLMEngine`` per backend (``--backends``: the HF model, the runner with dense,
+int4 or int8 decode weights), all in one process and one run: a single request (time to first
+token, decode tok/s), then the same N requests one after another and all at once (aggregate tok/s),
 and prints each backend's ratios to the first one and concurrent / sequential. eos is ignored
 (unless ``--respect-eos``) so every request makes exactly ``--max-tokens`` tokens and the runs
 compare like for like; the prefix cache is off so the repeated chat template is read every
@@ -97,6 +97,7 @@ BACKENDS = {
     "hf": {"runner": "hf"},
     "dense": {"runner": "auto", "weights": "dense"},
     "int4": {"runner": "auto", "weights": "int4"},
+    "int8": {"runner": "auto", "weights": "int8"},
 }
 
 

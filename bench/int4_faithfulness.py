@@ -1,13 +1,14 @@
-"""int4 against fp32 on the real model: same greedy tokens? same FIM quality?
+"""int4 and int8 against fp32 on the real model: same greedy tokens? same FIM quality?
 
-    python -m bench.int4_faithfulness --threads 1 --cases 16
+    python -m bench.int4_faithfulness --threads 1 --cases 16 [--weights int4,int8]
 
 FIM cases cut one line out of files of Python's standard library (code the model's authors
 did not write for this test), keep up to 40 lines either side, and ask for the middle. Each case
 is read once (prefill runs on dense weights in both modes: chunks are too large for int4), its
-KV copied to a second slot, and then decoded greedily on fp32 and on int4 weights. Printed:
-the share of cases whose tokens are identical, where the first divergences fall, and the share
-of cases whose first generated line is exactly the removed line, for each weight type. The edit
+KV copied to a second slot, and then decoded greedily on fp32 and on each quantized weight
+type. Printed per type: the share of cases whose tokens are identical to fp32's, where the
+first divergences fall, and the share of cases whose first generated line is exactly the
+removed line. The edit
 example (``EXAMPLE_EDIT_CONTENT``) is one more case (tokens only).
 """
 
@@ -21,9 +22,10 @@ from pathlib import Path
 import torch
 
 from serve_app.engine.loader import load_model
-from serve_app.engine.prompts.edit import EXAMPLE_EDIT_CONTENT, fit_to_context, parse_edit_prompt
+from serve_app.engine.prompts.edit import fit_to_context, parse_edit_prompt
 from serve_app.engine.prompts.fim import build_fim_prompt, fim_format_for
 from serve_app.engine.runner.prepare import build_runner
+from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 
 STDLIB_FILES = ["textwrap.py", "shlex.py", "fnmatch.py", "glob.py", "bisect.py", "heapq.py"]
 
@@ -57,31 +59,36 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cases", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=24)
+    parser.add_argument("--weights", default="int4", help="comma-separated: int4, int8")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     loaded = load_model(args.source, threads=args.threads)
     tok = loaded.tokenizer
     dense = build_runner(loaded.model, weights="dense")
-    int4 = build_runner(loaded.model, weights="int4", cache_dir=loaded.location)
+    quantized = {
+        name: build_runner(loaded.model, weights=name, cache_dir=loaded.location)
+        for name in args.weights.split(",")
+    }
     cache = dense.new_cache(2, 1024, loaded.max_position_embeddings)
     fmt = fim_format_for(tok, loaded.model_type)
     prompts = [(build_fim_prompt(fmt, tok, p, s), line) for p, s, line in fim_cases(args.cases)]
     _, edit_ids = fit_to_context(parse_edit_prompt(EXAMPLE_EDIT_CONTENT), tok, 30000)
     prompts.append((edit_ids, None))
-    same, divergences, exact = 0, [], {"fp32": 0, "int4": 0}
+    same = dict.fromkeys(quantized, 0)
+    divergences: dict[str, list[int]] = {name: [] for name in quantized}
+    exact = dict.fromkeys(["fp32", *quantized], 0)
     for ids, line in prompts:
         first = int(dense.forward(cache, 0, [ids], [0], decode=False)[0].argmax())
-        cache.move(0, 1, len(ids))
-        outs = {
-            "fp32": greedy(dense, cache, 0, first, len(ids), args.tokens),
-            "int4": greedy(int4, cache, 1, first, len(ids), args.tokens),
-        }
-        if outs["fp32"] == outs["int4"]:
-            same += 1
-        else:
-            divergences.append(
-                next(i for i, (a, b) in enumerate(zip(*outs.values(), strict=True)) if a != b)
-            )
+        outs = {}
+        for name, runner in [("fp32", dense), *quantized.items()]:
+            cache.move(0, 1, len(ids))  # slot 0 keeps the prompt; each decodes in slot 1
+            outs[name] = greedy(runner, cache, 1, first, len(ids), args.tokens)
+        for name in quantized:
+            if outs[name] == outs["fp32"]:
+                same[name] += 1
+            else:
+                pairs = zip(outs[name], outs["fp32"], strict=True)
+                divergences[name].append(next(i for i, (a, b) in enumerate(pairs) if a != b))
         if line is not None:
             for name, out in outs.items():
                 exact[name] += tok.decode(out).split("\n")[0].strip() == line.strip()
@@ -89,9 +96,12 @@ def main() -> None:
     print()
     n_fim = len(prompts) - 1
     print(f"model {args.source}, {args.tokens} greedy tokens per case, {args.threads} thread(s)")
-    print(f"identical int4/fp32 outputs: {same}/{len(prompts)} ({same / len(prompts):.0%})")
-    print(f"first divergence at token: {sorted(divergences)}")
-    print(f"FIM exact first line: fp32 {exact['fp32']}/{n_fim}, int4 {exact['int4']}/{n_fim}")
+    for name in quantized:
+        share = same[name] / len(prompts)
+        print(f"identical {name}/fp32 outputs: {same[name]}/{len(prompts)} ({share:.0%})")
+        print(f"  first divergence at token: {sorted(divergences[name])}")
+    lines = ", ".join(f"{name} {count}/{n_fim}" for name, count in exact.items())
+    print(f"FIM exact first line: {lines}")
 
 
 if __name__ == "__main__":
