@@ -65,6 +65,7 @@ def _write_weights(weights: GgufWeights, out_dir: Path) -> None:
     with ShardWriter(out_dir, weights.plan) as writer:
         for done, (name, tensor) in enumerate(weights, 1):
             writer.write(name, tensor)
+            del tensor  # before the next is made: one model-sized tensor at a time, not two
             if done / total >= next_report:  # every 10%, so the long step never looks hung
                 logger.info(
                     "converting: %d/%d tensors (%d%%, %.1fs)",

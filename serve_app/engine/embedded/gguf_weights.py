@@ -76,7 +76,10 @@ class GgufWeights:
                 )
                 if result.name != tensor.name:  # a processor that merges tensors (MoE experts)
                     raise NotImplementedError(f"{tensor.name}: merged by {self._processor}")
-                yield planned.name, torch.from_numpy(np.ascontiguousarray(result.weights)).float()
+                dense = torch.from_numpy(np.ascontiguousarray(result.weights)).float()
+                del weights, result  # else the last tensor outlives the making of the next
+                yield planned.name, dense
+                del dense
 
 
 def _saved_shapes(model: Any) -> dict[str, tuple[int, ...]]:
