@@ -61,11 +61,14 @@ def _empty_model(gguf_path: Path) -> Any:
 def _write_weights(weights: GgufWeights, out_dir: Path) -> None:
     started = time.monotonic()
     total = len(weights.plan)
-    next_report = 0.1
+    next_report, done = 0.1, 0
     with ShardWriter(out_dir, weights.plan) as writer:
-        for done, (name, tensor) in enumerate(weights, 1):
+        # No enumerate(): its cached result tuple would keep the last tensor alive while the
+        # next is made, two model-sized tensors at a time instead of one.
+        for name, tensor in weights:
             writer.write(name, tensor)
-            del tensor  # before the next is made: one model-sized tensor at a time, not two
+            del tensor
+            done += 1
             if done / total >= next_report:  # every 10%, so the long step never looks hung
                 logger.info(
                     "converting: %d/%d tensors (%d%%, %.1fs)",
