@@ -31,7 +31,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> None:
 
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         _fix_tokenizer(tokenizer)
-    with _step("reading the model config from the GGUF"):
+    with _step("reading the model config and tensor table from the GGUF"):
         model = _empty_model(gguf_path)
         weights = GgufWeights(gguf_path, model)
     with _step(f"dequantizing {len(weights.plan)} tensors to float32 (the long step)"):

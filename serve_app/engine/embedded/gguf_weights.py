@@ -22,7 +22,7 @@ import torch
 
 from serve_app.engine.embedded.safetensors_shards import PlannedTensor
 
-_CHUNK_ELEMENTS = 1 << 22  # rows dequantized per step: bounds numpy's temporaries (~16 MB each)
+_CHUNK_ELEMENTS = 1 << 22  # values dequantized per step: bounds numpy's temporaries (16 MB)
 
 
 class GgufWeights:
