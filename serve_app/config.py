@@ -161,6 +161,14 @@ class EngineOptions(StrictConfig):
     prefill_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto", description="auto: bf16 where the CPU computes it natively, else fp32."
     )
+    small_prefill_tokens: int = Field(
+        default=32,
+        ge=0,
+        le=256,
+        description="A prompt chunk of at most this many tokens (the tail after a prefix-cache "
+        "hit, a short prompt) runs on the decode weights: it reads every weight for a few rows, "
+        "like a decode step, where int8/int4 cost 2-3x less than dense. 0: always dense.",
+    )
     speculation: SpeculationOptions = Field(default_factory=SpeculationOptions)
 
     max_batch_size: int = Field(default=8, ge=1)

@@ -194,9 +194,15 @@ def test_int8_linear_is_close_to_dense() -> None:
     assert (y - expected).abs().max() < expected.abs().max() * 0.02
 
 
+def kv_of(cache, length: int) -> torch.Tensor:
+    """Every layer's keys and values of slot 0's first ``length`` positions, as one tensor."""
+    return torch.cat([torch.cat([k, v]).flatten() for k, v in cache.read(0, length)])
+
+
 def test_int8_engine_decodes_on_int8_and_prefills_dense(loaded) -> None:
     """weights="int8": decode steps run fbgemm's int8 linears, prompts the dense weights, so a
-    prefill's logits equal the dense runner's exactly and a decode step's stay close."""
+    prefill writes exactly the dense runner's KV and a decode step's logits stay close. Both
+    read their logits through the int8 head (it feeds no KV)."""
     dense = build_runner(loaded.model, weights="dense")
     int8 = build_runner(loaded.model, weights="int8")
     assert int8.layers[0].qkv.int8 is not None and dense.layers[0].qkv.int8 is None
@@ -207,15 +213,42 @@ def test_int8_engine_decodes_on_int8_and_prefills_dense(loaded) -> None:
             r.forward(c, 0, [prompt], [0], decode=False)
             for r, c in zip((dense, int8), caches, strict=True)
         ]
+        kv = [kv_of(c, len(prompt)) for c in caches]
         step = [
             r.forward(c, 0, [[5]], [12], decode=True)
             for r, c in zip((dense, int8), caches, strict=True)
         ]
-    torch.testing.assert_close(prefill[1], prefill[0], rtol=0, atol=0)
+    torch.testing.assert_close(kv[1], kv[0], rtol=0, atol=0)
+    assert (prefill[1] - prefill[0]).abs().max() < prefill[0].abs().max() * 0.1
     assert not torch.equal(step[1], step[0])
     assert (step[1] - step[0]).abs().max() < step[0].abs().max() * 0.1
     requests = [greedy("r0", prompt, 8)]
     texts, engine = generate_all(loaded, EngineConfig(weights="int8"), requests)
+    assert engine.stats().backend == "RunnerBackend" and all(texts)
+
+
+def test_a_small_prompt_chunk_runs_on_the_decode_weights(loaded) -> None:
+    """A prompt chunk of at most ``small_prefill_tokens`` tokens (a short prompt, the tail after
+    a prefix-cache hit) runs on int8 like a decode step, since on dense weights it would cost a
+    decode step's time: its KV is what a decode pass over the same tokens writes. A longer
+    chunk, or any chunk with the threshold at 0, writes the dense KV exactly."""
+    small = build_runner(loaded.model, weights="int8", small_prefill_tokens=8)
+    plain = build_runner(loaded.model, weights="int8")
+    prompt = encode(loaded, PROMPTS[1])[:12]
+    for n in (6, 12):
+        with torch.inference_mode():
+            caches = [runner.new_cache(1, 16, 4096) for runner in (small, plain, small)]
+            small.forward(caches[0], 0, [prompt[:n]], [0], decode=False)
+            plain.forward(caches[1], 0, [prompt[:n]], [0], decode=False)
+            small.forward(caches[2], 0, [prompt[:n]], [0], decode=True)  # on the int8 weights
+        chunk, dense, decoded = (kv_of(c, n) for c in caches)
+        if n <= 8:
+            torch.testing.assert_close(chunk, decoded, rtol=1e-4, atol=1e-4)
+            assert (chunk - dense).abs().max() > 1e-3
+        else:
+            torch.testing.assert_close(chunk, dense, rtol=0, atol=0)
+    config = EngineConfig(weights="int8", small_prefill_tokens=8)
+    texts, engine = generate_all(loaded, config, [greedy("r0", prompt[:6], 8)])
     assert engine.stats().backend == "RunnerBackend" and all(texts)
 
 

@@ -25,7 +25,8 @@ class EngineConfig:
     - ``runner``: ``auto`` runs supported models (Qwen2) on the engine's own runner, ``hf``
       always on the HF model; ``weights``: the runner's decode weights, ``int4``, ``int8`` or
       ``dense`` (dense = exactly the HF model's numbers); ``prefill_dtype``: ``auto`` (bf16
-      where the CPU computes it natively, else fp32), ``float32`` or ``bfloat16``.
+      where the CPU computes it natively, else fp32), ``float32`` or ``bfloat16``;
+      ``small_prefill_tokens``: prompt chunks up to this long run on the decode weights.
     - ``draft_tokens``: prompt-lookup draft length per request role (``GenerationRequest.role``;
       0 or absent = no speculation); needs the runner.
     """
@@ -40,6 +41,7 @@ class EngineConfig:
     runner: str = "auto"
     weights: str = "dense"
     prefill_dtype: str = "auto"
+    small_prefill_tokens: int = 0
     draft_tokens: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

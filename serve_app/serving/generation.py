@@ -55,6 +55,7 @@ def start_engine(config: AppConfig, model: ModelConfig, cpus: float | None = Non
         runner=config.engine.runner,
         weights=config.engine.weights,
         prefill_dtype=config.engine.prefill_dtype,
+        small_prefill_tokens=config.engine.small_prefill_tokens,
         draft_tokens=config.engine.speculation.model_dump(),
     )
     return LLMEngine(loaded, engine_config)

@@ -148,4 +148,5 @@ def configured_runner(
         weights=weights or config.weights,
         dense_dtype=prefill_dtype(config.prefill_dtype),
         cache_dir=getattr(loaded, "location", None),
+        small_prefill_tokens=config.small_prefill_tokens,
     )

@@ -82,8 +82,10 @@ def build_runner(
     weights: str = "int4",
     dense_dtype: torch.dtype = torch.float32,
     cache_dir: str | Path | None = None,
+    small_prefill_tokens: int = 0,
 ) -> Qwen2Runner:
-    """A runner over ``model``'s weights; int4 packs are read from / saved to ``cache_dir``."""
+    """A runner over ``model``'s weights; int4 packs are read from / saved to ``cache_dir``.
+    ``small_prefill_tokens``: see ``Qwen2Runner.forward``."""
     if weights not in WEIGHTS:
         raise ValueError(f"unknown runner weights {weights!r}; use one of {WEIGHTS}")
     weights = decode_weights(weights)
@@ -105,7 +107,7 @@ def build_runner(
         layers.append(
             Layer(norm_in, built["qkv"], built["o"], norm_post, built["gate_up"], built["down"])
         )
-    return Qwen2Runner(model, layers, linear(head, "lm_head"))
+    return Qwen2Runner(model, layers, linear(head, "lm_head"), small_prefill_tokens)
 
 
 def _int8(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> torch.ScriptObject:

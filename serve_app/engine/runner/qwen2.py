@@ -59,11 +59,14 @@ class Layer:
 class Qwen2Runner:
     """Weights and forward of one Qwen2 model; ``SlotCache`` holds the keys/values."""
 
-    def __init__(self, model: Any, layers: list[Layer], lm_head: Linear) -> None:
+    def __init__(
+        self, model: Any, layers: list[Layer], lm_head: Linear, small_prefill_tokens: int = 0
+    ) -> None:
         config = model.config
         self.model = model
         self.layers = layers
         self.lm_head = lm_head
+        self.small_prefill_tokens = small_prefill_tokens
         self.embed = model.model.embed_tokens.weight
         self.final_norm = model.model.norm.weight
         self.rotary = model.model.rotary_emb
@@ -115,11 +118,16 @@ class Qwen2Runner:
     ) -> torch.Tensor:
         """Feed ``tokens[b]`` at ``starts[b]..`` of slot ``slot0 + b``; write their KV.
 
-        ``decode``: a decode or speculative-verify step: int4 weights where the runner has them,
-        and fp32 logits ``[sum(len(t)), V]`` for every token, rows concatenated in order.
-        Otherwise a prefill chunk: dense weights, logits ``[B, V]`` of each row's last token.
-        The weights follow the kind of step, never its row count, so a token's numbers do not
-        depend on what else shares the batch or on how many drafts are verified with it.
+        ``decode``: a decode or speculative-verify step: int4/int8 weights where the runner has
+        them, and fp32 logits ``[sum(len(t)), V]`` for every token, rows concatenated in order.
+        Otherwise a prefill chunk: logits ``[B, V]`` of each row's last token, on dense weights,
+        except a chunk of at most ``small_prefill_tokens`` tokens: it reads every weight for a
+        few rows, which costs a decode step's time on dense weights (memory-bound), so it runs
+        on the decode weights (2-3x less on int8). A decode step's weights never depend on its
+        row count, so a token's numbers do not depend on what else shares the batch or on how
+        many drafts are verified with it; a prompt token's depend on its own request's chunk.
+        Logits always come from the decode head where there is one: every sampled token, the
+        first included, is read through the same head (it feeds no KV).
         ``check``: called before every layer (it raises to stop the pass, e.g. on cancellation).
         """
         lengths = [len(t) for t in tokens]
@@ -143,11 +151,12 @@ class Qwen2Runner:
             padded=rows > 1 and min(lengths) != span,
         )
         flat = torch.tensor([t for row in tokens for t in row], dtype=torch.long)
-        x = self._layers(cache, flat, batch, decode, check)
+        quantized = decode or len(flat) <= self.small_prefill_tokens
+        x = self._layers(cache, flat, batch, decode, quantized, check)
         if not decode:
             ends_flat = torch.tensor(lengths).cumsum(0) - 1
             x = x[ends_flat]
-        return self.lm_head(self._norm(x, self.final_norm), decode)
+        return self.lm_head(self._norm(x, self.final_norm), True)
 
     def forward_tree(
         self,
@@ -180,7 +189,7 @@ class Qwen2Runner:
             mask=mask.reshape(1, 1, n, width),
             padded=False,
         )
-        x = self._layers(cache, torch.tensor(tokens, dtype=torch.long), batch, False, check)
+        x = self._layers(cache, torch.tensor(tokens, dtype=torch.long), batch, False, False, check)
         return self._norm(x, self.final_norm)
 
     def _layers(
@@ -189,10 +198,13 @@ class Qwen2Runner:
         flat: torch.Tensor,
         batch: _Batch,
         decode: bool,
+        quantized: bool,
         check: Callable[[], None] | None,
     ) -> torch.Tensor:
         """The decoder layers over the flattened tokens ``[N]``: hidden states ``[N, hidden]``
-        before the final norm; each token's KV is written at (its row's slot, its column)."""
+        before the final norm; each token's KV is written at (its row's slot, its column).
+        ``decode``: few queries per row (attention as two matmuls); ``quantized``: int4/int8
+        linears where the runner has them."""
         rows, span = batch.rows, batch.span
         width = batch.mask.shape[-1]
         cache.ensure(width)
@@ -206,7 +218,7 @@ class Qwen2Runner:
             if check is not None:
                 check()
             h = self._norm(x, layer.input_norm)
-            qkv = layer.qkv(h, decode)
+            qkv = layer.qkv(h, quantized)
             # q and k heads side by side: one RoPE for both.
             qk = _rope(qkv[:, :qk_width].view(-1, qk_heads, self.head_dim), cos, sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
@@ -228,10 +240,10 @@ class Qwen2Runner:
                 if batch.padded
                 else attn.reshape(-1, self.num_heads, self.head_dim)
             )
-            x = x + layer.o(attn.reshape(x.shape[0], -1), decode)
+            x = x + layer.o(attn.reshape(x.shape[0], -1), quantized)
             h = self._norm(x, layer.post_norm)
-            gate, up = layer.gate_up(h, decode).split(self.intermediate, dim=-1)
-            x = x + layer.down(F.silu(gate) * up, decode)
+            gate, up = layer.gate_up(h, quantized).split(self.intermediate, dim=-1)
+            x = x + layer.down(F.silu(gate) * up, quantized)
         return x
 
 
