@@ -68,7 +68,11 @@ def prefill_dtype(requested: str = "auto") -> torch.dtype:
 
 
 def decode_weights(requested: str) -> str:
-    """The decode weights ``requested`` means on this CPU (``auto`` resolved)."""
+    """The decode weights ``requested`` means on this CPU (``auto`` resolved; ``int8`` where
+    torch has no fbgemm/x86 quantized engine falls back to int4, with a warning)."""
+    if requested == "int8" and not int8_supported():
+        logger.warning("runner: int8 decode weights need torch's fbgemm/x86 engine; using int4")
+        return "int4"
     if requested != "auto":
         return requested
     if cpu_has_bf16_compute() or not int8_supported():
@@ -95,7 +99,7 @@ def build_runner(
     packs: dict[str, torch.Tensor] = {}
     if weights == "int4":
         packs = _int4_packs(model, parts, head, cache_dir)
-    int8 = weights == "int8" and int8_supported()
+    int8 = weights == "int8"
 
     def linear(p: list, name: str) -> Linear:
         return Linear(p, _pack(packs, name), _int8(p) if int8 else None)
