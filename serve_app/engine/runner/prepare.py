@@ -4,6 +4,8 @@ Which weights run where is decided here, at run time, from what the CPU computes
 
 - prefill chunks: the HF parameters as they are (fp32) on CPUs without bf16 compute (AVX2,
   plain AVX-512), a bf16 copy where the CPU has AVX512-BF16 or AMX (~2x faster GEMM there);
+  a chunk of at most ``small_prefill_tokens`` tokens runs on the decode weights instead
+  (``Qwen2Runner.forward`` says why);
 - decode steps (few rows): int4 groupwise when ``weights="int4"``, fbgemm int8 per channel
   when ``weights="int8"``, else the dense weights; ``weights="auto"`` takes int4 where the CPU
   computes bf16 natively (the int4 kernel's activations) and int8 elsewhere (AVX2: int8 decodes
