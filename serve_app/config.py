@@ -165,9 +165,10 @@ class EngineOptions(StrictConfig):
         default=32,
         ge=0,
         le=256,
-        description="A prompt chunk of at most this many tokens (the tail after a prefix-cache "
-        "hit, a short prompt) runs on the decode weights: it reads every weight for a few rows, "
-        "like a decode step, where int8/int4 cost 2-3x less than dense. 0: always dense.",
+        description="A prompt chunk of at most this many tokens after the prompt's first "
+        "position (the tail after a prefix-cache hit) runs on the decode weights: it reads "
+        "every weight for a few rows, like a decode step, where int8/int4 cost 2-3x less than "
+        "dense. 0: always dense.",
     )
     speculation: SpeculationOptions = Field(default_factory=SpeculationOptions)
 

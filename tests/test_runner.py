@@ -228,25 +228,30 @@ def test_int8_engine_decodes_on_int8_and_prefills_dense(loaded) -> None:
 
 
 def test_a_small_prompt_chunk_runs_on_the_decode_weights(loaded) -> None:
-    """A prompt chunk of at most ``small_prefill_tokens`` tokens (a short prompt, the tail after
-    a prefix-cache hit) runs on int8 like a decode step, since on dense weights it would cost a
-    decode step's time: its KV is what a decode pass over the same tokens writes. A longer
-    chunk, or any chunk with the threshold at 0, writes the dense KV exactly."""
+    """A prompt chunk of at most ``small_prefill_tokens`` tokens after the prompt's start (the
+    tail after a prefix-cache hit) runs on int8 like a decode step, since on dense weights it
+    would cost a decode step's time: its KV is what a decode pass over the same tokens writes.
+    A longer chunk, a chunk holding position 0 (whose outsized activations int8's one scale
+    per call cannot share), or any chunk with the threshold at 0 writes the dense KV exactly."""
     small = build_runner(loaded.model, weights="int8", small_prefill_tokens=8)
     plain = build_runner(loaded.model, weights="int8")
-    prompt = encode(loaded, PROMPTS[1])[:12]
-    for n in (6, 12):
+    prompt = encode(loaded, PROMPTS[1])[:16]
+    for start, end in ((4, 10), (4, 16), (0, 6)):
         with torch.inference_mode():
             caches = [runner.new_cache(1, 16, 4096) for runner in (small, plain, small)]
-            small.forward(caches[0], 0, [prompt[:n]], [0], decode=False)
-            plain.forward(caches[1], 0, [prompt[:n]], [0], decode=False)
-            small.forward(caches[2], 0, [prompt[:n]], [0], decode=True)  # on the int8 weights
-        chunk, dense, decoded = (kv_of(c, n) for c in caches)
-        if n <= 8:
-            torch.testing.assert_close(chunk, decoded, rtol=1e-4, atol=1e-4)
-            assert (chunk - dense).abs().max() > 1e-3
+            for cache in caches:  # the same dense prefix in every cache
+                if start:
+                    plain.forward(cache, 0, [prompt[:start]], [0], decode=False)
+            chunk = [prompt[start:end]]
+            small.forward(caches[0], 0, chunk, [start], decode=False)
+            plain.forward(caches[1], 0, chunk, [start], decode=False)
+            small.forward(caches[2], 0, chunk, [start], decode=True)  # on the int8 weights
+        ran, dense, decoded = (kv_of(c, end) for c in caches)
+        if start > 0 and end - start <= 8:
+            torch.testing.assert_close(ran, decoded, rtol=1e-4, atol=1e-4)
+            assert (ran - dense).abs().max() > 1e-3
         else:
-            torch.testing.assert_close(chunk, dense, rtol=0, atol=0)
+            torch.testing.assert_close(ran, dense, rtol=0, atol=0)
     config = EngineConfig(weights="int8", small_prefill_tokens=8)
     texts, engine = generate_all(loaded, config, [greedy("r0", prompt[:6], 8)])
     assert engine.stats().backend == "RunnerBackend" and all(texts)

@@ -121,11 +121,13 @@ class Qwen2Runner:
         ``decode``: a decode or speculative-verify step: int4/int8 weights where the runner has
         them, and fp32 logits ``[sum(len(t)), V]`` for every token, rows concatenated in order.
         Otherwise a prefill chunk: logits ``[B, V]`` of each row's last token, on dense weights,
-        except a chunk of at most ``small_prefill_tokens`` tokens: it reads every weight for a
-        few rows, which costs a decode step's time on dense weights (memory-bound), so it runs
-        on the decode weights (2-3x less on int8). A decode step's weights never depend on its
-        row count, so a token's numbers do not depend on what else shares the batch or on how
-        many drafts are verified with it; a prompt token's depend on its own request's chunk.
+        except a chunk of at most ``small_prefill_tokens`` tokens that does not start the
+        prompt: it reads every weight for a few rows, which costs a decode step's time on
+        dense weights (memory-bound), so it runs on the decode weights (2-3x less on int8).
+        A decode step's weights never depend on its row count. On int4 (bf16 activations, per
+        row) a token's numbers then do not depend on what else shares the batch or on how many
+        drafts are verified with it; on int8 they do, slightly: fbgemm quantizes a call's
+        activations with one scale for all its rows.
         Logits always come from the decode head where there is one: every sampled token, the
         first included, is read through the same head (it feeds no KV).
         ``check``: called before every layer (it raises to stop the pass, e.g. on cancellation).
@@ -151,7 +153,10 @@ class Qwen2Runner:
             padded=rows > 1 and min(lengths) != span,
         )
         flat = torch.tensor([t for row in tokens for t in row], dtype=torch.long)
-        quantized = decode or len(flat) <= self.small_prefill_tokens
+        # Never a chunk holding position 0: Qwen's first position carries activations 10-30x
+        # the others', and int8's one activation scale per call would flatten every other row.
+        small = len(flat) <= self.small_prefill_tokens and min(starts) > 0
+        quantized = decode or small
         x = self._layers(cache, flat, batch, decode, quantized, check)
         if not decode:
             ends_flat = torch.tensor(lengths).cumsum(0) - 1
