@@ -26,7 +26,8 @@ class EngineConfig:
       always on the HF model; ``weights``: the runner's decode weights, ``int4``, ``int8`` or
       ``dense`` (dense = exactly the HF model's numbers); ``prefill_dtype``: ``auto`` (bf16
       where the CPU computes it natively, else fp32), ``float32`` or ``bfloat16``;
-      ``small_prefill_tokens``: prompt chunks up to this long run on the decode weights.
+      ``small_prefill_tokens``: prompt chunks up to this long that do not start the prompt
+      (the tail after a prefix-cache hit) run on the decode weights (``Qwen2Runner.forward``).
     - ``draft_tokens``: prompt-lookup draft length per request role (``GenerationRequest.role``;
       0 or absent = no speculation); needs the runner.
     """
