@@ -9,7 +9,9 @@ KV copied to a second slot, and then decoded greedily on fp32 and on each quanti
 type. Printed per type: the share of cases whose tokens are identical to fp32's, where the
 first divergences fall, and the share of cases whose first generated line is exactly the
 removed line. The edit
-example (``EXAMPLE_EDIT_CONTENT``) is one more case (tokens only).
+example (``EXAMPLE_EDIT_CONTENT``) is one more case (tokens only). With ``--batch N`` the cases
+are also decoded N at a time in one batch (as concurrent requests are), fp32 and each type alike,
+and compared with fp32 alone: a quantized path whose rows depend on each other shows it here.
 """
 
 from __future__ import annotations
@@ -53,6 +55,41 @@ def greedy(runner, cache, slot: int, first: int, start: int, n: int) -> list[int
     return out
 
 
+def greedy_batch(runner, cache, slot0: int, firsts: list[int], starts: list[int], n: int):
+    """``greedy`` for several rows at once (row b in slot ``slot0 + b``)."""
+    outs, tokens = [[t] for t in firsts], list(firsts)
+    for step in range(n - 1):
+        rows = [[t] for t in tokens]
+        logits = runner.forward(cache, slot0, rows, [s + step for s in starts], decode=True)
+        tokens = [int(t) for t in logits.argmax(-1)]
+        for out, token in zip(outs, tokens, strict=True):
+            out.append(token)
+    return outs
+
+
+def batched_identical(runners: dict, cache, prompts: list, alone: list[list[int]], args) -> dict:
+    """Per runner, how many of ``prompts`` decoded ``args.batch`` at a time give the tokens
+    that fp32 gives alone (``alone``)."""
+    same = dict.fromkeys(runners, 0)
+    b = args.batch
+    for group in range(0, len(prompts), b):
+        ids = [p for p, _ in prompts[group : group + b]]
+        firsts = []
+        for j, prompt in enumerate(ids):
+            firsts.append(
+                int(runners["fp32"].forward(cache, j, [prompt], [0], decode=False)[0].argmax())
+            )
+        starts = [len(p) for p in ids]
+        for name, runner in runners.items():
+            for j, prompt in enumerate(ids):
+                cache.move(j, b + j, len(prompt))
+            outs = greedy_batch(runner, cache, b, firsts, starts, args.tokens)
+            same[name] += sum(o == a for o, a in zip(outs, alone[group : group + b], strict=True))
+        print(".", end="", flush=True)
+    print()
+    return same
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", default="embedded:qwen2.5-coder-0.5b")
@@ -60,6 +97,7 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--weights", default="int4", help="comma-separated: int4, int8")
+    parser.add_argument("--batch", type=int, default=0, help="also decode N cases per batch")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     loaded = load_model(args.source, threads=args.threads)
@@ -69,7 +107,7 @@ def main() -> None:
         name: build_runner(loaded.model, weights=name, cache_dir=loaded.location)
         for name in args.weights.split(",")
     }
-    cache = dense.new_cache(2, 1024, loaded.max_position_embeddings)
+    cache = dense.new_cache(max(2, 2 * args.batch), 1024, loaded.max_position_embeddings)
     fmt = fim_format_for(tok, loaded.model_type)
     prompts = [(build_fim_prompt(fmt, tok, p, s), line) for p, s, line in fim_cases(args.cases)]
     _, edit_ids = fit_to_context(parse_edit_prompt(EXAMPLE_EDIT_CONTENT), tok, 30000)
@@ -77,12 +115,14 @@ def main() -> None:
     same = dict.fromkeys(quantized, 0)
     divergences: dict[str, list[int]] = {name: [] for name in quantized}
     exact = dict.fromkeys(["fp32", *quantized], 0)
+    alone: list[list[int]] = []
     for ids, line in prompts:
         first = int(dense.forward(cache, 0, [ids], [0], decode=False)[0].argmax())
         outs = {}
         for name, runner in [("fp32", dense), *quantized.items()]:
             cache.move(0, 1, len(ids))  # slot 0 keeps the prompt; each decodes in slot 1
             outs[name] = greedy(runner, cache, 1, first, len(ids), args.tokens)
+        alone.append(outs["fp32"])
         for name in quantized:
             if outs[name] == outs["fp32"]:
                 same[name] += 1
@@ -102,6 +142,13 @@ def main() -> None:
         print(f"  first divergence at token: {sorted(divergences[name])}")
     lines = ", ".join(f"{name} {count}/{n_fim}" for name, count in exact.items())
     print(f"FIM exact first line: {lines}")
+    if args.batch:
+        same_batched = batched_identical({"fp32": dense, **quantized}, cache, prompts, alone, args)
+        for name, count in same_batched.items():
+            print(
+                f"decoded {args.batch} per batch, identical to fp32 alone: {name} "
+                f"{count}/{len(prompts)}"
+            )
 
 
 if __name__ == "__main__":

@@ -188,10 +188,38 @@ def test_int8_linear_is_close_to_dense() -> None:
     weight = torch.randn(64, 96, generator=generator)
     bias = torch.randn(64, generator=generator)
     x = torch.randn(3, 96, generator=generator)
-    y = Linear([(weight, bias)], int8=quantize_int8(weight, bias))(x, True)
+    y = Linear([(weight, bias)], int8=quantize_int8(weight))(x, True)
     expected = x @ weight.t() + bias
     assert y.dtype == torch.float32 and y.shape == expected.shape
     assert (y - expected).abs().max() < expected.abs().max() * 0.02
+
+
+def test_int8_rows_do_not_depend_on_the_rest_of_the_call() -> None:
+    """Each row is quantized on its own scale: a row's result is bit-identical alone and next
+    to a row with 30x its activations, and that row does not coarsen it."""
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(64, 96, generator=generator)
+    bias = torch.randn(64, generator=generator)
+    linear = Linear([(weight, bias)], int8=quantize_int8(weight))
+    x = torch.randn(4, 96, generator=generator)
+    x[2] *= 30
+    batched = linear(x, True)
+    alone = torch.cat([linear(x[i : i + 1], True) for i in range(4)])
+    assert torch.equal(batched, alone)
+    expected = x[0] @ weight.t() + bias
+    assert (batched[0] - expected).abs().max() < expected.abs().max() * 0.02
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4", "dense"])
+def test_a_request_decodes_the_same_alone_and_batched(loaded, weights) -> None:
+    """Concurrent requests share every decode step; each one's tokens are those it gets alone."""
+    prompts = [encode(loaded, t) for t in PROMPTS]
+    requests = [greedy(f"r{i}", p, 24) for i, p in enumerate(prompts)]
+    config = EngineConfig(weights=weights, prefix_cache_bytes=0)
+    batched, engine = generate_all(loaded, config, requests)
+    assert engine.stats().peak_decode_batch == len(prompts)
+    alone = [generate_all(loaded, config, [r])[0][0] for r in requests]
+    assert batched == alone
 
 
 def kv_of(cache, length: int) -> torch.Tensor:
@@ -295,7 +323,14 @@ def repetitive(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 # top_k=2 keeps sampled text repetitive enough to draft from on the near-uniform plain model.
 @pytest.mark.parametrize("params", [{}, {"temperature": 0.9, "top_k": 2, "seed": 7}])
 @pytest.mark.parametrize(
-    ("model", "weights"), [("loaded", "dense"), ("repetitive", "dense"), ("repetitive", "int4")]
+    ("model", "weights"),
+    [
+        ("loaded", "dense"),
+        ("repetitive", "dense"),
+        ("repetitive", "int4"),
+        ("loaded", "int8"),
+        ("repetitive", "int8"),
+    ],
 )
 def test_speculation_gives_the_same_tokens(request, model, weights, params) -> None:
     """Greedy: identical by construction. Seeded sampling: each emitted token is drawn with the

@@ -117,9 +117,7 @@ def build_runner(
 
 
 def _int8(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> torch.ScriptObject:
-    biases = [b for _, b in parts]
-    bias = None if biases[0] is None else torch.cat(biases)
-    return quantize_int8(stacked([(w.float(), b) for w, b in parts]), bias)
+    return quantize_int8(stacked([(w.float(), b) for w, b in parts]))
 
 
 def _dense(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

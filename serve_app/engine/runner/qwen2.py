@@ -124,10 +124,10 @@ class Qwen2Runner:
         except a chunk of at most ``small_prefill_tokens`` tokens that does not start the
         prompt: it reads every weight for a few rows, which costs a decode step's time on
         dense weights (memory-bound), so it runs on the decode weights (2-3x less on int8).
-        A decode step's weights never depend on its row count. On int4 (bf16 activations, per
-        row) a token's numbers then do not depend on what else shares the batch or on how many
-        drafts are verified with it; on int8 they do, slightly: fbgemm quantizes a call's
-        activations with one scale for all its rows.
+        A decode step's weights never depend on its row count, and every quantized linear
+        works per row (int4: bf16 activations; int8: one activation scale per row), so a
+        token's numbers do not depend on what else shares the batch or on how many drafts are
+        verified with it.
         Logits always come from the decode head where there is one: every sampled token, the
         first included, is read through the same head (it feeds no KV).
         ``check``: called before every layer (it raises to stop the pass, e.g. on cancellation).
@@ -154,7 +154,7 @@ class Qwen2Runner:
         )
         flat = torch.tensor([t for row in tokens for t in row], dtype=torch.long)
         # Never a chunk holding position 0: Qwen's first position carries activations 10-30x
-        # the others', and int8's one activation scale per call would flatten every other row.
+        # the others' (the attention sink every later token reads); it stays on dense weights.
         small = len(flat) <= self.small_prefill_tokens and min(starts) > 0
         quantized = decode or small
         x = self._layers(cache, flat, batch, decode, quantized, check)

@@ -13,7 +13,13 @@ activations (fp32 activations hit a scalar path, ~8x slower than fp32 GEMM), so 
 to bf16 and outputs back to fp32.
 
 int8 goes through fbgemm's dynamic linear (``torch.ops.quantized.linear_dynamic``): symmetric
-int8 weights per output channel, activations quantized per call. On AVX2 its kernel is made for
+int8 weights per output channel, activations quantized per call with one scale and zero point
+for the whole call. Left alone that makes a row's result depend on the other rows of the call
+(a row with large activations coarsens every other row's) and so on what else is batched. So
+each row is divided by its own largest magnitude first and multiplied back after, and two
+constant input columns (+1 and -1, against zero weight columns) pin the call's range to
+[-1, 1] whatever the rows: every row gets the full int8 range on its own scale (per-token
+quantization), and its result is the same alone or in any batch. On AVX2 its kernel is made for
 this ISA (VPMADDUBSW), where torch's int4 kernel converts to bf16 in software: measured on this
 box, one thread, the 0.5B's decode linears take ~32 ms per step in int8, ~80 ms in int4 and
 ~125 ms in fp32 (README "Engine v2"). It reads twice int4's bytes, so int4 is kept for CPUs with
@@ -26,6 +32,7 @@ Dense weights are the HF module's own tensors (no copy) unless the CPU computes 
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -66,15 +73,33 @@ def int8_supported() -> bool:
     )
 
 
-def quantize_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.ScriptObject:
-    """fbgemm's packed form of ``weight`` ``[N, K]``: symmetric int8, one scale per row."""
-    w = weight.detach().float()
+def quantize_int8(weight: torch.Tensor) -> torch.ScriptObject:
+    """fbgemm's packed form of ``weight`` ``[N, K]`` with two zero columns appended (the range
+    pins ``Linear`` feeds): symmetric int8, one scale per row, no bias (``Linear`` adds it)."""
+    w = torch.cat([weight.detach().float(), weight.new_zeros(weight.shape[0], 2).float()], 1)
     scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-8).double()
     zeros = torch.zeros(w.shape[0], dtype=torch.long)
     with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao
         warnings.simplefilter("ignore")
         q = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8)
-        return torch.ops.quantized.linear_prepack(q, None if bias is None else bias.float())
+        return torch.ops.quantized.linear_prepack(q, None)
+
+
+def int8_linear(
+    x: torch.Tensor, packed: torch.ScriptObject, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``x @ W.T + bias`` through fbgemm with per-row activation scales (see the module doc):
+    the result of a row does not depend on the other rows. Four small ops around the kernel
+    (~30 us a call at one row, a few % of a decode step)."""
+    peak = torch.linalg.vector_norm(x, float("inf"), dim=1, keepdim=True).clamp_(min=1e-30)
+    pinned = torch.cat([x / peak, _pins(x.shape[0])], dim=1)
+    y = torch.ops.quantized.linear_dynamic(pinned, packed, True)
+    return y.mul_(peak) if bias is None else torch.addcmul(bias, y, peak)
+
+
+@functools.cache
+def _pins(rows: int) -> torch.Tensor:
+    return torch.tensor([[1.0, -1.0]]).repeat(rows, 1)
 
 
 def dequantize_int4_reference(weight: torch.Tensor) -> torch.Tensor:
@@ -88,9 +113,9 @@ class Linear:
     """``y = x @ W.T + b``, where ``W`` may be several matrices stacked on the output axis.
 
     ``parts`` are the dense ``(weight, bias)`` pieces, often the HF parameters themselves (no
-    copy); ``int4`` is ``(packed, scales_and_zeros)`` of the stacked matrix and ``int4_bias``
-    its stacked bias; ``int8`` is fbgemm's packed matrix and bias. q/k/v and gate/up are
-    stacked so a decode step makes one kernel call.
+    copy); ``int4`` is ``(packed, scales_and_zeros)`` and ``int8`` fbgemm's packed form
+    (``quantize_int8``) of the stacked matrix; both add ``quantized_bias``, the stacked bias.
+    q/k/v and gate/up are stacked so a decode step makes one kernel call.
     """
 
     def __init__(
@@ -103,24 +128,27 @@ class Linear:
         self.int4 = int4
         self.int8 = int8
         biases = [b for _, b in parts]
-        self.int4_bias = None if biases[0] is None else torch.cat(biases).float()
+        self.quantized_bias = None if biases[0] is None else torch.cat(biases).float()
 
     def __call__(self, x: torch.Tensor, quantized: bool) -> torch.Tensor:
         """``x`` is ``[rows, in]`` fp32; the result is ``[rows, out]`` fp32. ``quantized``: use
         the int4 or int8 copy when there is one (decode steps), else the dense weights."""
         if quantized and self.int8 is not None:
-            return torch.ops.quantized.linear_dynamic(x, self.int8, True)
+            return int8_linear(x, self.int8, self.quantized_bias)
         if quantized and self.int4 is not None:
             packed, sz = self.int4
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x.to(torch.bfloat16), packed, INT4_GROUP, sz
-            ).float()
-            return y if self.int4_bias is None else y + self.int4_bias
+            )
+            return self._with_bias(y.float())
         dtype = self.parts[0][0].dtype
         xd = x.to(dtype)
         outs = [F.linear(xd, w, b) for w, b in self.parts]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y.float()
+
+    def _with_bias(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.quantized_bias is None else y.add_(self.quantized_bias)
 
 
 def stacked(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> torch.Tensor:
