@@ -145,13 +145,12 @@ class EngineOptions(StrictConfig):
     """Engine knobs shared by the generating deployments (see serve_app.engine.engine)."""
 
     runner: Literal["auto", "hf"] = Field(
-        default="hf",
-        description="auto: the engine's own runner for Qwen2 models (HF for others), as "
-        "configs/local.yaml sets it; hf: always the HF model (the default until the runner's "
-        "int4 output has passed the embedded behaviour tests).",
+        default="auto",
+        description="auto: the engine's own runner for Qwen2 models on CPU (the HF model for "
+        "others, and on GPUs); hf: always the HF model.",
     )
     weights: Literal["auto", "int4", "int8", "dense"] = Field(
-        default="int4",
+        default="auto",
         description="The runner's decode weights: auto (int4 where the CPU computes bf16 "
         "natively, else int8), int4 (groupwise, ~1.5x faster decode than "
         "fp32 on AVX2 CPUs, packed once next to the model and shared by replicas), int8 (fbgemm "
@@ -183,6 +182,12 @@ class EngineOptions(StrictConfig):
     )
     torch_threads: int | None = Field(
         default=None, ge=1, description="Intra-op threads per replica; default: the CPU allotment."
+    )
+    seed: int | None = Field(
+        default=None,
+        description="Sampling seed of requests that send none (each request's sampler starts "
+        "from it, so a repeated request repeats its text, as llama-server's --seed); null: a "
+        "fresh random seed per request.",
     )
 
 

@@ -91,7 +91,17 @@ def embedded_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     config = AppConfig(
         models=[ModelConfig(id=EMBEDDED_ID, source="embedded:qwen2.5-coder-0.5b")],
         roles=Roles(fim=EMBEDDED_ID, edit=EMBEDDED_ID, decisions=EMBEDDED_ID),
-        engine=EngineOptions(torch_threads=2, max_batch_size=8, prefill_chunk_tokens=128),
+        # What configs/local.yaml runs (the runner, int8 decode on AVX2, speculation on edit),
+        # with a fixed seed: clients that send no temperature sample at the edit default
+        # (0.2), and a test should not pass or fail by the draw.
+        engine=EngineOptions(
+            torch_threads=2,
+            max_batch_size=8,
+            prefill_chunk_tokens=128,
+            runner="auto",
+            weights="auto",
+            seed=0,
+        ),
         auth=AuthOptions(bootstrap_local_key=True, docs="open"),
         data_dir=str(tmp_path_factory.mktemp("embedded-data")),
     )

@@ -544,6 +544,40 @@ def test_extract_strips_stray_tags_and_the_cursor() -> None:
     assert extract_edited_region(completion, EXAMPLE) == (RENAMED, True)
 
 
+ABOVE = (
+    "        subtotal = sum(item.price * item.quantity for item in self.items)\n"
+    "        subtotal = apply_discount(subtotal, code)"
+)
+
+
+@pytest.mark.parametrize("echo", [ABOVE, ABOVE.split("\n")[1]])
+def test_extract_drops_lines_above_the_region_copied_in_front_of_it(echo: str) -> None:
+    """The 0.5B sometimes starts its rewrite from the lines just above the region; spliced
+    in, they would be doubled in the user's file."""
+    assert extract_edited_region(f"```\n{echo}\n{RENAMED}\n```", EXAMPLE) == (RENAMED, True)
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        # not the lines right above (the first of the two alone): an edit, kept
+        f"{ABOVE.split(chr(10))[0]}\n{RENAMED}",
+        # nothing but the echo: there would be no code left
+        ABOVE,
+    ],
+)
+def test_extract_keeps_lines_that_are_not_an_echo_of_the_lines_above(completion: str) -> None:
+    text, _ = extract_edited_region(f"```\n{completion}\n```", EXAMPLE)
+    assert text == completion
+
+
+def test_extract_keeps_a_region_that_itself_starts_like_the_line_above() -> None:
+    """A region whose first line equals the line above it comes back whole."""
+    prompt = parse_edit_prompt(content(region=f"\ndef f(a):\n    return {CURSOR}a\n"))
+    answer = "def f(a):\n    return a + 1"
+    assert extract_edited_region(f"```\n{answer}\n```", prompt) == (answer, True)
+
+
 def test_extract_handles_a_lone_fence() -> None:
     assert extract_edited_region(f"{RENAMED}\n```\nDone.", EXAMPLE) == (RENAMED, True)
     assert extract_edited_region(f"```python\n{RENAMED}", EXAMPLE) == (RENAMED, True)

@@ -126,6 +126,22 @@ def test_greedy_matches_reference(loaded, make_engine) -> None:
         )
 
 
+def test_engine_seed_makes_unseeded_sampling_repeat(loaded, make_engine) -> None:
+    """``seed`` in the engine config: a request that sends no seed samples the same text each
+    time; without it, each request draws its own."""
+    prompt = encode(loaded, PROMPTS[1])
+
+    def twice(engine) -> list[str]:
+        sampled = [request(f"s{i}", prompt, max_tokens=24, temperature=1.0) for i in range(2)]
+        return [run(generate_text(engine, r))[0] for r in sampled]
+
+    first, second = twice(make_engine(seed=11))
+    assert first == second
+    assert twice(make_engine(seed=11)) == [first, first]
+    fresh = twice(make_engine())
+    assert fresh[0] != fresh[1]
+
+
 def test_concurrent_requests_batch_and_match_solo(loaded, make_engine) -> None:
     engine = make_engine()
     prompts = [encode(loaded, t) for t in PROMPTS]

@@ -222,6 +222,7 @@ class LLMEngine(Engine):
             token_texts=self.token_texts,
             eos_token_ids=self.eos_token_ids,
             skip_special_tokens=self.config.skip_special_tokens,
+            default_seed=self.config.seed,
         )
 
     def _enqueue(self, state: RequestState) -> None:

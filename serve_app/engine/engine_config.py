@@ -30,6 +30,8 @@ class EngineConfig:
       (the tail after a prefix-cache hit) run on the decode weights (``Qwen2Runner.forward``).
     - ``draft_tokens``: prompt-lookup draft length per request role (``GenerationRequest.role``;
       0 or absent = no speculation); needs the runner.
+    - ``seed``: the sampling seed of requests that send none, so a repeated request repeats its
+      text (as llama-server's ``--seed``); ``None``: a fresh random seed per request.
     """
 
     max_batch_size: int = 8
@@ -44,6 +46,7 @@ class EngineConfig:
     prefill_dtype: str = "auto"
     small_prefill_tokens: int = 0
     draft_tokens: Mapping[str, int] = field(default_factory=dict)
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.prefill_chunk_tokens < 1 or self.max_waiting < 0:

@@ -122,6 +122,7 @@ def new_request_state(
     token_texts: TokenTexts,
     eos_token_ids: frozenset[int],
     skip_special_tokens: bool,
+    default_seed: int | None = None,
 ) -> RequestState:
     """Validate a request and build its state (on the caller's thread, so errors are 4xx):
     ``context_param`` is the field blamed when prompt + max_tokens exceeds the context."""
@@ -136,7 +137,7 @@ def new_request_state(
     if len(prompt) + params.max_tokens > context_length:
         raise ContextLengthExceededError.for_limit(context_length, context_param)
     try:
-        sampler = Sampler(params)
+        sampler = Sampler(params, default_seed)
         constraint = constraint_for_response_format(
             params.response_format,
             token_texts,

@@ -181,10 +181,13 @@ class Sampler:
     else shares the batch, and unseeded ones don't disturb torch's global RNG.
     """
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, default_seed: int | None = None) -> None:
+        """``default_seed``: the seed of a request that sends none (None: a fresh random one)."""
         self.params = params
         self.processors = build_processors(params)
-        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        seed = params.seed if params.seed is not None else default_seed
+        if seed is None:
+            seed = secrets.randbits(63)
         # torch takes seeds in [-2**63, 2**64) and reads them modulo 2**64; any JSON integer
         # is a valid seed, so reduce it the same way instead of overflowing (was a 500).
         self.seed = seed % 2**64

@@ -57,6 +57,7 @@ def start_engine(config: AppConfig, model: ModelConfig, cpus: float | None = Non
         prefill_dtype=config.engine.prefill_dtype,
         small_prefill_tokens=config.engine.small_prefill_tokens,
         draft_tokens=config.engine.speculation.model_dump(),
+        seed=config.engine.seed,
     )
     return LLMEngine(loaded, engine_config)
 

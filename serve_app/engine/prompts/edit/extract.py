@@ -17,8 +17,9 @@ def extract_edited_region(completion: str, prompt: EditPrompt) -> tuple[str, boo
     """The rewritten region from the model's raw text, and whether the text was usable.
 
     Removes every ``<|...|>`` tag (the cursor marker included), takes the first fenced block
-    (or, unfenced, the text less any prose lines around it) and gives it the region's leading
-    and trailing newlines. Tags that the user's own region holds (a tokenizer's source, say)
+    (or, unfenced, the text less any prose lines around it), drops lines above the region that
+    the model copied in front of it (``_drop_echoed_lines_above``) and gives it the region's
+    leading and trailing newlines. Tags that the user's own region holds (a tokenizer's source, say)
     are kept: the answer replaces that code. When nothing usable is left it returns the
     original region (cursor removed) and ``False``.
     """
@@ -27,6 +28,7 @@ def extract_edited_region(completion: str, prompt: EditPrompt) -> tuple[str, boo
     code = _fenced_block(text, original)
     if code is None:
         code = _strip_prose(text, original)
+    code = _drop_echoed_lines_above(code, prompt.file_before, original)
     if not code.strip():
         return original, False
     return _match_edge_newlines(code, original), True
@@ -79,6 +81,27 @@ def _strip_prose(text: str, original: str) -> str:
     while end > start and _is_prose(lines[end - 1], original_lines):
         end -= 1
     return "\n".join(lines[start:end])
+
+
+def _drop_echoed_lines_above(code: str, file_before: str, original: str) -> str:
+    """``code`` less a copy of the file's lines just above the region at its start.
+
+    A small model asked to rewrite a region sometimes starts from the lines above it (the lines
+    the recent edits touched, most often); a client splices the answer in place of the region,
+    so those lines would end up twice in the user's file. The copy is dropped only when it is
+    exactly the last k whole lines above the region (k as large as matches), holds some code,
+    leaves some code, and the region does not itself start with those lines.
+    """
+    if file_before and not file_before.endswith("\n"):
+        return code  # the region starts mid-line: no whole line sits right above it
+    above = file_before.split("\n")[:-1]
+    lines = code.strip("\n").split("\n")
+    region = original.strip("\n").split("\n")
+    for k in range(min(len(above), len(lines) - 1), 0, -1):
+        echoed = lines[:k]
+        if echoed == above[-k:] and echoed != region[:k] and any(map(str.strip, echoed)):
+            return "\n".join(lines[k:])
+    return code
 
 
 def _match_edge_newlines(code: str, original: str) -> str:
