@@ -578,6 +578,26 @@ def test_extract_keeps_a_region_that_itself_starts_like_the_line_above() -> None
     assert extract_edited_region(f"```\n{answer}\n```", prompt) == (answer, True)
 
 
+def test_extract_refuses_an_answer_that_is_a_copy_of_the_edit_history() -> None:
+    """Zed's history in the answer (seen from the 0.5B): spliced in, the client would write a
+    diff into the user's file, so the region comes back unchanged."""
+    history = (
+        "// User accepted prediction:\n--- a/project/shop/cart.py\n+++ b/project/shop/cart.py\n"
+        "@@ -8,3 +8,3 @@\n-        total = apply_discount(total, code)\n"
+        "+        subtotal = apply_discount(subtotal, code)\n         if total < 0:"
+    )
+    assert extract_edited_region(f"```\n{history}\n```", EXAMPLE) == (REGION, False)
+
+
+def test_extract_keeps_a_diff_when_the_region_is_one() -> None:
+    region = "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a = 1\n+a = 2"
+    prompt = parse_edit_prompt(
+        content(region=f"\n{CURSOR}{region}\n", path_line="current_file_path: x.diff\n")
+    )
+    answer = region.replace("a = 2", "a = 3")
+    assert extract_edited_region(f"```\n{answer}\n```", prompt) == (answer, True)
+
+
 def test_extract_handles_a_lone_fence() -> None:
     assert extract_edited_region(f"{RENAMED}\n```\nDone.", EXAMPLE) == (RENAMED, True)
     assert extract_edited_region(f"```python\n{RENAMED}", EXAMPLE) == (RENAMED, True)

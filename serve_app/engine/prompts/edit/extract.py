@@ -29,7 +29,7 @@ def extract_edited_region(completion: str, prompt: EditPrompt) -> tuple[str, boo
     if code is None:
         code = _strip_prose(text, original)
     code = _drop_echoed_lines_above(code, prompt.file_before, original)
-    if not code.strip():
+    if not code.strip() or (_is_a_diff(code) and not _is_a_diff(original)):
         return original, False
     return _match_edge_newlines(code, original), True
 
@@ -81,6 +81,14 @@ def _strip_prose(text: str, original: str) -> str:
     while end > start and _is_prose(lines[end - 1], original_lines):
         end -= 1
     return "\n".join(lines[start:end])
+
+
+_DIFF_HEADER = re.compile(r"^(?:--- |\+\+\+ )\S", re.MULTILINE)
+_HUNK_HEADER = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@", re.MULTILINE)
+
+
+def _is_a_diff(text: str) -> bool:
+    return bool(_DIFF_HEADER.search(text) and _HUNK_HEADER.search(text))
 
 
 def _drop_echoed_lines_above(code: str, file_before: str, original: str) -> str:
