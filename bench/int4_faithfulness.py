@@ -47,16 +47,9 @@ def fim_cases(count: int, seed: int = 0) -> list[tuple[str, str, str]]:
     return cases
 
 
-def greedy(runner, cache, slot: int, first: int, start: int, n: int) -> list[int]:
-    out, token = [first], first
-    for position in range(start, start + n - 1):
-        token = int(runner.forward(cache, slot, [[token]], [position], decode=True)[0].argmax())
-        out.append(token)
-    return out
-
-
 def greedy_batch(runner, cache, slot0: int, firsts: list[int], starts: list[int], n: int):
-    """``greedy`` for several rows at once (row b in slot ``slot0 + b``)."""
+    """``n`` greedy tokens per row, the first given (row b in slot ``slot0 + b``, its next
+    token at position ``starts[b]``), all rows decoded together."""
     outs, tokens = [[t] for t in firsts], list(firsts)
     for step in range(n - 1):
         rows = [[t] for t in tokens]
@@ -121,7 +114,7 @@ def main() -> None:
         outs = {}
         for name, runner in [("fp32", dense), *quantized.items()]:
             cache.move(0, 1, len(ids))  # slot 0 keeps the prompt; each decodes in slot 1
-            outs[name] = greedy(runner, cache, 1, first, len(ids), args.tokens)
+            outs[name] = greedy_batch(runner, cache, 1, [first], [len(ids)], args.tokens)[0]
         alone.append(outs["fp32"])
         for name in quantized:
             if outs[name] == outs["fp32"]:

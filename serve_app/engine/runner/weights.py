@@ -75,7 +75,7 @@ def int8_supported() -> bool:
 
 def quantize_int8(weight: torch.Tensor) -> torch.ScriptObject:
     """fbgemm's packed form of ``weight`` ``[N, K]`` with two zero columns appended (the range
-    pins ``Linear`` feeds): symmetric int8, one scale per row, no bias (``Linear`` adds it)."""
+    pins ``Linear`` feeds): symmetric int8, one scale per row, no bias (``int8_linear`` adds it)."""
     w = torch.cat([weight.detach().float(), weight.new_zeros(weight.shape[0], 2).float()], 1)
     scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-8).double()
     zeros = torch.zeros(w.shape[0], dtype=torch.long)
@@ -140,15 +140,13 @@ class Linear:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x.to(torch.bfloat16), packed, INT4_GROUP, sz
             )
-            return self._with_bias(y.float())
+            y = y.float()
+            return y if self.quantized_bias is None else y.add_(self.quantized_bias)
         dtype = self.parts[0][0].dtype
         xd = x.to(dtype)
         outs = [F.linear(xd, w, b) for w, b in self.parts]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y.float()
-
-    def _with_bias(self, y: torch.Tensor) -> torch.Tensor:
-        return y if self.quantized_bias is None else y.add_(self.quantized_bias)
 
 
 def stacked(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> torch.Tensor:
