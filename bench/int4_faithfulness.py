@@ -4,14 +4,15 @@
 
 FIM cases cut one line out of files of Python's standard library (code the model's authors
 did not write for this test), keep up to 40 lines either side, and ask for the middle. Each case
-is read once (prefill runs on dense weights in both modes: chunks are too large for int4), its
-KV copied to a second slot, and then decoded greedily on fp32 and on each quantized weight
-type. Printed per type: the share of cases whose tokens are identical to fp32's, where the
-first divergences fall, and the share of cases whose first generated line is exactly the
-removed line. The edit
-example (``EXAMPLE_EDIT_CONTENT``) is one more case (tokens only). With ``--batch N`` the cases
-are also decoded N at a time in one batch (as concurrent requests are), fp32 and each type alike,
-and compared with fp32 alone: a quantized path whose rows depend on each other shows it here.
+is read once on dense weights, its KV copied to a second slot, and then decoded greedily on fp32
+and on each quantized weight type; with ``--prompts decode`` each quantized type also reads the
+prompt itself (``prompt_weights: decode``: position 0 dense, the rest on its own weights), as
+the service does on AVX2, and decodes from there. Printed per type: the share of cases whose
+tokens are identical to fp32's, where the first divergences fall, and the share of cases whose
+first generated line is exactly the removed line. The edit example (``EXAMPLE_EDIT_CONTENT``)
+is one more case (tokens only). With ``--batch N`` the cases are also decoded N at a time in one
+batch (as concurrent requests are), fp32 and each type alike, and compared with fp32 alone: a
+quantized path whose rows depend on each other shows it here.
 """
 
 from __future__ import annotations
@@ -91,6 +92,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--weights", default="int4", help="comma-separated: int4, int8")
     parser.add_argument("--batch", type=int, default=0, help="also decode N cases per batch")
+    parser.add_argument(
+        "--prompts",
+        choices=("dense", "decode"),
+        default="dense",
+        help="decode: each quantized type also reads the prompts on its own weights",
+    )
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     loaded = load_model(args.source, threads=args.threads)
@@ -100,6 +107,13 @@ def main() -> None:
         name: build_runner(loaded.model, weights=name, cache_dir=loaded.location)
         for name in args.weights.split(",")
     }
+    if args.prompts == "decode":
+        quantized |= {
+            f"{name}+prompt": build_runner(
+                loaded.model, weights=name, cache_dir=loaded.location, prompt_weights="decode"
+            )
+            for name in args.weights.split(",")
+        }
     cache = dense.new_cache(max(2, 2 * args.batch), 1024, loaded.max_position_embeddings)
     fmt = fim_format_for(tok, loaded.model_type)
     prompts = [(build_fim_prompt(fmt, tok, p, s), line) for p, s, line in fim_cases(args.cases)]
@@ -113,6 +127,10 @@ def main() -> None:
         first = int(dense.forward(cache, 0, [ids], [0], decode=False)[0].argmax())
         outs = {}
         for name, runner in [("fp32", dense), *quantized.items()]:
+            if runner.quantized_prompts:  # reads the prompt itself, in slot 1
+                own = int(runner.forward(cache, 1, [ids], [0], decode=False)[0].argmax())
+                outs[name] = greedy_batch(runner, cache, 1, [own], [len(ids)], args.tokens)[0]
+                continue
             cache.move(0, 1, len(ids))  # slot 0 keeps the prompt; each decodes in slot 1
             outs[name] = greedy_batch(runner, cache, 1, [first], [len(ids)], args.tokens)[0]
         alone.append(outs["fp32"])
@@ -136,7 +154,8 @@ def main() -> None:
     lines = ", ".join(f"{name} {count}/{n_fim}" for name, count in exact.items())
     print(f"FIM exact first line: {lines}")
     if args.batch:
-        same_batched = batched_identical({"fp32": dense, **quantized}, cache, prompts, alone, args)
+        decoders = {k: r for k, r in quantized.items() if not r.quantized_prompts}
+        same_batched = batched_identical({"fp32": dense, **decoders}, cache, prompts, alone, args)
         for name, count in same_batched.items():
             print(
                 f"decoded {args.batch} per batch, identical to fp32 alone: {name} "
