@@ -190,7 +190,7 @@ def in_process_sender(loaded, runner: str, cpu_time: bool = False) -> Send:
         LikelihoodScorer(
             loaded,
             context_length=32768,
-            runner=configured_runner(loaded, options, "decision scorer", "dense"),
+            runner=configured_runner(loaded, options, "decision scorer", scoring=True),
         )
     )
 

@@ -28,9 +28,9 @@ class DecisionScorer:
                     max_input_bytes=config.limits.decision_max_input_bytes,
                 ),
                 prefix_cache_bytes=config.engine.prefix_cache_mb * 2**20,
-                # The generating deployments' runner settings; scoring only reads prompts,
-                # so the dense (prefill) weights, never int4.
-                runner=configured_runner(loaded, config.engine, "decision scorer", "dense"),
+                # The generating deployments' runner settings: scoring reads prompts on the
+                # same weights as they do.
+                runner=configured_runner(loaded, config.engine, "decision scorer", scoring=True),
             )
         )
         self.usage = usage_recorder(auth, config.limits.decision_timeout_s)

@@ -154,11 +154,19 @@ class EngineOptions(StrictConfig):
         description="The runner's decode weights: auto (int4 where the CPU computes bf16 "
         "natively, else int8), int4 (groupwise, ~1.5x faster decode than "
         "fp32 on AVX2 CPUs, packed once next to the model and shared by replicas), int8 (fbgemm "
-        "per channel, ~2.5x faster decode on AVX2, quantized per replica at start) or dense "
+        "per channel, ~2.5x faster decode on AVX2, quantized once, packed per replica) or dense "
         "(the model's own numbers).",
     )
     prefill_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto", description="auto: bf16 where the CPU computes it natively, else fp32."
+    )
+    prompt_weights: Literal["auto", "dense", "decode"] = Field(
+        default="auto",
+        description="The runner's weights for reading prompts (prefill chunks and decision "
+        "scoring): decode (the decode weights; the prompt's first token on dense weights, "
+        "once per token id), dense, or auto (decode where the decode weights are int8: one "
+        "scale per row reads prompts ~1.5x faster than fp32 on AVX2 at the same measured "
+        "quality; dense elsewhere).",
     )
     small_prefill_tokens: int = Field(
         default=32,

@@ -50,7 +50,7 @@ def test_cancelled_request_frees_the_scorer_within_a_second(tiny: LoadedModel, r
         context_length=8192,
         pack_tokens=1,  # one question per forward pass
         budget=DecisionBudget(max_scored_tokens=10**7, max_input_bytes=10**7),
-        runner=configured_runner(tiny, EngineOptions(runner=runner), "scorer", "dense"),
+        runner=configured_runner(tiny, EngineOptions(runner=runner), "scorer", scoring=True),
     )
     service = DecisionService(scorer)
     rows: list[tuple[int, int, int]] = []

@@ -259,8 +259,9 @@ def test_a_small_prompt_chunk_runs_on_the_decode_weights(loaded) -> None:
     """A prompt chunk of at most ``small_prefill_tokens`` tokens after the prompt's start (the
     tail after a prefix-cache hit) runs on int8 like a decode step, since on dense weights it
     would cost a decode step's time: its KV is what a decode pass over the same tokens writes.
-    A longer chunk, a chunk holding position 0 (whose outsized activations int8's one scale
-    per call cannot share), or any chunk with the threshold at 0 writes the dense KV exactly."""
+    A longer chunk, a chunk holding position 0 (whose outsized activations int8 flattens:
+    ``Qwen2Runner.first_token``), or any chunk with the threshold at 0 writes the dense KV
+    exactly."""
     small = build_runner(loaded.model, weights="int8", small_prefill_tokens=8)
     plain = build_runner(loaded.model, weights="int8")
     prompt = encode(loaded, PROMPTS[1])[:16]
@@ -285,6 +286,44 @@ def test_a_small_prompt_chunk_runs_on_the_decode_weights(loaded) -> None:
     assert engine.stats().backend == "RunnerBackend" and all(texts)
 
 
+def test_prompts_on_the_decode_weights_keep_position_zero_dense(loaded, monkeypatch) -> None:
+    """prompt_weights="decode": position 0 is the dense runner's exactly (computed once per
+    token id and kept), every later position is what a decode pass over the same tokens
+    writes (int8, so not the dense KV), whatever the chunking; a one-token prompt reads its
+    logits from the kept entry; the kept entries are bounded."""
+    from serve_app.engine.runner import qwen2
+
+    dense = build_runner(loaded.model, weights="dense")
+    quantized = build_runner(loaded.model, weights="int8", prompt_weights="decode")
+    assert quantized.quantized_prompts and not dense.quantized_prompts
+    prompt = encode(loaded, PROMPTS[1])[:16]
+    with torch.inference_mode():
+        whole, chunked, decoded, ref = (quantized.new_cache(1, 16, 4096) for _ in range(4))
+        logits = quantized.forward(whole, 0, [prompt], [0], decode=False)
+        for start, end in ((0, 5), (5, 16)):  # the second reads the kept position 0
+            chunk_logits = quantized.forward(chunked, 0, [prompt[start:end]], [start], decode=False)
+        dense.forward(ref, 0, [prompt], [0], decode=False)
+        dense.forward(decoded, 0, [prompt[:1]], [0], decode=False)
+        quantized.forward(decoded, 0, [prompt[1:]], [1], decode=True)
+        assert list(quantized.first_tokens) == [prompt[0]]
+        one = [quantized.forward(c, 0, [prompt[:1]], [0], decode=False) for c in (whole, ref)]
+    torch.testing.assert_close(kv_of(whole, 1), kv_of(ref, 1), rtol=0, atol=0)
+    torch.testing.assert_close(kv_of(whole, 16), kv_of(decoded, 16), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(kv_of(chunked, 16), kv_of(whole, 16), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(chunk_logits, logits, rtol=1e-4, atol=1e-4)
+    assert (kv_of(whole, 16) - kv_of(ref, 16)).abs().max() > 1e-3  # the rest ran on int8
+    torch.testing.assert_close(one[0], one[1], rtol=0, atol=0)
+
+    monkeypatch.setattr(qwen2, "FIRST_TOKENS_KEPT", 3)
+    with torch.inference_mode():
+        for token in (7, 8, 9, 7, 10):
+            quantized.forward(ref, 0, [[token, 11]], [0], decode=False)
+    assert list(quantized.first_tokens) == [9, 7, 10]
+    config = EngineConfig(weights="int8", prompt_weights="decode")
+    texts, engine = generate_all(loaded, config, [greedy("r0", prompt, 8)])
+    assert engine.stats().backend == "RunnerBackend" and all(texts)
+
+
 def test_auto_weights_follow_the_cpu(loaded, tmp_path) -> None:
     """auto: int8 where the CPU has no native bf16 (the int4 kernel's activations), else int4."""
     runner = build_runner(loaded.model, weights="auto", cache_dir=tmp_path)
@@ -304,6 +343,38 @@ def test_int4_packs_are_cached_on_disk_and_mapped(loaded, tmp_path) -> None:
     torch.testing.assert_close(
         first.layers[0].qkv(x, True), second.layers[0].qkv(x, True), rtol=0, atol=0
     )
+
+
+def test_saved_weights_leave_the_dense_layers_unread(loaded, tmp_path) -> None:
+    """With int8 decode and prompts on it, everything a replica reads of the layers comes
+    from the files the first replica saved (int8 values, the first-position entries of the
+    tokens prompts start with): the dense weights poisoned after saving change nothing, so
+    the memory-mapped model file stays out of every later replica's memory."""
+    model = copy.deepcopy(loaded.model)
+    start = loaded.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    prompt = [start, *encode(loaded, PROMPTS[0])]
+    options = {"weights": "int8", "prompt_weights": "decode", "cache_dir": tmp_path}
+    options |= {"first_tokens": [start]}
+
+    def run(runner) -> torch.Tensor:
+        cache = runner.new_cache(1, 16, 4096)
+        with torch.inference_mode():
+            out = [runner.forward(cache, 0, [prompt], [0], decode=False)]
+            for step in range(3):
+                token = [[int(out[-1][-1].argmax())]]
+                out.append(runner.forward(cache, 0, token, [len(prompt) + step], decode=True))
+        return torch.cat(out)
+
+    saved = run(build_runner(model, **options))
+    assert len(list(tmp_path.glob("runner-int8-*.pt"))) == 1
+    assert len(list(tmp_path.glob("runner-first-float32-*.pt"))) == 1
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for linear in (*vars(layer.self_attn)["_modules"].values(), *layer.mlp.children()):
+                if isinstance(linear, torch.nn.Linear):
+                    linear.weight.view(-1)[32:-32] = float("nan")
+    assert torch.isnan(run(build_runner(model, weights="dense"))).all()
+    torch.testing.assert_close(run(build_runner(model, **options)), saved, rtol=0, atol=0)
 
 
 def test_propose_draft() -> None:

@@ -22,6 +22,7 @@ from serve_app.engine.scoring import DecisionQuestion, LikelihoodScorer
 
 STATE = {"ticket": "Login fails after the deploy", "customer": {"plan": "pro", "seats": 12}}
 TOLERANCE = 1e-4
+INT8_TOLERANCE = 0.2
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +38,12 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 
 def scorer(loaded: LoadedModel, runner: str, **kwargs) -> LikelihoodScorer:
     """As the scorer deployment builds it from ``config.engine``."""
-    options = EngineOptions(runner=runner, weights="int4")  # the scorer asks for dense anyway
+    # int4 decode weights: prompts stay dense (prompt_weights auto), so the scorer runs dense.
+    options = EngineOptions(runner=runner, weights="int4")
     return LikelihoodScorer(
         loaded,
         context_length=16384,
-        runner=configured_runner(loaded, options, "decision scorer", "dense"),
+        runner=configured_runner(loaded, options, "decision scorer", scoring=True),
         **kwargs,
     )
 
@@ -72,11 +74,39 @@ def assert_same(got, want) -> float:
 
 
 def test_runner_is_used_where_the_engine_uses_it(loaded: LoadedModel) -> None:
-    """One decision for the engine and the scorer: hf falls back, auto runs the runner."""
-    assert configured_runner(loaded, EngineOptions(runner="hf"), "scorer") is None
-    runner = configured_runner(loaded, EngineOptions(runner="auto"), "scorer", "dense")
-    assert isinstance(runner, Qwen2Runner)
+    """One decision for the engine and the scorer: hf falls back, auto runs the runner, and
+    the scorer reads prompts on the weights the engine reads them on."""
+    assert configured_runner(loaded, EngineOptions(runner="hf"), "scorer", scoring=True) is None
+    options = EngineOptions(runner="auto", weights="int4")
+    runner = configured_runner(loaded, options, "scorer", scoring=True)
+    assert isinstance(runner, Qwen2Runner) and not runner.quantized_prompts
     assert all(layer.qkv.int4 is None for layer in runner.layers)  # dense: nothing packed
+    options = EngineOptions(runner="auto", weights="int8", prompt_weights="auto")
+    runner = configured_runner(loaded, options, "scorer", scoring=True)
+    assert runner.quantized_prompts and runner.decode_weights == "int8"
+    options = EngineOptions(runner="auto", weights="int8", prompt_weights="dense")
+    assert configured_runner(loaded, options, "scorer", scoring=True).decode_weights == "dense"
+
+
+def test_scorer_on_int8_prompts_stays_near_the_dense_answers(loaded: LoadedModel) -> None:
+    """int8 prompt weights (what ``auto`` picks on AVX2): every probability near the HF
+    scorer's, usage identical, and a prefix-cache hit answers as the cold run did."""
+    options = EngineOptions(runner="auto", weights="int8", prompt_weights="decode")
+    runner = configured_runner(loaded, options, "decision scorer", scoring=True)
+    quantized = LikelihoodScorer(loaded, context_length=16384, runner=runner)
+    want = scorer(loaded, "hf").score(STATE, questions())
+    cold = quantized.score(STATE, questions())
+    assert (cold.input_tokens, cold.output_tokens) == (want.input_tokens, want.output_tokens)
+    worst = max(
+        abs(cold.outcomes[name].probabilities[option] - p)
+        for name, outcome in want.outcomes.items()
+        for option, p in outcome.probabilities.items()
+    )
+    assert worst < INT8_TOLERANCE, worst  # measured 0.10; 0.50 with position 0's KV x1.5
+    assert all(cold.outcomes[name].best == outcome.best for name, outcome in want.outcomes.items())
+    warm = quantized.score(STATE, questions())
+    assert warm.cached_tokens > 0
+    assert_same(warm, cold)
 
 
 @pytest.mark.parametrize("pack_tokens", [2048, 48])

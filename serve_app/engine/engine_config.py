@@ -27,7 +27,9 @@ class EngineConfig:
       ``dense`` (dense = exactly the HF model's numbers); ``prefill_dtype``: ``auto`` (bf16
       where the CPU computes it natively, else fp32), ``float32`` or ``bfloat16``;
       ``small_prefill_tokens``: prompt chunks up to this long that do not start the prompt
-      (the tail after a prefix-cache hit) run on the decode weights (``Qwen2Runner.forward``).
+      (the tail after a prefix-cache hit) run on the decode weights (``Qwen2Runner.forward``);
+      ``prompt_weights``: ``dense``, ``decode`` (every prompt chunk on the decode weights) or
+      ``auto`` (decode where those are int8).
     - ``draft_tokens``: prompt-lookup draft length per request role (``GenerationRequest.role``;
       0 or absent = no speculation); needs the runner.
     - ``seed``: the sampling seed of requests that send none, so a repeated request repeats its
@@ -45,6 +47,7 @@ class EngineConfig:
     weights: str = "dense"
     prefill_dtype: str = "auto"
     small_prefill_tokens: int = 0
+    prompt_weights: str = "dense"
     draft_tokens: Mapping[str, int] = field(default_factory=dict)
     seed: int | None = None
 

@@ -56,6 +56,7 @@ def start_engine(config: AppConfig, model: ModelConfig, cpus: float | None = Non
         weights=config.engine.weights,
         prefill_dtype=config.engine.prefill_dtype,
         small_prefill_tokens=config.engine.small_prefill_tokens,
+        prompt_weights=config.engine.prompt_weights,
         draft_tokens=config.engine.speculation.model_dump(),
         seed=config.engine.seed,
     )

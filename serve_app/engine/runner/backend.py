@@ -120,33 +120,53 @@ def make_backend(loaded: Any, config: Any, context_length: int) -> Any:
     runner = configured_runner(loaded, config, "engine backend")
     if runner is None:
         return HFBackend(loaded.model, loaded.device)
-    from serve_app.engine.runner.prepare import decode_weights
-
-    logger.info("engine backend: runner (%s decode weights)", decode_weights(config.weights))
+    logger.info(
+        "engine backend: runner (%s decode weights, prompts on %s weights)",
+        runner.decode_weights,
+        "decode" if runner.quantized_prompts else "dense",
+    )
     return RunnerBackend(runner, config.max_batch_size, context_length)
 
 
 def configured_runner(
-    loaded: Any, config: Any, purpose: str, weights: str | None = None
+    loaded: Any, config: Any, purpose: str, scoring: bool = False
 ) -> Qwen2Runner | None:
-    """The runner ``config`` asks for (its ``runner``, ``weights``, ``prefill_dtype``), or None
-    where the model runs on HF: ``runner: hf``, or a model the runner does not support.
+    """The runner ``config`` asks for (its ``runner``, ``weights``, ``prompt_weights``,
+    ``prefill_dtype``), or None where the model runs on HF: ``runner: hf``, or a model the
+    runner does not support.
 
     The one decision for every user of the model (the generating engine, the decision
-    scorer), so they fall back together. ``weights`` overrides ``config.weights`` for a user
-    that never decodes (the scorer: prefill-shaped work, dense weights only).
+    scorer), so they fall back together and read prompts on the same weights. ``scoring``: a
+    user that only reads prompts (the scorer) gets no decode weights where prompts are dense.
     """
-    from serve_app.engine.runner.prepare import build_runner, prefill_dtype
+    from serve_app.engine.runner.prepare import (
+        build_runner,
+        decode_weights,
+        prefill_dtype,
+        quantized_prompts,
+    )
     from serve_app.engine.runner.qwen2 import unsupported_reason
 
     reason = "runner: hf" if config.runner == "hf" else unsupported_reason(loaded.model)
     if reason is not None:
         logger.info("%s: HF model (%s)", purpose, reason)
         return None
+    weights = decode_weights(config.weights)
+    if scoring and not quantized_prompts(config.prompt_weights, weights):
+        weights = "dense"
     return build_runner(
         loaded.model,
-        weights=weights or config.weights,
+        weights=weights,
         dense_dtype=prefill_dtype(config.prefill_dtype),
         cache_dir=getattr(loaded, "location", None),
         small_prefill_tokens=config.small_prefill_tokens,
+        prompt_weights=config.prompt_weights,
+        first_tokens=prompt_start_tokens(loaded.tokenizer),
     )
+
+
+def prompt_start_tokens(tokenizer: Any) -> list[int]:
+    """The tokens a prompt may start with that are worth a saved first-position entry: the
+    tokenizer's special and added tokens (the chat and FIM formats open with one)."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return sorted(set(getattr(tokenizer, "all_special_ids", [])) | set(added))

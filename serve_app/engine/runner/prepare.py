@@ -2,18 +2,26 @@
 
 Which weights run where is decided here, at run time, from what the CPU computes natively:
 
-- prefill chunks: the HF parameters as they are (fp32) on CPUs without bf16 compute (AVX2,
-  plain AVX-512), a bf16 copy where the CPU has AVX512-BF16 or AMX (~2x faster GEMM there);
-  a chunk of at most ``small_prefill_tokens`` tokens runs on the decode weights instead
-  (``Qwen2Runner.forward`` says why);
+- prefill chunks (``prompt_weights``): ``auto`` reads prompts on the decode weights where
+  those are int8 (per-row int8 reads a prompt ~1.5x faster than fp32 GEMM on AVX2, with the
+  same measured quality: README "Engine v2"), the prompt's first token on dense weights
+  (``Qwen2Runner.first_token``); elsewhere ``dense``: the HF parameters as they are (fp32) on
+  CPUs without bf16 compute, a bf16 copy where the CPU has AVX512-BF16 or AMX (~2x faster GEMM
+  there), and a chunk of at most ``small_prefill_tokens`` tokens after position 0 on the
+  decode weights (``Qwen2Runner.forward`` says why);
 - decode steps (few rows): int4 groupwise when ``weights="int4"``, fbgemm int8 per channel
   when ``weights="int8"``, else the dense weights; ``weights="auto"`` takes int4 where the CPU
   computes bf16 natively (the int4 kernel's activations) and int8 elsewhere (AVX2: int8 decodes
   1.7x faster than int4 there, see weights.py).
 
-int4 packing takes a few seconds per 0.5B parameters, so packed weights are saved once next to
-the converted model (``runner-int4-g32-<fingerprint>.pt``) and later replicas load them with
-``mmap``: every replica on the machine shares the same page-cache copy.
+Quantizing reads every dense weight and takes seconds, so the results are saved once next to
+the converted model and later replicas read them from there: int4 packs
+(``runner-int4-g32-<fingerprint>.pt``) are mapped, so every replica on the machine shares one
+page-cache copy; int8 values (``runner-int8-<fingerprint>.pt``) are read into fbgemm's own
+packed copy per replica; with prompts on the decode weights, the first-position entries of the
+tokenizer's special tokens (``runner-first-<dtype>-<fingerprint>.pt``: the tokens prompts start
+with, ``Qwen2Runner.first_token``) too. A replica that finds these files never reads the dense
+weights of its layers, so the memory-mapped model file stays out of its memory.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +43,16 @@ from serve_app.engine.runner.weights import (
     Linear,
     int4_supported,
     int8_supported,
+    int8_values,
+    prepack_int8,
     quantize_int4,
-    quantize_int8,
     stacked,
 )
 
 logger = logging.getLogger(__name__)
 
 WEIGHTS = ("auto", "int4", "int8", "dense")
+PROMPT_WEIGHTS = ("auto", "dense", "decode")
 
 
 def cpu_flags() -> set[str]:
@@ -82,6 +93,15 @@ def decode_weights(requested: str) -> str:
     return "int8"
 
 
+def quantized_prompts(requested: str, decode: str) -> bool:
+    """Whether prompts run on the ``decode`` weights (resolved): ``auto`` where they are int8."""
+    if requested not in PROMPT_WEIGHTS:
+        raise ValueError(f"unknown prompt weights {requested!r}; use one of {PROMPT_WEIGHTS}")
+    if requested == "auto":
+        return decode == "int8"
+    return requested == "decode" and decode != "dense"
+
+
 def build_runner(
     model: Any,
     *,
@@ -89,22 +109,28 @@ def build_runner(
     dense_dtype: torch.dtype = torch.float32,
     cache_dir: str | Path | None = None,
     small_prefill_tokens: int = 0,
+    prompt_weights: str = "dense",
+    first_tokens: Iterable[int] = (),
 ) -> Qwen2Runner:
-    """A runner over ``model``'s weights; int4 packs are read from / saved to ``cache_dir``.
-    ``small_prefill_tokens``: see ``Qwen2Runner.forward``."""
+    """A runner over ``model``'s weights; quantized weights (and, with prompts on the decode
+    weights, the first-position entries of ``first_tokens``) are read from / saved to
+    ``cache_dir``. ``small_prefill_tokens``, ``prompt_weights``: see ``Qwen2Runner.forward``."""
     if weights not in WEIGHTS:
         raise ValueError(f"unknown runner weights {weights!r}; use one of {WEIGHTS}")
     weights = decode_weights(weights)
+    on_decode_weights = quantized_prompts(prompt_weights, weights)
     hf_layers = model.model.layers
     parts = [_layer_parts(layer, dense_dtype) for layer in hf_layers]
     head = [(_dense(model.lm_head.weight, dense_dtype), None)]
     packs: dict[str, torch.Tensor] = {}
+    int8: dict[str, torch.ScriptObject] = {}
     if weights == "int4":
-        packs = _int4_packs(model, parts, head, cache_dir)
-    int8 = weights == "int8"
+        packs = _int4_packs(_matrices(parts, head), _cache_path(model, cache_dir, "int4"))
+    elif weights == "int8":
+        int8 = _int8_packs(_matrices(parts, head), _cache_path(model, cache_dir, "int8"))
 
     def linear(p: list, name: str) -> Linear:
-        return Linear(p, _pack(packs, name), _int8(p) if int8 else None)
+        return Linear(p, _pack(packs, name), int8.get(name))
 
     layers = []
     for index, (norm_in, qkv, o, norm_post, gate_up, down) in enumerate(parts):
@@ -113,11 +139,12 @@ def build_runner(
         layers.append(
             Layer(norm_in, built["qkv"], built["o"], norm_post, built["gate_up"], built["down"])
         )
-    return Qwen2Runner(model, layers, linear(head, "lm_head"), small_prefill_tokens)
-
-
-def _int8(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> torch.ScriptObject:
-    return quantize_int8(stacked([(w.float(), b) for w, b in parts]))
+    head_linear = linear(head, "lm_head")
+    runner = Qwen2Runner(model, layers, head_linear, small_prefill_tokens, on_decode_weights)
+    if on_decode_weights:
+        path = _cache_path(model, cache_dir, f"first-{str(dense_dtype).removeprefix('torch.')}")
+        runner.first_tokens.update(_first_token_entries(runner, sorted(set(first_tokens)), path))
+    return runner
 
 
 def _dense(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -148,66 +175,136 @@ def _pack(packs: dict[str, torch.Tensor], name: str) -> tuple[torch.Tensor, torc
     return packs[f"{name}.packed"], packs[f"{name}.scales"]
 
 
-def _int4_packs(model: Any, parts: list[tuple], head: list, cache_dir: str | Path | None) -> dict:
+def _matrices(parts: list[tuple], head: list) -> dict[str, list]:
+    """Every linear's dense parts by name (``layers.<i>.<qkv|o|gate_up|down>``, ``lm_head``)."""
     matrices: dict[str, list] = {}
     for index, (_, qkv, o, _, gate_up, down) in enumerate(parts):
         for name, p in (("qkv", qkv), ("o", o), ("gate_up", gate_up), ("down", down)):
             matrices[f"layers.{index}.{name}"] = p
     matrices["lm_head"] = head
+    return matrices
+
+
+def _int4_packs(matrices: dict[str, list], path: Path | None) -> dict[str, torch.Tensor]:
+    """int4 packs of the matrices the kernel takes, mapped from ``path``: shared pages."""
     matrices = {
         k: v
         for k, v in matrices.items()
         if int4_supported(sum(w.shape[0] for w, _ in v), v[0][0].shape[1])
     }
-    path = _pack_path(model, cache_dir)
+
+    def pack(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        packed, scales = quantize_int4(weight)
+        return {"packed": packed, "scales": scales}
+
+    return _cached(path, f"int4 weights (group {INT4_GROUP})", lambda: _quantize(matrices, pack))
+
+
+def _int8_packs(matrices: dict[str, list], path: Path | None) -> dict[str, torch.ScriptObject]:
+    """fbgemm packs, made from the int8 values saved at ``path`` (the file is read, packed
+    and released: fbgemm keeps its own copy, private to the replica)."""
+
+    def values(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        q, scales = int8_values(weight)
+        return {"q": q, "scales": scales}
+
+    saved = _cached(path, "int8 weights", lambda: _quantize(matrices, values))
+    return {name: prepack_int8(saved[f"{name}.q"], saved[f"{name}.scales"]) for name in matrices}
+
+
+def _quantize(
+    matrices: dict[str, list], quantize: Callable[[torch.Tensor], dict[str, torch.Tensor]]
+) -> dict[str, torch.Tensor]:
+    started = time.monotonic()
+    out: dict[str, torch.Tensor] = {}
+    total = len(matrices)
+    for done, (name, parts) in enumerate(matrices.items(), start=1):
+        weight = stacked([(w.float(), b) for w, b in parts])
+        out |= {f"{name}.{key}": t for key, t in quantize(weight).items()}
+        if done % 16 == 0 or done == total:
+            logger.info("runner: quantizing weights: %d/%d", done, total)
+    logger.info("runner: quantizing took %.1fs", time.monotonic() - started)
+    return out
+
+
+def _first_token_entries(runner: Qwen2Runner, tokens: list[int], path: Path | None) -> dict:
+    """``Qwen2Runner.first_token``'s entries for ``tokens``, computed on the dense weights once
+    and saved at ``path``."""
+
+    def compute() -> dict[str, torch.Tensor]:
+        cache = runner.new_cache(1, 1, 1)
+        out: dict[str, torch.Tensor] = {}
+        with torch.inference_mode():
+            for token in tokens:
+                runner.first_token(cache, 0, token)
+                kv, hidden = runner.first_tokens.pop(token)
+                out[f"{token}.kv"] = torch.stack([torch.stack(pair) for pair in kv])
+                out[f"{token}.hidden"] = hidden
+        return out
+
+    if not tokens:
+        return {}
+    saved = _cached(path, f"first-position entries of {len(tokens)} tokens", compute)
+    return {
+        token: (tuple((kv[0], kv[1]) for kv in saved[f"{token}.kv"]), saved[f"{token}.hidden"])
+        for token in tokens
+        if f"{token}.kv" in saved
+    }
+
+
+def _cached(
+    path: Path | None, what: str, compute: Callable[[], dict[str, torch.Tensor]]
+) -> dict[str, torch.Tensor]:
+    """``compute()``, saved once at ``path`` and read back, mapped, from there after."""
     if path is None:
-        return _pack_all(matrices)
-    # One packer per machine: replicas starting together wait for the first one's file.
+        return compute()
+    # One writer per machine: replicas starting together wait for the first one's file.
     with open(path.with_name(f"{path.name}.lock"), "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if path.exists():
                 try:
-                    packs = torch.load(path, mmap=True, weights_only=True)
-                    logger.info("runner: int4 weights mapped from %s", path)
-                    return packs
+                    saved = torch.load(path, mmap=True, weights_only=True)
+                    logger.info("runner: %s mapped from %s", what, path)
+                    return saved
                 except Exception:
-                    logger.warning("runner: unreadable %s; packing again", path, exc_info=True)
+                    logger.warning("runner: unreadable %s; computing again", path, exc_info=True)
             tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-            torch.save(_pack_all(matrices), tmp)
+            torch.save(compute(), tmp)
             os.replace(tmp, path)
-            logger.info("runner: int4 weights saved to %s", path)
+            logger.info("runner: %s saved to %s", what, path)
+            _remove_stale(path)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-    return torch.load(path, mmap=True, weights_only=True)  # pages shared with other replicas
+    return torch.load(path, mmap=True, weights_only=True)
 
 
-def _pack_all(matrices: dict[str, list]) -> dict[str, torch.Tensor]:
-    started = time.monotonic()
-    packs: dict[str, torch.Tensor] = {}
-    total = len(matrices)
-    for done, (name, parts) in enumerate(matrices.items(), start=1):
-        weight = stacked([(w.float(), b) for w, b in parts])
-        packs[f"{name}.packed"], packs[f"{name}.scales"] = quantize_int4(weight)
-        if done % 16 == 0 or done == total:
-            logger.info("runner: packing int4 weights (group %d): %d/%d", INT4_GROUP, done, total)
-    logger.info("runner: int4 packing took %.1fs", time.monotonic() - started)
-    return packs
+def _remove_stale(path: Path) -> None:
+    """The same kind of file for other weights (a re-converted model, an older fingerprint):
+    never read again, up to a GB each. A replica still mapping one keeps its pages."""
+    kind = path.name.rsplit("-", 1)[0]
+    for stale in path.parent.glob(f"{kind}-*.pt"):
+        if stale != path and stale.name.count("-") == path.name.count("-"):
+            stale.unlink(missing_ok=True)
+            stale.with_name(f"{stale.name}.lock").unlink(missing_ok=True)
 
 
-def _pack_path(model: Any, cache_dir: str | Path | None) -> Path | None:
+def _cache_path(model: Any, cache_dir: str | Path | None, kind: str) -> Path | None:
     if cache_dir is None or not Path(cache_dir).is_dir():
         return None
-    return Path(cache_dir) / f"runner-int4-g{INT4_GROUP}-{fingerprint(model)}.pt"
+    name = f"int4-g{INT4_GROUP}" if kind == "int4" else kind
+    return Path(cache_dir) / f"runner-{name}-{fingerprint(model)}.pt"
 
 
 def fingerprint(model: Any) -> str:
-    """A cheap digest of the weights (shapes and a sample of values): a changed model, or one
-    edited in memory after loading, never picks up another's packed weights."""
+    """A cheap digest of the weights (shapes and each tensor's first and last 32 values): a
+    changed model, or one edited in memory after loading, never picks up another's packed
+    weights. Only the two ends are read: a strided sample faulted ~0.5 GB of the mapped model
+    file into every replica (the kernel maps 64 KB around each faulting read)."""
     digest = hashlib.sha256()
     for name, param in model.named_parameters():
         flat = param.detach().reshape(-1)
-        sample = flat[:: max(1, flat.numel() // 64)][:64].float()
+        sample = torch.cat([flat[:32], flat[-32:]]).float()
         digest.update(name.encode())
         digest.update(str(tuple(param.shape)).encode())
         digest.update(sample.numpy().tobytes())

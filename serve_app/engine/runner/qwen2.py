@@ -17,6 +17,7 @@ The HF module stays the source of truth: embeddings, norms' weights and the rota
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,11 @@ from serve_app.engine.runner.kv import SlotCache
 from serve_app.engine.runner.weights import Linear
 
 logger = logging.getLogger(__name__)
+
+# Position-0 entries kept (``Qwen2Runner.first_token``): ~30 KB each on the 0.5B, 60 KB on the
+# 1.5B. Prompts start with a handful of distinct tokens (the chat and FIM formats' first
+# special token); the bound is for raw completions, whose first token the caller chooses.
+FIRST_TOKENS_KEPT = 256
 
 
 def unsupported_reason(model: Any) -> str | None:
@@ -60,13 +66,20 @@ class Qwen2Runner:
     """Weights and forward of one Qwen2 model; ``SlotCache`` holds the keys/values."""
 
     def __init__(
-        self, model: Any, layers: list[Layer], lm_head: Linear, small_prefill_tokens: int = 0
+        self,
+        model: Any,
+        layers: list[Layer],
+        lm_head: Linear,
+        small_prefill_tokens: int = 0,
+        quantized_prompts: bool = False,
     ) -> None:
         config = model.config
         self.model = model
         self.layers = layers
         self.lm_head = lm_head
         self.small_prefill_tokens = small_prefill_tokens
+        self.quantized_prompts = quantized_prompts
+        self.first_tokens: OrderedDict[int, tuple[Any, torch.Tensor]] = OrderedDict()
         self.embed = model.model.embed_tokens.weight
         self.final_norm = model.model.norm.weight
         self.rotary = model.model.rotary_emb
@@ -78,6 +91,11 @@ class Qwen2Runner:
         )
         self.intermediate = int(config.intermediate_size)
         self.vocab_size = int(config.vocab_size)
+
+    @property
+    def decode_weights(self) -> str:
+        linear = self.layers[0].qkv
+        return "int8" if linear.int8 is not None else "int4" if linear.int4 is not None else "dense"
 
     def new_cache(self, slots: int, capacity: int, max_capacity: int) -> SlotCache:
         return SlotCache(
@@ -124,6 +142,8 @@ class Qwen2Runner:
         except a chunk of at most ``small_prefill_tokens`` tokens that does not start the
         prompt: it reads every weight for a few rows, which costs a decode step's time on
         dense weights (memory-bound), so it runs on the decode weights (2-3x less on int8).
+        With ``quantized_prompts`` every chunk runs on the decode weights except position 0
+        (``first_token``); a chunk that starts a prompt is then one row.
         A decode step's weights never depend on its row count, and every quantized linear
         works per row (int4: bf16 activations; int8: one activation scale per row), so a
         token's numbers do not depend on what else shares the batch or on how many drafts are
@@ -132,6 +152,56 @@ class Qwen2Runner:
         first included, is read through the same head (it feeds no KV).
         ``check``: called before every layer (it raises to stop the pass, e.g. on cancellation).
         """
+        if not decode and self.quantized_prompts and 0 in starts:
+            if len(tokens) != 1:
+                raise ValueError("a chunk that starts a prompt on quantized weights is one row")
+            hidden = self.first_token(cache, slot0, tokens[0][0])
+            if len(tokens[0]) == 1:
+                return self.lm_head(self._norm(hidden, self.final_norm), True)
+            return self.forward(cache, slot0, [tokens[0][1:]], [1], decode=False, check=check)
+        # Never a chunk holding position 0 on dense prompts: see ``first_token``.
+        small = self.quantized_prompts or (
+            sum(len(t) for t in tokens) <= self.small_prefill_tokens and min(starts) > 0
+        )
+        x = self._run(cache, slot0, tokens, starts, decode, decode or small, check)
+        if not decode:
+            ends_flat = torch.tensor([len(t) for t in tokens]).cumsum(0) - 1
+            x = x[ends_flat]
+        return self.lm_head(self._norm(x, self.final_norm), True)
+
+    def first_token(self, cache: SlotCache, slot: int, token: int) -> torch.Tensor:
+        """Write position 0's keys/values for ``token`` into ``slot``; its hidden state ``[1, H]``.
+
+        Qwen's first position carries activations 10-30x the others' in a few channels (the
+        attention sink every later token reads), and int8 with one scale per row flattens the
+        rest of that row: whole prompts on int8 failed two behaviour tests, with position 0
+        on dense weights none. Position 0 sees only itself, so its keys/values depend on the
+        token id alone: they are computed once on dense weights and kept (LRU,
+        ``FIRST_TOKENS_KEPT``).
+        """
+        entry = self.first_tokens.get(token)
+        if entry is None:
+            hidden = self._run(cache, slot, [[token]], [0], False, False, None)
+            kv = tuple((k.clone(), v.clone()) for k, v in cache.read(slot, 1))
+            entry = self.first_tokens[token] = (kv, hidden)
+            if len(self.first_tokens) > FIRST_TOKENS_KEPT:
+                self.first_tokens.popitem(last=False)
+            return hidden
+        self.first_tokens.move_to_end(token)
+        cache.load(slot, entry[0])
+        return entry[1]
+
+    def _run(
+        self,
+        cache: SlotCache,
+        slot0: int,
+        tokens: Sequence[Sequence[int]],
+        starts: Sequence[int],
+        decode: bool,
+        quantized: bool,
+        check: Callable[[], None] | None,
+    ) -> torch.Tensor:
+        """``forward``'s pass: hidden states ``[sum(len(t)), H]`` before the final norm."""
         lengths = [len(t) for t in tokens]
         rows = len(tokens)
         width = max(s + n for s, n in zip(starts, lengths, strict=True))
@@ -153,15 +223,7 @@ class Qwen2Runner:
             padded=rows > 1 and min(lengths) != span,
         )
         flat = torch.tensor([t for row in tokens for t in row], dtype=torch.long)
-        # Never a chunk holding position 0: Qwen's first position carries activations 10-30x
-        # the others' (the attention sink every later token reads); it stays on dense weights.
-        small = len(flat) <= self.small_prefill_tokens and min(starts) > 0
-        quantized = decode or small
-        x = self._layers(cache, flat, batch, decode, quantized, check)
-        if not decode:
-            ends_flat = torch.tensor(lengths).cumsum(0) - 1
-            x = x[ends_flat]
-        return self.lm_head(self._norm(x, self.final_norm), True)
+        return self._layers(cache, flat, batch, decode, quantized, check)
 
     def forward_tree(
         self,
@@ -175,11 +237,12 @@ class Qwen2Runner:
     ) -> torch.Tensor:
         """Final-normed hidden states ``[N, hidden]`` of ``tokens`` laid out as a tree.
 
-        For scoring (dense weights): token ``i`` is written at column ``start + i`` of ``slot``
+        For scoring (the prompt weights: dense, or the decode weights with
+        ``quantized_prompts``): token ``i`` is written at column ``start + i`` of ``slot``
         (on top of the prefix held in columns ``< start``), rotated as position
         ``positions[i]``, and attends where ``mask[i]`` (``[N, start + N]`` bool) is True, so
         sibling branches of an option trie share a position without seeing each other. The
-        caller applies the LM head only where it reads (``lm_head(h, False)``).
+        caller applies the LM head only where it reads (``lm_head(h, quantized_prompts)``).
         """
         n = len(tokens)
         width = start + n
@@ -194,7 +257,8 @@ class Qwen2Runner:
             mask=mask.reshape(1, 1, n, width),
             padded=False,
         )
-        x = self._layers(cache, torch.tensor(tokens, dtype=torch.long), batch, False, False, check)
+        flat = torch.tensor(tokens, dtype=torch.long)
+        x = self._layers(cache, flat, batch, False, self.quantized_prompts, check)
         return self._norm(x, self.final_norm)
 
     def _layers(

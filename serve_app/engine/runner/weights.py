@@ -23,8 +23,8 @@ quantization), and its result is the same alone or in any batch. On AVX2 its ker
 this ISA (VPMADDUBSW), where torch's int4 kernel converts to bf16 in software: measured on this
 box, one thread, the 0.5B's decode linears take ~32 ms per step in int8, ~80 ms in int4 and
 ~125 ms in fp32 (README "Engine v2"). It reads twice int4's bytes, so int4 is kept for CPUs with
-native bf16. fbgemm's packed form is opaque, so int8 is quantized at start (seconds), per
-replica.
+native bf16. fbgemm's packed form is opaque and private to the process, so the int8 values are
+saved once (``prepare``) and packed by each replica at start.
 
 Dense weights are the HF module's own tensors (no copy) unless the CPU computes bf16 natively
 (AVX512-BF16 or AMX), where a bf16 copy reads prompts ~2x faster.
@@ -74,15 +74,27 @@ def int8_supported() -> bool:
 
 
 def quantize_int8(weight: torch.Tensor) -> torch.ScriptObject:
-    """fbgemm's packed form of ``weight`` ``[N, K]`` with two zero columns appended (the range
-    pins ``Linear`` feeds): symmetric int8, one scale per row, no bias (``int8_linear`` adds it)."""
+    """fbgemm's packed form of ``weight`` ``[N, K]``: ``prepack_int8(*int8_values(weight))``."""
+    return prepack_int8(*int8_values(weight))
+
+
+def int8_values(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, scales)``: ``weight`` ``[N, K]`` with two zero columns appended (the range pins
+    ``int8_linear`` feeds) as int8 ``[N, K + 2]``, symmetric with one fp64 scale per row."""
     w = torch.cat([weight.detach().float(), weight.new_zeros(weight.shape[0], 2).float()], 1)
     scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-8).double()
-    zeros = torch.zeros(w.shape[0], dtype=torch.long)
+    q = (w / scales.unsqueeze(1).float()).round().clamp(-127, 127).to(torch.int8)
+    return q, scales
+
+
+def prepack_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.ScriptObject:
+    """fbgemm's packed form of ``int8_values``' output (no bias: ``int8_linear`` adds it). The
+    pack is fbgemm's own copy: ``q`` may be a mapped file that is released afterwards."""
+    zeros = torch.zeros(q.shape[0], dtype=torch.long)
     with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao
         warnings.simplefilter("ignore")
-        q = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8)
-        return torch.ops.quantized.linear_prepack(q, None)
+        weight = torch._make_per_channel_quantized_tensor(q, scales, zeros, 0)
+        return torch.ops.quantized.linear_prepack(weight, None)
 
 
 def int8_linear(

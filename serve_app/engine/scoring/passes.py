@@ -104,7 +104,7 @@ class RunnerPass:
         self.check = check
 
     def head(self, states: Any) -> Any:
-        return self.runner.lm_head(states, False)
+        return self.runner.lm_head(states, self.runner.quantized_prompts)
 
     def prefix(self, prefix: list[int], cached_len: int, cached: KV | None) -> KV:
         """The slot holds ``prefix``'s KV (a hit is copied in, the rest run); views of it."""
