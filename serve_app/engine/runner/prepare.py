@@ -17,7 +17,7 @@ Which weights run where is decided here, at run time, from what the CPU computes
 Quantizing reads every dense weight and takes seconds, so the results are saved once next to
 the converted model and later replicas read them from there: int4 packs
 (``runner-int4-g32-<fingerprint>.pt``) are mapped, so every replica on the machine shares one
-page-cache copy; int8 values (``runner-int8-<fingerprint>.pt``) are read into fbgemm's own
+page-cache copy; int8 values (``runner-int8-v2-<fingerprint>.pt``) are read into fbgemm's own
 packed copy per replica; with prompts on the decode weights, the first-position entries of the
 tokenizer's special tokens (``runner-first-<dtype>-<fingerprint>.pt``: the tokens prompts start
 with, ``Qwen2Runner.first_token``) too. A replica that finds these files never reads the dense
@@ -53,6 +53,7 @@ logger = logging.getLogger(__name__)
 
 WEIGHTS = ("auto", "int4", "int8", "dense")
 PROMPT_WEIGHTS = ("auto", "dense", "decode")
+INT8_FILE = "int8-v2"  # v1 (never released) held two extra zero columns per matrix
 
 
 def cpu_flags() -> set[str]:
@@ -127,7 +128,7 @@ def build_runner(
     if weights == "int4":
         packs = _int4_packs(_matrices(parts, head), _cache_path(model, cache_dir, "int4"))
     elif weights == "int8":
-        int8 = _int8_packs(_matrices(parts, head), _cache_path(model, cache_dir, "int8"))
+        int8 = _int8_packs(_matrices(parts, head), _cache_path(model, cache_dir, INT8_FILE))
 
     def linear(p: list, name: str) -> Linear:
         return Linear(p, _pack(packs, name), int8.get(name))

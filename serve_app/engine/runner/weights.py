@@ -16,15 +16,18 @@ int8 goes through fbgemm's dynamic linear (``torch.ops.quantized.linear_dynamic`
 int8 weights per output channel, activations quantized per call with one scale and zero point
 for the whole call. Left alone that makes a row's result depend on the other rows of the call
 (a row with large activations coarsens every other row's) and so on what else is batched. So
-each row is divided by its own largest magnitude first and multiplied back after, and two
-constant input columns (+1 and -1, against zero weight columns) pin the call's range to
-[-1, 1] whatever the rows: every row gets the full int8 range on its own scale (per-token
-quantization), and its result is the same alone or in any batch. On AVX2 its kernel is made for
-this ISA (VPMADDUBSW), where torch's int4 kernel converts to bf16 in software: measured on this
-box, one thread, the 0.5B's decode linears take ~32 ms per step in int8, ~80 ms in int4 and
-~125 ms in fp32 (README "Engine v2"). It reads twice int4's bytes, so int4 is kept for CPUs with
-native bf16. fbgemm's packed form is opaque and private to the process, so the int8 values are
-saved once (``prepare``) and packed by each replica at start.
+each row is divided by its own largest magnitude first and multiplied back after, and one
+constant input row (+1 and -1 in its first two columns, its output dropped) pins the call's
+range to [-1, 1] whatever the rows: every row gets the full int8 range on its own scale
+(per-token quantization), and its result is the same alone or in any batch. A row, not two
+columns: fbgemm pads K to its blocks, and K + 2 made the 1.5B's packs 1.86 GB instead of 1.49
+GB per replica (the 0.5B's: no difference), for the same numbers and step time.
+
+On AVX2 fbgemm's kernel is made for this ISA (VPMADDUBSW), where torch's int4 kernel converts
+to bf16 in software: measured on this box, one thread, the 0.5B's decode linears take ~32 ms per
+step in int8, ~80 ms in int4 and ~125 ms in fp32 (README "Engine v2"). It reads twice int4's
+bytes, so int4 is kept for CPUs with native bf16. fbgemm's packed form is opaque and private to
+the process, so the int8 values are saved once (``prepare``) and packed by each replica at start.
 
 Dense weights are the HF module's own tensors (no copy) unless the CPU computes bf16 natively
 (AVX512-BF16 or AMX), where a bf16 copy reads prompts ~2x faster.
@@ -79,9 +82,8 @@ def quantize_int8(weight: torch.Tensor) -> torch.ScriptObject:
 
 
 def int8_values(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(q, scales)``: ``weight`` ``[N, K]`` with two zero columns appended (the range pins
-    ``int8_linear`` feeds) as int8 ``[N, K + 2]``, symmetric with one fp64 scale per row."""
-    w = torch.cat([weight.detach().float(), weight.new_zeros(weight.shape[0], 2).float()], 1)
+    """``(q, scales)``: ``weight`` ``[N, K]`` as int8, symmetric with one fp64 scale per row."""
+    w = weight.detach().float()
     scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-8).double()
     q = (w / scales.unsqueeze(1).float()).round().clamp(-127, 127).to(torch.int8)
     return q, scales
@@ -104,14 +106,16 @@ def int8_linear(
     the result of a row does not depend on the other rows. The small ops around the kernel
     cost ~10% of a 0.5B decode step on AVX2 (README "Engine v2")."""
     peak = torch.linalg.vector_norm(x, float("inf"), dim=1, keepdim=True).clamp_(min=1e-30)
-    pinned = torch.cat([x / peak, _pins(x.shape[0])], dim=1)
-    y = torch.ops.quantized.linear_dynamic(pinned, packed, True)
+    pinned = torch.cat([x / peak, _pin_row(x.shape[1])])
+    y = torch.ops.quantized.linear_dynamic(pinned, packed, True)[:-1]
     return y.mul_(peak) if bias is None else torch.addcmul(bias, y, peak)
 
 
 @functools.cache
-def _pins(rows: int) -> torch.Tensor:
-    return torch.tensor([[1.0, -1.0]]).repeat(rows, 1)
+def _pin_row(width: int) -> torch.Tensor:
+    row = torch.zeros(1, width)
+    row[0, :2] = torch.tensor([1.0, -1.0])
+    return row
 
 
 def dequantize_int4_reference(weight: torch.Tensor) -> torch.Tensor:
