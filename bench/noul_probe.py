@@ -9,13 +9,17 @@ false one), the mean gap within pairs and the Brier score, overall and per kind.
 states grow in severity; prints how often the right label is on top and whether the expected
 score increases along each ladder.
 
-The scorer answers as the service does (no calibration) unless ``--calibrate KINDS`` names
+The scorer is built as the scorer deployment builds it (the engine's runner, prompts on the
+weights ``--weights``/``--prompt-weights`` pick, both ``auto`` as ``configs/local.yaml``:
+int8 on AVX2 CPUs; ``--prompt-weights dense`` for the dense numbers, ``--runner hf`` for the HF
+forward), and answers as the service does (no calibration) unless ``--calibrate KINDS`` names
 question kinds to calibrate on the content-free state (``--calibrate noul,choice,score``).
 ``--calibration`` prints the raw answers and their calibration on each content-free state in
 ``NULL_STATES`` side by side; ``--held-out`` probes ``HELD_OUT`` instead of ``PAIRS``.
 
     python -m bench.noul_probe [--model embedded:qwen2.5-coder-0.5b] [--threads 2]
         [--noul-only | --choice-only] [--calibration] [--held-out] [--calibrate KINDS]
+        [--runner auto|hf] [--weights auto|int4|int8|dense] [--prompt-weights auto|dense|decode]
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from serve_app.config import EngineOptions
 from serve_app.engine.loader import load_model
+from serve_app.engine.runner.backend import configured_runner
 from serve_app.engine.scoring import (
     DecisionQuestion,
     LikelihoodScorer,
@@ -522,16 +528,21 @@ def main() -> None:
         default="",
         help="comma-separated question kinds the scorer calibrates (default none, as served)",
     )
+    parser.add_argument("--runner", choices=("auto", "hf"), default="auto")
+    parser.add_argument("--weights", choices=("auto", "int4", "int8", "dense"), default="auto")
+    parser.add_argument("--prompt-weights", choices=("auto", "dense", "decode"), default="auto")
     args = parser.parse_args()
     pairs = HELD_OUT if args.held_out else PAIRS
     kinds = () if args.calibration else tuple(k for k in args.calibrate.split(",") if k)
-    scorer = LikelihoodScorer(
-        load_model(args.model, dtype="float32", threads=args.threads),
-        context_length=4096,
-        calibrate=kinds,
+    loaded = load_model(args.model, dtype="float32", threads=args.threads)
+    options = EngineOptions(
+        runner=args.runner, weights=args.weights, prompt_weights=args.prompt_weights
     )
+    runner = configured_runner(loaded, options, "decision scorer", scoring=True)
+    scorer = LikelihoodScorer(loaded, context_length=4096, calibrate=kinds, runner=runner)
     started = time.perf_counter()
-    print(f"model {args.model}, {len(pairs)} pairs, calibrating {list(kinds)}")
+    weights = "HF forward" if runner is None else f"runner, {runner.decode_weights} weights"
+    print(f"model {args.model} ({weights}), {len(pairs)} pairs, calibrating {list(kinds)}")
     if args.calibration:
         compare_calibration(scorer, pairs)
     elif not args.choice_only:

@@ -181,6 +181,7 @@ class Qwen2Runner:
         """
         entry = self.first_tokens.get(token)
         if entry is None:
+            logger.info("runner: position-0 entry for token %d computed on dense weights", token)
             hidden = self._run(cache, slot, [[token]], [0], False, False, None)
             kv = tuple((k.clone(), v.clone()) for k, v in cache.read(slot, 1))
             entry = self.first_tokens[token] = (kv, hidden)
