@@ -55,3 +55,38 @@ def test_continue_final_message_has_no_generation_prompt(tokenizer) -> None:
     ]
     ids = encode_chat(tokenizer, messages, continue_final_message=True)
     assert tokenizer.decode(ids).endswith("```\n")
+
+
+def test_prompts_built_on_concurrent_threads_keep_their_tokens(tokenizer) -> None:
+    """Prompts are built on worker threads. The service's markers stay special and user text
+    stays split whatever other threads encode at the same time (a fast tokenizer keeps the
+    split setting on its one shared backend: 4 threads x 3,000 calls crossed it 280 times)."""
+    import threading
+
+    from serve_app.engine.prompts.chat_encoding import encode_trusted
+
+    markers = "<|fim_prefix|>def f():<|fim_suffix|>\n<|fim_middle|>"
+    user = ("x " + INJECTION) * 20
+    want = {
+        "trusted": encode_trusted(tokenizer, markers),
+        "user": encode_untrusted(tokenizer, user),
+    }
+    assert want["user"] == list(
+        tokenizer.encode(user, add_special_tokens=False, split_special_tokens=True)
+    )
+    wrong = {"trusted": 0, "user": 0}
+
+    def encode_many(kind: str) -> None:
+        for _ in range(3000):
+            if kind == "trusted":
+                got = encode_trusted(tokenizer, markers)
+            else:
+                got = encode_untrusted(tokenizer, user)
+            wrong[kind] += got != want[kind]
+
+    threads = [threading.Thread(target=encode_many, args=(k,)) for k in ("trusted", "user") * 2]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == {"trusted": 0, "user": 0}
