@@ -31,8 +31,8 @@ from serve_app.engine.runner.weights import Linear
 logger = logging.getLogger(__name__)
 
 # Position-0 entries kept (``Qwen2Runner.first_token``): ~30 KB each on the 0.5B, 60 KB on the
-# 1.5B. Prompts start with a handful of distinct tokens (the chat and FIM formats' first
-# special token); the bound is for raw completions, whose first token the caller chooses.
+# 1.5B. This service's prompt builders all start with a special token (saved at preparation);
+# the bound is for a model whose prompt format starts with ordinary text.
 FIRST_TOKENS_KEPT = 256
 
 
