@@ -3,7 +3,8 @@
 A config that says nothing creates no account; only configs/local.yaml bootstraps one, whose
 key goes to a 0600 file and to the terminal of ``make run``, never to a replica's output
 (Ray copies that into its log files). The cluster file keeps the dashboard on localhost,
-turns Ray's token auth on and names no database password.
+turns Ray's token auth on and names no database password. The replicas that hold no model
+(router, auth) never load torch.
 """
 
 from __future__ import annotations
@@ -107,3 +108,18 @@ def test_a_replica_never_prints_the_key(tmp_path, monkeypatch, capfd):
 @pytest.mark.parametrize("docs", ["key", "open", "off"])
 def test_docs_setting_is_validated(docs):
     assert AppConfig(auth={"docs": docs}).auth.docs == docs
+
+
+def test_replicas_without_a_model_never_load_torch():
+    """Ray imports a deployment's module in its replica: the router's and the auth service's
+    leave torch and transformers out (~150 MB of each process; README "Memory")."""
+    code = (
+        "import sys, deployments.router, deployments.auth;"
+        "print([m for m in ('torch', 'transformers') if m in sys.modules])"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

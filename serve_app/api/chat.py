@@ -26,6 +26,10 @@ from serve_app.api.common import (
 )
 from serve_app.engine.protocol import SamplingParams
 
+# What a chat request without max_tokens may produce (capped by the model's max output): the
+# model deployment applies it, and the router reserves quota for it.
+DEFAULT_CHAT_MAX_TOKENS = 1024
+
 
 class TextPart(RequestModel):
     type: Literal["text"]

@@ -19,7 +19,12 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from serve_app import __version__, metrics
 from serve_app.api.apply import ApplyCompletionRequest
-from serve_app.api.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
+from serve_app.api.chat import (
+    DEFAULT_CHAT_MAX_TOKENS,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+)
 from serve_app.api.common import CompletionUsage, ErrorResponse, HTTPValidationError
 from serve_app.api.decisions import DecisionRequest, DecisionResponse, DecisionUsage
 from serve_app.api.edit import EditCompletion, EditCompletionRequest
@@ -40,7 +45,6 @@ from serve_app.http.middleware import Authenticate, BoundedBody, RequestId, Requ
 from serve_app.http.openapi import openapi_without_implicit_422
 from serve_app.http.sse import open_event_stream, sse_event
 from serve_app.serving.billing import RequestContext, cache_salt_for
-from serve_app.serving.chat import DEFAULT_CHAT_MAX_TOKENS
 
 logger = logging.getLogger(__name__)
 

@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from serve_app.api.chat import (
+    DEFAULT_CHAT_MAX_TOKENS,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
@@ -21,8 +22,6 @@ from serve_app.engine.prompts.chat_encoding import encode_chat
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest
 from serve_app.errors import InvalidRequestError, UpstreamBadResponseError
 from serve_app.serving.generation import EngineClient, chunk_maker, usage_of
-
-DEFAULT_CHAT_MAX_TOKENS = 1024
 
 logger = logging.getLogger(__name__)
 

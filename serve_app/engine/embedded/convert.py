@@ -7,10 +7,10 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from serve_app.engine.embedded.gguf_weights import GgufWeights
-from serve_app.engine.embedded.safetensors_shards import ShardWriter
+if TYPE_CHECKING:
+    from serve_app.engine.embedded.gguf_weights import GgufWeights
 
 logger = logging.getLogger("serve_app.engine.embedded")  # one logger for the package
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
@@ -25,6 +25,10 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> None:
     memory holds one tensor, not the model: the same values ``from_pretrained(gguf_file=...)``
     gives, without its 9 GB peak on the 1.5B model.
     """
+    # torch only here: this package is imported by the config, i.e. by every process of the
+    # graph, and the router and auth replicas never load torch (~150 MB each).
+    from serve_app.engine.embedded.gguf_weights import GgufWeights
+
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     with _step("reading the tokenizer from the GGUF"):
         from transformers import AutoTokenizer
@@ -59,6 +63,8 @@ def _empty_model(gguf_path: Path) -> Any:
 
 
 def _write_weights(weights: GgufWeights, out_dir: Path) -> None:
+    from serve_app.engine.embedded.safetensors_shards import ShardWriter
+
     started = time.monotonic()
     total = len(weights.plan)
     next_report, done = 0.1, 0
