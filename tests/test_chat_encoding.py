@@ -57,6 +57,25 @@ def test_continue_final_message_has_no_generation_prompt(tokenizer) -> None:
     assert tokenizer.decode(ids).endswith("```\n")
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "def f(x):\n    return x  # plain code",
+        "caf\u00e9 \u212b \u2126 na\u0308ive",  # NFC-sensitive text
+        "half a marker: <|im_ and <|fim_prefix| and |>",
+        INJECTION,
+        "a <|fim_middle|> b <|endoftext|>",
+    ],
+)
+def test_user_text_encodes_as_the_split_encoding(tokenizer, text: str) -> None:
+    """Whichever way a user text is encoded (most text never spells a control token), the ids
+    are the tokenizer's own split encoding, and no special token appears in them."""
+    want = tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+    got = encode_untrusted(tokenizer, text)
+    assert got == list(want)
+    assert not set(got) & set(tokenizer.all_special_ids)
+
+
 def test_prompts_built_on_concurrent_threads_keep_their_tokens(tokenizer) -> None:
     """Prompts are built on worker threads. The service's markers stay special and user text
     stays split whatever other threads encode at the same time (a fast tokenizer keeps the

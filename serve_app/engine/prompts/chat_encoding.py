@@ -25,13 +25,17 @@ _PLACEHOLDER_RE = re.compile("\ue000sa-content-(\\d+)\ue001")
 def encode_untrusted(tokenizer: Any, text: str) -> list[int]:
     """Token ids of user text, with special-token spellings split into ordinary tokens.
 
-    A fast tokenizer's ``encode(..., split_special_tokens=...)`` sets a flag on its one Rust
-    backend and then encodes, so two threads encoding at once (prompts are built on worker
-    threads) could each run under the other's setting: measured, 4 threads x 3,000 calls gave
-    130 untrusted encodings with real control tokens and 150 service prompts with their
-    markers split. User text therefore goes through a copy of the backend whose flag is set
-    once and never changes, and the shared backend's flag is never set to split.
+    Text that spells no added token encodes the same with or without splitting, so it takes
+    the shared tokenizer (nearly all text). Text that spells one needs the split, and a fast
+    tokenizer's ``encode(..., split_special_tokens=...)`` sets that as a flag on its one Rust
+    backend: two threads encoding at once (prompts are built on worker threads) could each run
+    under the other's setting (measured: 4 threads x 3,000 calls gave 130 untrusted encodings
+    with real control tokens and 150 service prompts with their markers split). So that text
+    goes through a copy of the backend whose flag is set once and never changes, made on first
+    need (~45 MB, and twice that while it is made): the shared flag is never set to split.
     """
+    if not _spells_added_token(tokenizer, text):
+        return encode_trusted(tokenizer, text)
     backend = _splitting_backend(tokenizer)
     if backend is None:  # a slow tokenizer takes the setting per call
         return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
@@ -41,6 +45,30 @@ def encode_untrusted(tokenizer: Any, text: str) -> list[int]:
 def encode_trusted(tokenizer: Any, text: str) -> list[int]:
     """Token ids of text the service wrote itself (templates, markers): specials are specials."""
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _spells_added_token(tokenizer: Any, text: str) -> bool:
+    """Whether ``text`` contains an added token's spelling, as written or after the
+    tokenizer's normalizer (the form that tokens marked ``normalized`` are matched in)."""
+    raw, normalized = _added_spellings(tokenizer)
+    if any(spelling in text for spelling in raw):
+        return True
+    normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
+    if not normalized or normalizer is None:
+        return False
+    text = normalizer.normalize_str(text)
+    return any(spelling in text for spelling in normalized)
+
+
+def _added_spellings(tokenizer: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Every added token's text; and those matched after normalization (cached per tokenizer)."""
+    cached = getattr(tokenizer, "_added_spellings", None)
+    if cached is None:
+        added = (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
+        raw = tuple(str(token) for token in added if str(token))
+        normalized = tuple(str(token) for token in added if getattr(token, "normalized", False))
+        cached = tokenizer._added_spellings = (raw, normalized)
+    return cached
 
 
 def _splitting_backend(tokenizer: Any) -> Any:
