@@ -134,11 +134,22 @@ class ModelConfig(StrictConfig):
 class SpeculationOptions(StrictConfig):
     """Prompt-lookup draft tokens per request role (0 = off; needs ``runner: auto``). Output is
     unchanged either way; it pays where answers copy their prompt (next-edit rewrites a region
-    it was given)."""
+    it was given; a completion reuses the names around it) and while few requests decode."""
 
     edit: int = Field(default=6, ge=0, le=16)
-    fim: int = Field(default=0, ge=0, le=16)
+    fim: int = Field(default=2, ge=0, le=16)
     chat: int = Field(default=0, ge=0, le=16)
+    max_batch: int = Field(
+        default=2,
+        ge=0,
+        description="Draft only while the decode batch has at most this many requests: with "
+        "few rows a step of k + 1 rows per request costs little more than a plain step, with "
+        "more it costs more than the accepted drafts save (README, Engine v2).",
+    )
+
+    def draft_tokens(self) -> dict[str, int]:
+        """Draft length per request role."""
+        return {"edit": self.edit, "fim": self.fim, "chat": self.chat}
 
 
 class EngineOptions(StrictConfig):

@@ -428,6 +428,20 @@ def test_speculation_gives_the_same_tokens(request, model, weights, params) -> N
     assert other.stats().draft_tokens == 0  # only the configured role speculates
 
 
+def test_speculation_stops_above_its_batch_limit(repetitive) -> None:
+    """Drafts only while the decode batch is at most ``draft_max_batch`` rows: a lone request
+    drafts under a limit of 1, and no request drafts under a limit of 0."""
+    prompt = encode(repetitive, PROMPTS[0])
+    request = GenerationRequest("s", prompt, SamplingParams(max_tokens=24), role="fim")
+    drafts = {}
+    for limit in (1, 0):
+        config = EngineConfig(draft_tokens={"fim": 4}, draft_max_batch=limit)
+        (text,), engine = generate_all(repetitive, config, [request])
+        drafts[limit] = (engine.stats().draft_tokens, text)
+    assert drafts[1][0] > 0 and drafts[0][0] == 0
+    assert drafts[1][1] == drafts[0][1]
+
+
 def test_speculation_keeps_json_constraints(loaded) -> None:
     prompt = encode(loaded, PROMPTS[2])
     params = SamplingParams(max_tokens=40, response_format={"type": "json_object"})

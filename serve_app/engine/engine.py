@@ -346,7 +346,9 @@ class LLMEngine(Engine):
         if not rows:
             return
         self.peak_decode_batch = max(self.peak_decode_batch, len(rows))
-        drafts = [self._draft(state) for state in rows]
+        limit = self.config.draft_max_batch
+        drafting = limit is None or len(rows) <= limit
+        drafts = [self._draft(state) if drafting else [] for state in rows]
         try:
             logits = self._backend.decode(drafts)
         except Exception as e:  # cannot tell whose fault: fail the rows, rebuild from empty

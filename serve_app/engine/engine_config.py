@@ -31,7 +31,8 @@ class EngineConfig:
       ``prompt_weights``: ``dense``, ``decode`` (every prompt chunk on the decode weights) or
       ``auto`` (decode where those are int8).
     - ``draft_tokens``: prompt-lookup draft length per request role (``GenerationRequest.role``;
-      0 or absent = no speculation); needs the runner.
+      0 or absent = no speculation); needs the runner. ``draft_max_batch``: drafts only while
+      the decode batch has at most this many rows (``None``: any batch).
     - ``seed``: the sampling seed of requests that send none, so a repeated request repeats its
       text (as llama-server's ``--seed``); ``None``: a fresh random seed per request.
     """
@@ -49,6 +50,7 @@ class EngineConfig:
     small_prefill_tokens: int = 0
     prompt_weights: str = "dense"
     draft_tokens: Mapping[str, int] = field(default_factory=dict)
+    draft_max_batch: int | None = None
     seed: int | None = None
 
     def __post_init__(self) -> None:

@@ -57,7 +57,8 @@ def start_engine(config: AppConfig, model: ModelConfig, cpus: float | None = Non
         prefill_dtype=config.engine.prefill_dtype,
         small_prefill_tokens=config.engine.small_prefill_tokens,
         prompt_weights=config.engine.prompt_weights,
-        draft_tokens=config.engine.speculation.model_dump(),
+        draft_tokens=config.engine.speculation.draft_tokens(),
+        draft_max_batch=config.engine.speculation.max_batch,
         seed=config.engine.seed,
     )
     return LLMEngine(loaded, engine_config)
