@@ -105,7 +105,9 @@ def int8_linear(
     """``x @ W.T + bias`` through fbgemm with per-row activation scales (see the module doc):
     the result of a row does not depend on the other rows. The small ops around the kernel
     cost ~10% of a 0.5B decode step on AVX2 (README "Engine v2")."""
-    peak = torch.linalg.vector_norm(x, float("inf"), dim=1, keepdim=True).clamp_(min=1e-30)
+    # abs().amax(), not vector_norm(inf): the same values, 12x faster on a 256-row prompt chunk
+    # (0.8 -> 0.06 ms at 896 columns, 4.0 -> 0.35 ms at 4,864), ~7% of reading a prompt.
+    peak = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30)
     pinned = torch.cat([x / peak, _pin_row(x.shape[1])])
     y = torch.ops.quantized.linear_dynamic(pinned, packed, True)[:-1]
     return y.mul_(peak) if bias is None else torch.addcmul(bias, y, peak)
