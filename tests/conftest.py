@@ -92,8 +92,8 @@ def embedded_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
         models=[ModelConfig(id=EMBEDDED_ID, source="embedded:qwen2.5-coder-0.5b")],
         roles=Roles(fim=EMBEDDED_ID, edit=EMBEDDED_ID, decisions=EMBEDDED_ID),
         # What configs/local.yaml runs on an AVX2 CPU (the runner, int8 decode and prompts,
-        # position 0 on fp32, speculation on edit and FIM), pinned so every CPU runs the same numbers
-        # (auto would take int4 and bf16 prompts on AVX512-BF16), with a fixed seed: clients
+        # position 0 on fp32, speculation on edit and FIM), pinned so every CPU runs the same
+        # numbers (auto would take int4 and bf16 prompts on AVX512-BF16), with a fixed seed: clients
         # that send no temperature sample at the edit default (0.2), and a test should not
         # pass or fail by the draw.
         engine=EngineOptions(
