@@ -148,8 +148,8 @@ class SpeculationOptions(StrictConfig):
     )
 
     def draft_tokens(self) -> dict[str, int]:
-        """Draft length per request role."""
-        return {"edit": self.edit, "fim": self.fim, "chat": self.chat}
+        """Draft length per request role (every field but ``max_batch``)."""
+        return self.model_dump(exclude={"max_batch"})
 
 
 class EngineOptions(StrictConfig):
