@@ -21,6 +21,20 @@ AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+# A FIM request still running seconds after it starts, for tests of what a deadline, a client
+# that leaves or a dying replica does to work in flight. Greedy from "x" with a small presence
+# penalty, the tiny random model repeats "class" and never samples eos, so it writes all of the
+# schema's 8,192 tokens. Prompt lookup drafts nearly all of them: up to ~1,000 tokens a second
+# with FIM speculation on, ~400 without, on a 2-core box. Needs a context of LONG_CONTEXT.
+LONG_FIM = {
+    "prompt": "x",
+    "temperature": 0.0,
+    "presence_penalty": 0.2,
+    "stop": [],
+    "max_tokens": 8192,
+}
+LONG_CONTEXT = 16384
+
 
 @pytest.fixture(scope="session")
 def tiny_source(tmp_path_factory: pytest.TempPathFactory) -> str:
@@ -29,7 +43,9 @@ def tiny_source(tmp_path_factory: pytest.TempPathFactory) -> str:
     return "tiny:" + str(build_tiny_model(tmp_path_factory.mktemp("tiny-model")))
 
 
-def tiny_config(tiny_source: str, data_dir: Path, **overrides) -> AppConfig:
+def tiny_config(
+    tiny_source: str, data_dir: Path, *, context_length: int = 4096, **overrides
+) -> AppConfig:
     """The whole service on the tiny model: small context so limits are cheap to reach."""
     fields = {
         "models": [
@@ -38,7 +54,7 @@ def tiny_config(tiny_source: str, data_dir: Path, **overrides) -> AppConfig:
                 source=tiny_source,
                 name="Tiny Qwen2 (random weights)",
                 description="A tiny random model for tests.",
-                context_length=4096,
+                context_length=context_length,
                 max_output_length=8192,
                 openrouter_slug="test/tiny-qwen2",
                 datacenters=["US", "DE"],

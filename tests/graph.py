@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import TEST_KEY
+from tests.conftest import LONG_CONTEXT, TEST_KEY
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny-qwen2"
@@ -38,7 +38,9 @@ def graph_config(tiny_source: str, port: int) -> dict:
     document["http_options"]["port"] = port
     (application,) = document["applications"]
     args = application["args"]
-    args["models"][0].update(id=MODEL, source=tiny_source, context_length=4096, dtype="auto")
+    args["models"][0].update(
+        id=MODEL, source=tiny_source, context_length=LONG_CONTEXT, dtype="auto"
+    )
     args["roles"] = {"fim": MODEL, "edit": MODEL, "decisions": MODEL}
     for deployment in application["deployments"]:
         if deployment["name"] in {"Router", "AuthService"}:

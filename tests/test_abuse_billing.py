@@ -28,26 +28,31 @@ from serve_app.auth.authorizer import AuthConfig, Authorizer
 from serve_app.auth.keys import generate_key, hash_key, key_hint
 from serve_app.auth.records import UsageRecord
 from serve_app.auth.store import open_store
-from serve_app.config import AppConfig, HttpLimits
+from serve_app.config import AppConfig, HttpLimits, SpeculationOptions
 from serve_app.errors import RateLimitError
 from serve_app.serving.billing import RequestContext, UsageRecorder
 from serve_app.serving.fim import FimService
 from serve_app.serving.generation import EngineClient, start_engine
-from tests.conftest import TEST_KEY, TINY_ID, tiny_config
+from tests.conftest import LONG_CONTEXT, TEST_KEY, TINY_ID, tiny_config
+from tests.conftest import LONG_FIM as LONG
 
-REQUEST_TIMEOUT_S = 5.0  # the tiny model makes ~100 tokens/s here: LONG needs ~40 s
-# Greedy with a presence penalty: the tiny random model does not stop on its own for long.
-LONG = {"prompt": "x", "temperature": 0.0, "presence_penalty": 0.2, "stop": [], "max_tokens": 4000}
+REQUEST_TIMEOUT_S = 5.0  # LONG needs ~20 s here without speculation (off below)
 SECRET = "API_TOKEN = 'hunter2-7f3a9c' # deploy key for the payments cluster, rotate monthly"
 
 
 @pytest.fixture(scope="module")
 def billing_config(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> AppConfig:
-    return tiny_config(
+    config = tiny_config(
         tiny_source,
         tmp_path_factory.mktemp("billing-data"),
+        context_length=LONG_CONTEXT,
         limits=HttpLimits(max_body_bytes=1_000_000, request_timeout_s=REQUEST_TIMEOUT_S),
     )
+    # FIM speculation off: with it, LONG can finish inside the deadline these tests need it to
+    # outlast (4,000 of its tokens took 4-5 s, against a 5 s deadline, when it was on).
+    speculation = SpeculationOptions(fim=0)
+    engine = config.engine.model_copy(update={"speculation": speculation})
+    return config.model_copy(update={"engine": engine})
 
 
 @pytest.fixture(scope="module")

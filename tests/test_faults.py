@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from serve_app.api.common import ErrorResponse
+from tests.conftest import LONG_FIM
 from tests.graph import MODEL, ROOT, auth
 
 RECOVERY_TIMEOUT_S = 120
@@ -75,15 +76,9 @@ def replicas(actors: list[str], deployment: str) -> list[str]:
     return [name for name in actors if name.startswith(f"{REPLICA_PREFIX}{deployment}#")]
 
 
-# Greedy on the tiny random model from "x" with a small presence penalty repeats "class" and
-# never samples eos: a request with these settings runs its whole max_tokens (4000 tokens, some
-# seconds), so it is certainly still in flight when the replica dies or the client leaves.
-LONG_RUNNING = {"prompt": "x", "temperature": 0.0, "presence_penalty": 0.2, "stop": []}
-LONG_MAX_TOKENS = 4000
-
-
-def fim_body(max_tokens: int, **extra) -> dict:
-    return {"model": MODEL, **LONG_RUNNING, "max_tokens": max_tokens, **extra}
+def fim_body(max_tokens: int = LONG_FIM["max_tokens"], **extra) -> dict:
+    """LONG_FIM (seconds of decoding, so in flight when the replica dies), or a short one."""
+    return {"model": MODEL, **LONG_FIM, "max_tokens": max_tokens, **extra}
 
 
 def assert_unavailable(body: dict) -> None:
@@ -107,13 +102,11 @@ def test_killing_the_fim_replica_fails_in_flight_requests_cleanly_and_recovers(g
         with ThreadPoolExecutor(max_workers=3) as pool, httpx.Client(timeout=60) as client:
 
             def blocking_fim(index: int) -> tuple[httpx.Response, float]:
-                response = client.post(
-                    f"{url}/v1/fim/completions", json=fim_body(LONG_MAX_TOKENS), headers=auth()
-                )
+                response = client.post(f"{url}/v1/fim/completions", json=fim_body(), headers=auth())
                 return response, time.monotonic()
 
             in_flight = [pool.submit(blocking_fim, index) for index in range(3)]
-            stream_body = fim_body(LONG_MAX_TOKENS, stream=True)
+            stream_body = fim_body(stream=True)
             with client.stream(
                 "POST", f"{url}/v1/fim/completions", json=stream_body, headers=auth()
             ) as stream:
@@ -191,7 +184,8 @@ def test_closing_a_fim_stream_frees_its_engine_slot_within_a_second(app_config):
     model = app_config.model(app_config.roles.fim)
     engine = start_engine(app_config, model)
     service = FimService(EngineClient(engine, model))
-    body = FimCompletionRequest(model=model.id, max_tokens=LONG_MAX_TOKENS, **LONG_RUNNING)
+    # max_tokens within app_config's 4,096-token context; the stream is closed after one chunk
+    body = FimCompletionRequest(model=model.id, **{**LONG_FIM, "max_tokens": 3000})
 
     async def scenario() -> float:
         stream = service.stream(body)

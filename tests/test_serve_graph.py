@@ -14,6 +14,7 @@ import pytest
 
 from serve_app.auth.cli import main as keys_cli
 from serve_app.auth.store import open_store
+from tests.conftest import LONG_CONTEXT
 from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 from tests.graph import MODEL, auth
 
@@ -98,7 +99,7 @@ def test_fim_stream_through_the_graph(graph):
 
 def test_errors_through_the_graph_keep_the_contract_shape(graph):
     url = graph["url"]
-    body = {"model": MODEL, "prompt": "x " * 5000, "max_tokens": 4}
+    body = {"model": MODEL, "prompt": "x " * (LONG_CONTEXT + 1000), "max_tokens": 4}
     response = httpx.post(url + "/v1/fim/completions", json=body, headers=auth(), timeout=60)
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "context_length_exceeded"
