@@ -16,14 +16,10 @@ copies one into a slot (a hit costs a copy, not a recompute), ``read`` gives vie
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import logging
-from collections.abc import Callable
-
 import torch
 
 from serve_app.engine.prefix_cache import KV
+from serve_app.engine.runner.pages import return_freed_memory
 
 # Positions per slot a cache starts with and shrinks back to when idle: 64 x 9 slots is 14 MB
 # for the 0.5B (256 held 57 MB per replica for nothing between requests); growing by doubling
@@ -126,29 +122,3 @@ class SlotCache:
         for k, v in zip(self.keys, self.values, strict=True):
             k[dest, :, :length] = k[source, :, :length]
             v[dest, :, :length] = v[source, :, :length]
-
-
-def return_freed_memory() -> None:
-    """Hand the heap's free pages back to the OS (glibc's ``malloc_trim``; a no-op elsewhere).
-
-    glibc serves blocks below its mmap threshold from the heap, and the threshold rises to the
-    largest mmapped block freed: after a grown cache is dropped (9 MB per layer at 2,048
-    positions on the 0.5B) the next growth comes from the heap and stays resident when freed,
-    ~0.5-0.7 GB in a FIM replica after long prompts. Fixing the threshold low
-    (``MALLOC_MMAP_THRESHOLD_``) avoided that but made every large temporary of a prompt chunk
-    a fresh mapping: a 1,500-token prompt took 15.7 s instead of 10.7 s. So the heap keeps its
-    adaptive threshold and is trimmed whenever the engine goes idle (a short FIM request left
-    ~40 MB of freed temporaries in the heap).
-    """
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):
-        logging.getLogger(__name__).debug("no malloc_trim (not glibc): freed memory stays")
-        return None

@@ -26,12 +26,9 @@ weights of its layers, so the memory-mapped model file stays out of its memory.
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
-import functools
 import hashlib
 import logging
-import mmap
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -40,6 +37,7 @@ from typing import Any
 
 import torch
 
+from serve_app.engine.runner.pages import page_out
 from serve_app.engine.runner.qwen2 import Layer, Qwen2Runner
 from serve_app.engine.runner.weights import (
     INT4_GROUP,
@@ -152,39 +150,6 @@ def build_runner(
         # start faulted in to quantize them (the 1.5B's whole 7 GB file) need not stay.
         page_out(w for p in _matrices(parts, head).values() for w, _ in p)
     return runner
-
-
-MADV_PAGEOUT = 21  # Linux 5.4+
-
-
-def page_out(tensors: Iterable[torch.Tensor]) -> None:
-    """Ask the kernel to reclaim the resident pages of ``tensors`` (``MADV_PAGEOUT``).
-
-    For the model file's mapped weights this takes the pages a replica faulted in out of its
-    memory (a first start reads every dense weight to quantize it: the 1.5B's 7 GB stayed in
-    that replica's RSS and PSS until memory ran short); a later read faults them back from the
-    file. It never loses data: written (anonymous) pages need swap to be paged out and stay
-    where there is none, and pages another process maps are skipped. A no-op where the call
-    is missing (not Linux, older kernels).
-    """
-    madvise = _madvise()
-    if madvise is None:
-        return
-    for t in tensors:
-        start = -(-t.data_ptr() // mmap.PAGESIZE) * mmap.PAGESIZE
-        end = (t.data_ptr() + t.numel() * t.element_size()) // mmap.PAGESIZE * mmap.PAGESIZE
-        if end > start:
-            madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_PAGEOUT)
-
-
-@functools.cache
-def _madvise() -> Callable[..., int] | None:
-    try:
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
-    except (AttributeError, OSError):
-        return None
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    return madvise
 
 
 def _dense(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
