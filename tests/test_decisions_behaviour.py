@@ -51,6 +51,23 @@ def test_readme_example_and_its_false_twin_fall_on_either_side(embedded_client):
     assert yes > 0.5 > no, (yes, no)
 
 
+def test_an_answer_does_not_move_with_the_other_questions_or_the_cache(embedded_client):
+    """The README's example asked alone, with its two other questions (packed into the same
+    pass) and again (the state from the prefix cache): one number. Read with one int8
+    rounding per activation it was 0.56 alone, 0.45 with both others, 0.70 with the choice."""
+    state = {"ticket": "Login page returns HTTP 500 after the last deploy", "id": "moves"}
+    is_bug = {"is_bug": {"type": "noul", "instructions": "The ticket reports a software defect."}}
+    others = {
+        "team": {"type": "choice", "criteria": {"backend": "server-side", "frontend": "UI"}},
+        "severity": {"type": "score", "criteria": ["trivial", "minor", "major", "critical"]},
+    }
+    answers = [
+        decide(embedded_client, questions, state=state)["answers"]["is_bug"]["noul"]
+        for questions in (is_bug, is_bug | others, {"team": others["team"]} | is_bug, is_bug)
+    ]
+    assert max(answers) - min(answers) < 0.01, answers
+
+
 def test_obvious_choice_ranks_first(embedded_client):
     answer = decide(
         embedded_client,

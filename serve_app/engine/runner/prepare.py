@@ -113,10 +113,12 @@ def build_runner(
     small_prefill_tokens: int = 0,
     prompt_weights: str = "dense",
     first_tokens: Iterable[int] = (),
+    precise_activations: bool = False,
 ) -> Qwen2Runner:
     """A runner over ``model``'s weights; quantized weights (and, with prompts on the decode
     weights, the first-position entries of ``first_tokens``) are read from / saved to
-    ``cache_dir``. ``small_prefill_tokens``, ``prompt_weights``: see ``Qwen2Runner.forward``."""
+    ``cache_dir``. ``small_prefill_tokens``, ``prompt_weights``: see ``Qwen2Runner.forward``.
+    ``precise_activations``: int8 linears round activations twice (``int8_linear``)."""
     if weights not in WEIGHTS:
         raise ValueError(f"unknown runner weights {weights!r}; use one of {WEIGHTS}")
     weights = decode_weights(weights)
@@ -132,7 +134,7 @@ def build_runner(
         int8 = _int8_packs(_matrices(parts, head), _cache_path(model, cache_dir, INT8_FILE))
 
     def linear(p: list, name: str) -> Linear:
-        return Linear(p, _pack(packs, name), int8.get(name))
+        return Linear(p, _pack(packs, name), int8.get(name), precise_activations)
 
     layers = []
     for index, (norm_in, qkv, o, norm_post, gate_up, down) in enumerate(parts):
