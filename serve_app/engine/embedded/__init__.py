@@ -129,7 +129,7 @@ def _build(spec: EmbeddedModel, folder: Path) -> None:
 def _write_back(path: Path) -> None:
     """Flush ``path`` to disk before the folder is published: a renamed folder is complete
     even after a crash, and its pages are clean, so a replica done reading them can hand
-    them back (``runner.prepare.page_out``; dirty pages stay until written back)."""
+    them back (``runner.pages.page_out``; dirty pages stay until written back)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
