@@ -169,6 +169,20 @@ class UnprocessableRequestError(
         return converted
 
 
+class MergeFailedError(
+    ServiceError,
+    status=422,
+    type="invalid_request_error",
+    code="merge_failed",
+    message=(
+        "The update snippet could not be merged without losing code: the model's merge dropped "
+        "or changed original lines outside the snippet, and the snippet has no unchanged lines "
+        "that place it in the original. Include a few unchanged lines around each change."
+    ),
+):
+    """Apply: neither the model's merge nor the anchored merge keeps the original code."""
+
+
 class RateLimitError(
     ServiceError,
     status=429,

@@ -102,3 +102,28 @@ def test_the_check_refuses_a_merge_that_drops_code():
     assert not keeps_untouched(PY, snippet, good.replace("import math\n", ""))
     assert not keeps_untouched(PY, snippet, PY)  # the change is missing
     assert not keeps_untouched(PY, snippet, "# ... existing code ...\n" + good)
+
+
+def test_a_snippet_placed_nowhere_must_keep_every_original_line():
+    # An insertion with no anchor: the snippet alone (a small model's usual failure) would
+    # drop the whole file, so only a merge that keeps every original line passes.
+    snippet = "# ... existing code ...\nclass Unrelated:\n    pass\n# ... existing code ..."
+    assert not keeps_untouched(PY, snippet, "class Unrelated:\n    pass")
+    assert not keeps_untouched(PY, snippet, "")
+    assert keeps_untouched(PY, snippet, PY + "\n\n\nclass Unrelated:\n    pass")
+    # ... but it may stand for up to its own size in original lines (an edit without anchors)
+    assert keeps_untouched(PY, snippet, PY.replace("import math", "class Unrelated:\n    pass"))
+    three_lost = "\n".join(PY.splitlines()[5:]) + "\n\n\nclass Unrelated:\n    pass"
+    assert not keeps_untouched(PY, snippet, three_lost)
+
+
+def test_a_one_line_edit_without_an_exact_match_replaces_the_line_most_like_it():
+    assert merge_snippet("x = 1\ny = 2", "y = 3") == "x = 1\ny = 3"
+    assert merge_snippet("x = 1\nx = 1", "x = 2") is None  # two lines alike: not placed
+    assert merge_snippet(PY, "completely different") is None
+
+
+def test_an_empty_original_takes_the_snippet_and_an_empty_snippet_changes_nothing():
+    assert merge_snippet("", "# ... existing code ...\nx = 1") == "x = 1"
+    assert merge_snippet(PY, "") == PY
+    assert not keeps_untouched(PY, "", "")

@@ -225,6 +225,48 @@ def test_continue_apply_stream(client):
     assert continue_apply_text(response) == MERGED
 
 
+# A new function between markers: nothing in the snippet places it in the original.
+UNANCHORED = "# ... existing code ...\ndef helper():\n    return 1\n# ... existing code ..."
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_apply_never_answers_a_merge_that_loses_the_file(client, stream):
+    # The tiny model writes noise and the snippet has no anchor for the line-anchored merge:
+    # the answer would replace the user's file (ProxyAI writes it over the whole file), so the
+    # request fails in the contract's shape instead, before any stream starts.
+    body = {
+        "model": TINY_ID,
+        "messages": [{"role": "user", "content": tagged_apply(ORIGINAL, UNANCHORED)}],
+        "max_tokens": 16,
+        "stream": stream,
+        "diffusing": False,
+    }
+    response = client.post("/v1/apply/completions", json=body, headers=AUTH)
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert error["code"] == "merge_failed" and error["param"] == "messages"
+    assert error["type"] == "invalid_request_error" and "unchanged lines" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("original", "snippet", "expected"),
+    [("", "x = 1", "x = 1"), (ORIGINAL, "", ORIGINAL)],
+    ids=["empty-original", "empty-snippet"],
+)
+def test_apply_with_nothing_to_keep_or_nothing_to_change(client, original, snippet, expected):
+    body = {
+        "model": TINY_ID,
+        "messages": [{"role": "user", "content": tagged_apply(original, snippet)}],
+        "max_tokens": 16,
+    }
+    response = client.post("/v1/apply/completions", json=body, headers=AUTH)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert updated_code(choice["message"]["content"]) == expected
+    assert choice["finish_reason"] == "stop"
+
+
 @pytest.mark.parametrize(
     "messages",
     [
@@ -279,7 +321,10 @@ def test_openapi_documents_completions_and_apply(client):
     document = client.get("/openapi.json").json()
     for path in ("/v1/completions", "/v1/apply/completions"):
         assert "post" in document["paths"][path], path
-        assert "422" not in document["paths"][path]["post"]["responses"]
+    # 400 for invalid bodies everywhere but decisions; apply's one 422 is a failed merge.
+    assert "422" not in document["paths"]["/v1/completions"]["post"]["responses"]
+    apply_422 = document["paths"]["/v1/apply/completions"]["post"]["responses"]["422"]
+    assert "ErrorResponse" in str(apply_422) and "HTTPValidationError" not in str(apply_422)
     schemas = document["components"]["schemas"]
     assert {"n", "echo", "logprobs", "best_of", "user"} <= set(
         schemas["FimCompletionRequest"]["properties"]

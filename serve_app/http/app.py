@@ -81,6 +81,7 @@ class ModelRoute:
     stream_method: str | None = None
     enabled: Callable[[AppConfig], bool] = lambda config: True
     description: str | None = None
+    extra_errors: tuple[int, ...] = ()  # statuses beyond ``COMMON_ERRORS`` it may answer
 
     @property
     def endpoint(self) -> str:
@@ -105,6 +106,7 @@ MODEL_ROUTES = (
         "apply", "/v1/apply/completions", ApplyCompletionRequest, ChatCompletion, "edit", "apply",
         "apply_stream",
         description="Merge an update snippet into code; served by the edit model's deployment.",
+        extra_errors=(422,),  # merge_failed: no merge keeps the original code
     ),
 )  # fmt: skip
 
@@ -171,6 +173,7 @@ class RouteHandlers:
         )
         for route in MODEL_ROUTES:
             responses = dict(COMMON_ERRORS)
+            responses.update({code: {"model": ErrorResponse} for code in route.extra_errors})
             if route.stream_method is not None:
                 responses[200] = {"content": {"text/event-stream": SSE_RESPONSE}}
             app.post(

@@ -10,8 +10,9 @@ from serve_app.http.errors import VALIDATION_422_PATHS
 
 
 def openapi_without_implicit_422(app: FastAPI) -> dict[str, Any]:
-    """FastAPI documents a 422 on every route with a body; only /v1/decisions answers 422
-    (the others answer validation failures with 400), so the document says exactly that."""
+    """FastAPI documents a 422 validation error on every route with a body; only
+    /v1/decisions answers validation failures with 422 (the others with 400), so the document
+    says exactly that."""
     if app.openapi_schema is None:
         from fastapi.openapi.utils import get_openapi
 
@@ -21,6 +22,8 @@ def openapi_without_implicit_422(app: FastAPI) -> dict[str, Any]:
         for path, operations in document["paths"].items():
             if path not in VALIDATION_422_PATHS:
                 for operation in operations.values():
-                    operation.get("responses", {}).pop("422", None)
+                    responses = operation.get("responses", {})
+                    if "HTTPValidationError" in str(responses.get("422")):
+                        del responses["422"]  # implicit; a route's own 422 (apply's) stays
         app.openapi_schema = document
     return app.openapi_schema

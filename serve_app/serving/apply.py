@@ -23,6 +23,7 @@ from serve_app.engine.prompts.apply import (
     wrap_updated,
 )
 from serve_app.engine.prompts.chat_encoding import encode_chat
+from serve_app.errors import MergeFailedError
 from serve_app.serving.generation import EngineClient, chunk_maker, usage_of
 
 logger = logging.getLogger(__name__)
@@ -41,19 +42,20 @@ class ApplyService:
         prompt_ids = encode_chat(
             self.client.tokenizer, applied.messages(), continue_final_message=True
         )
-        model = self.client.model
-        room = model.context_length - len(prompt_ids)
-        max_tokens = max(1, min(DEFAULT_APPLY_MAX_TOKENS, model.max_output_length, room))
+        max_tokens = self.client.default_max_tokens(prompt_ids, DEFAULT_APPLY_MAX_TOKENS)
         params = body.to_sampling_params(max_tokens, MODEL_STOPS)
         request = self.client.request(prompt_ids, params, prompt_param="messages")
         text, last = await self.client.complete(request)
-        merged, finish = clean_model_output(text), last.finish_reason or "stop"
-        if finish != "stop" or not keeps_untouched(applied.original, applied.snippet, merged):
-            fallback = merge_snippet(applied.original, applied.snippet)
-            if fallback is not None:
-                logger.info("apply: the model's merge lost code; answering the anchored merge")
-                merged, finish = fallback, "stop"
-        return wrap_updated(merged), finish, usage_of(last)
+        merged = clean_model_output(text)
+        if last.finish_reason != "stop" or not keeps_untouched(
+            applied.original, applied.snippet, merged
+        ):
+            # A cut-off or lossy merge is never sent: clients write it over the whole file.
+            merged = merge_snippet(applied.original, applied.snippet)
+            if merged is None:
+                raise MergeFailedError(param="messages")
+            logger.info("apply: the model's merge lost code; answering the anchored merge")
+        return wrap_updated(merged), "stop", usage_of(last)
 
     async def complete(self, body: ApplyCompletionRequest) -> ChatCompletion:
         content, finish, usage = await self.merge(body)

@@ -110,6 +110,13 @@ class EngineClient:
         large request cannot stall the other streams this replica's event loop serves."""
         return await asyncio.to_thread(work, *args, **kwargs)
 
+    def default_max_tokens(self, prompt_ids: list[int], cap: int) -> int:
+        """A request's output limit when it names none (chat, apply): ``cap`` or the model's
+        limit, and never more than the context leaves after the prompt, as OpenAI's API does
+        (a long conversation gets a shorter answer, not a context-length error)."""
+        room = self.model.context_length - len(prompt_ids)
+        return max(1, min(cap, self.model.max_output_length, room))
+
     def request(
         self, prompt_ids: list[int], params: SamplingParams, prompt_param: str, role: str = ""
     ) -> GenerationRequest:

@@ -14,9 +14,11 @@ syntax) stand for unchanged code left out.
 The model writes the merged file. Because a small model may drop or rewrite lines it should
 have copied, its answer is checked (``keeps_untouched``): every line of the original outside
 the regions the snippet covers must still be there, in order, and every line of the snippet
-must be there too. An answer that fails is replaced by ``merge_snippet``, a deterministic
-line-anchored merge, when the snippet can be placed unambiguously; otherwise the model's answer
-stands (it is the best there is).
+must be there too; where the snippet cannot be placed, the answer may lose no more original
+lines than the snippet has. An answer that fails is replaced by ``merge_snippet``, a
+deterministic line-anchored merge, when the snippet can be placed unambiguously; otherwise the
+request fails (``MergeFailedError``) rather than answer a file with code lost: a client such as
+ProxyAI writes the answer over the whole file.
 """
 
 from __future__ import annotations
@@ -139,6 +141,9 @@ def _segments(snippet: str) -> list[list[str]]:
     return [segment for segment in segments if any(line.strip() for line in segment)]
 
 
+SIMILAR = 0.6  # an edited line this like an original line is taken as its edit
+
+
 def _locate(original: list[str], cursor: int, segment: list[str]) -> tuple[int, int] | None:
     """The span of ``original`` (from ``cursor``) that ``segment`` replaces, or None when it
     cannot be placed unambiguously: no line of it matches, or the span would delete more
@@ -152,7 +157,7 @@ def _locate(original: list[str], cursor: int, segment: list[str]) -> tuple[int, 
         if block.size and any(rest[block.a : block.a + block.size])
     ]
     if not blocks:
-        return None
+        return _locate_one_changed_line(rest, wanted)
     start, end = blocks[0].a, blocks[-1].a + blocks[-1].size
     while end > start and not rest[end - 1]:  # blank lines at the edges stay where they are
         end -= 1
@@ -172,8 +177,26 @@ def _locate(original: list[str], cursor: int, segment: list[str]) -> tuple[int, 
     return cursor + start, cursor + end
 
 
+def _locate_one_changed_line(rest: list[str], wanted: list[str]) -> tuple[int, int] | None:
+    """A one-line segment that matches no line exactly ("y = 2" -> "y = 3") replaces the one
+    original line most like it, if that line is similar and no other is as similar."""
+    edited = [line for line in wanted if line]
+    if len(edited) != 1:
+        return None
+    ratios = [_ratio(line, edited[0]) if line else 0.0 for line in rest]
+    best = max(ratios, default=0.0)
+    if best < SIMILAR or ratios.count(best) != 1:
+        return None
+    at = ratios.index(best)
+    return at, at + 1
+
+
 def _similar(original: str, edited: str) -> bool:
-    return difflib.SequenceMatcher(None, original, edited, autojunk=False).ratio() >= 0.6
+    return _ratio(original, edited) >= SIMILAR
+
+
+def _ratio(original: str, edited: str) -> float:
+    return difflib.SequenceMatcher(None, original, edited, autojunk=False).ratio()
 
 
 def _spans(original: list[str], snippet: str) -> list[tuple[int, int, list[str]]] | None:
@@ -191,8 +214,10 @@ def merge_snippet(original: str, snippet: str) -> str | None:
     """The snippet merged by line anchors: each segment replaces the span of the original it
     matches; everything between and around the spans is kept. None when it cannot be placed."""
     lines = original.splitlines()
+    if not any(line.strip() for line in lines):  # nothing to keep: the snippet is the file
+        return "\n".join(line for segment in _segments(snippet) for line in segment)
     spans = _spans(lines, snippet)
-    if not spans:
+    if spans is None:
         return None
     merged, cursor = [], 0
     for start, end, segment in spans:
@@ -210,21 +235,39 @@ def _trim_blank_edges(segment: list[str]) -> list[str]:
 
 def keeps_untouched(original: str, snippet: str, merged: str) -> bool:
     """Whether ``merged`` keeps, in order, every non-blank original line outside the spans the
-    snippet covers and every non-blank line of the snippet, and has no elision marker left."""
+    snippet covers and every non-blank line of the snippet, and has no elision marker left.
+    A snippet the anchors cannot place may stand for as many original lines as it has lines
+    (the bound ``_locate`` keeps to), no more: the rest of the original must stay, so an
+    answer of the snippet alone never passes for a file longer than it."""
     lines = original.splitlines()
     merged_lines = merged.splitlines()
     if any(is_elision(line) for line in merged_lines):
         return False
-    spans = _spans(lines, snippet) or []
+    spans = _spans(lines, snippet)
     kept, cursor = [], 0
-    for start, end, _ in spans:
+    for start, end, _ in spans or []:
         kept += lines[cursor:start]
         cursor = end
-    kept += lines[cursor:] if spans else []
+    kept += lines[cursor:]
     snippet_lines = [line for segment in _segments(snippet) for line in segment]
-    return _in_order(kept, merged_lines) and _in_order(snippet_lines, merged_lines)
+    if not _in_order(snippet_lines, merged_lines):
+        return False
+    if spans is not None:
+        return _in_order(kept, merged_lines)
+    return _lost(kept, merged_lines) <= len(_code(snippet_lines))
+
+
+def _code(lines: list[str]) -> list[str]:
+    return [line.rstrip() for line in lines if line.strip()]
 
 
 def _in_order(needed: list[str], lines: list[str]) -> bool:
     remaining = iter(line.rstrip() for line in lines)
-    return all(line.rstrip() in remaining for line in needed if line.strip())
+    return all(line in remaining for line in _code(needed))
+
+
+def _lost(needed: list[str], lines: list[str]) -> int:
+    """How many non-blank ``needed`` lines ``lines`` does not keep in order."""
+    wanted = _code(needed)
+    matcher = difflib.SequenceMatcher(None, wanted, _code(lines), autojunk=False)
+    return len(wanted) - sum(block.size for block in matcher.get_matching_blocks())
