@@ -239,6 +239,17 @@ def test_chat_stream_shape(client):
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] > 0
 
 
+def test_chat_without_max_tokens_answers_in_what_the_context_leaves(client):
+    # ~3,400 prompt tokens in the tiny model's 4,096: the 1,024-token default does not fit,
+    # so the answer gets the room left (OpenAI's behaviour), not a context-length error.
+    body = {"model": TINY_ID, "messages": [{"role": "user", "content": "ab " * 1700}]}
+    response = client.post("/v1/chat/completions", json=body, headers=AUTH)
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+    assert usage["prompt_tokens"] + 1024 > 4096
+    assert usage["prompt_tokens"] + usage["completion_tokens"] <= 4096
+
+
 def test_chat_accepts_diffusion_extensions(client):
     body = {
         **CHAT,

@@ -46,7 +46,7 @@ class ChatService:
         # Message contents are encoded as plain text (a user cannot write turn markers), on a
         # worker thread: a long conversation must not stall the replica's other streams.
         prompt_ids = await self.client.off_loop(encode_chat, self.client.tokenizer, messages)
-        max_tokens = min(DEFAULT_CHAT_MAX_TOKENS, self.client.model.max_output_length)
+        max_tokens = self.client.default_max_tokens(prompt_ids, DEFAULT_CHAT_MAX_TOKENS)
         params = body.to_sampling_params(default_max_tokens=max_tokens)
         return self.client.request(prompt_ids, params, prompt_param="messages", role="chat")
 
