@@ -88,6 +88,13 @@ class ModelConfig(StrictConfig):
     supported_features: list[str] = Field(default_factory=list)
     openrouter_slug: str | None = None
     datacenters: list[str] = Field(default_factory=lambda: ["US"])
+    aliases: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Other ids a request may name this model by, for clients that hard-code one (Zed "
+            "sends mercury-coder); answers and listings carry ``id``."
+        ),
+    )
 
     @model_validator(mode="after")
     def _describe_from_source(self) -> ModelConfig:
@@ -292,6 +299,19 @@ class AppConfig(StrictConfig):
                     f"roles.{role} names an unknown model {getattr(self.roles, role)!r}"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _ids_and_aliases_are_unique(self) -> AppConfig:
+        names = [model.id for model in self.models]
+        names += [alias for model in self.models for alias in model.aliases]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"model ids and aliases must be unique: {repeated} repeat")
+        return self
+
+    def resolve_model_id(self, name: str) -> str:
+        """The id of the model ``name`` names (itself, or the model it is an alias of)."""
+        return next((model.id for model in self.models if name in model.aliases), name)
 
     def model(self, model_id: str) -> ModelConfig:
         return next(model for model in self.models if model.id == model_id)

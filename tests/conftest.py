@@ -58,6 +58,7 @@ def tiny_config(
                 max_output_length=8192,
                 openrouter_slug="test/tiny-qwen2",
                 datacenters=["US", "DE"],
+                aliases=["mercury-coder"],  # as configs/local.yaml: Zed's hard-coded id
             )
         ],
         "roles": Roles(fim=TINY_ID, edit=TINY_ID, decisions=TINY_ID),

@@ -298,6 +298,18 @@ def test_each_client_request_is_accepted_and_its_answer_parses(client, name: str
     assert answer["choices"][0]["message"]["content"] == f"```\n{region}\n```"
 
 
+def test_zeds_request_with_its_hard_coded_model_id_works_unchanged(client) -> None:
+    # Zed always names "mercury-coder" and sends no max_tokens; the configs alias that id to
+    # the edit model, and the answer names the model that served it.
+    call = zed_call(RENAME, "mercury-coder")
+    assert call.body["model"] == "mercury-coder" and "max_tokens" not in call.body
+    answer = post(client, call)
+    assert answer["model"] == TINY_ID
+    assert zed_extract(answer) is not None
+    listed = client.get("/v1/models", headers=call.headers).json()["data"]
+    assert [model["id"] for model in listed] == [TINY_ID]
+
+
 def test_every_layout_gives_the_model_one_canonical_prompt(client) -> None:
     """Section order, blank lines between sections and between diffs, the Kilo marker and a
     file name with or without its folder do not change what the model reads."""

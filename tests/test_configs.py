@@ -50,6 +50,11 @@ def test_unknown_config_keys_fail_loudly():
         AppConfig.model_validate({"engine": {"max_batchsize": 4}})
     with pytest.raises(ValueError, match="unknown model"):
         AppConfig.model_validate({"roles": {"fim": "missing"}})
+    two = [{"id": "a", "aliases": ["x"]}, {"id": "b", "aliases": ["x"]}]
+    with pytest.raises(ValueError, match="unique"):
+        AppConfig.model_validate(
+            {"models": two, "roles": {"fim": "a", "edit": "a", "decisions": "a"}}
+        )
 
 
 def test_grafana_dashboard_queries_only_documented_metrics():

@@ -311,6 +311,7 @@ class RouteHandlers:
         response: Response,
         credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     ) -> DecisionResponse:
+        body.model = self.config.resolve_model_id(body.model)
         grant = await self.authorize(request, credentials, body.model, "decisions", body)
         _apply_headers(response, grant)
         self.require_role(grant, body.model, "decisions")
@@ -339,7 +340,8 @@ class RouteHandlers:
     ) -> Any:
         """The one path of a model route: authorize (reserving the estimate), rate headers,
         the role check (a disabled endpoint is an unknown model), then stream or call, and
-        check the answer's shape."""
+        check the answer's shape. An alias is resolved first: the answer names the model's id."""
+        body.model = self.config.resolve_model_id(body.model)
         grant = await self.authorize(request, credentials, body.model, route.endpoint, body)
         _apply_headers(response, grant)
         if not route.enabled(self.config):
