@@ -239,6 +239,25 @@ def test_chat_stream_shape(client):
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] > 0
 
 
+NULLABLE = {  # optional fields a client may send as null (the openai SDK does for None)
+    "/v1/fim/completions": (FIM, ["top_p", "top_k", "frequency_penalty", "presence_penalty",
+                                  "repetition_penalty", "n", "echo", "stream", "temperature"]),
+    "/v1/chat/completions": (CHAT, ["temperature", "top_p", "frequency_penalty",
+                                    "presence_penalty", "n", "stream", "diffusing", "realtime"]),
+    "/v1/edit/completions": (EDIT, ["temperature", "top_p", "presence_penalty", "stream"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", list(NULLABLE))
+def test_null_on_an_optional_field_means_its_default(client, path):
+    base, fields = NULLABLE[path]
+    response = client.post(path, json={**base, **dict.fromkeys(fields)}, headers=AUTH)
+    assert response.status_code == 200, response.text
+    assert response.json()["object"] != "chat.completion.chunk"  # stream null = not streamed
+    nameless = client.post(path, json={**base, "model": None}, headers=AUTH)
+    assert_invalid(nameless, "model")  # a required field stays required
+
+
 def test_chat_without_max_tokens_answers_in_what_the_context_leaves(client):
     # ~3,400 prompt tokens in the tiny model's 4,096: the 1,024-token default does not fit,
     # so the answer gets the room left (OpenAI's behaviour), not a context-length error.

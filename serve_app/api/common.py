@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import time
+import types
+import typing
 import uuid
 from typing import Annotated, Any, Literal
 
@@ -42,6 +45,17 @@ class RequestModel(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_left_out(cls, data: Any) -> Any:
+        """OpenAI's API reads ``null`` on an optional field as the field left out (the
+        ``openai`` SDK sends null for an argument passed as None): such a field takes its
+        default. Fields where null means something of its own keep it."""
+        if not isinstance(data, dict):
+            return data
+        refuse_null = _fields_refusing_null(cls)
+        return {k: v for k, v in data.items() if v is not None or k not in refuse_null}
+
     @model_validator(mode="after")
     def _encodable_text(self) -> RequestModel:
         for name in type(self).model_fields:
@@ -51,6 +65,29 @@ class RequestModel(BaseModel):
                     "\\ud800); send UTF-8 text"
                 )
         return self
+
+
+@functools.cache
+def _fields_refusing_null(model: type[BaseModel]) -> frozenset[str]:
+    """The wire names of ``model``'s optional fields whose type does not admit None."""
+    return frozenset(
+        field.alias or name
+        for name, field in model.model_fields.items()
+        if not field.is_required() and not _admits_none(field.annotation)
+    )
+
+
+def _admits_none(annotation: Any) -> bool:
+    if annotation is Any or annotation is None or annotation is type(None):
+        return True
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Annotated:
+        return _admits_none(args[0])
+    if origin is Literal:
+        return None in args
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_admits_none(arg) for arg in args)
+    return False
 
 
 def _encodable(value: Any) -> bool:
