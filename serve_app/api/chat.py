@@ -90,7 +90,9 @@ class ChatCompletionRequest(StreamingRequest):
     n: Literal[1] = Field(default=1, description="Only one choice per request is supported.")
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto"] | dict[str, Any] | None = None
+    tool_choice: str | dict[str, Any] | None = Field(
+        default=None, description="Only none or auto (tool calling is not supported)."
+    )
     # Diffusion extensions (api-notes.md), accepted as documented no-ops.
     diffusing: bool = False
     realtime: bool = False
@@ -104,7 +106,15 @@ class ChatCompletionRequest(StreamingRequest):
             raise ValueError("tool calling is not supported by the models of this service")
         return tools
 
-    _tool_choice_depth = field_validator("tool_choice")(_shallow)
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_required_tools(cls, choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if choice not in (None, "none", "auto"):
+            raise ValueError(
+                "tool calling is not supported by the models of this service: tool_choice can "
+                "only be none or auto"
+            )
+        return choice
 
     @property
     def json_mode(self) -> Literal["json_object", "json_schema"] | None:
