@@ -113,6 +113,19 @@ async def _on_service_error(request: Request, exc: ServiceError) -> JSONResponse
 
 async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = list(exc.errors())
+    content_type = request.headers.get("content-type", "")
+    if "json" not in content_type and any(tuple(e.get("loc", ())) == ("body",) for e in errors):
+        # FastAPI reads a body as JSON only when it says so (a guard against cross-site
+        # requests); otherwise its error ("a valid dictionary") does not say what to change.
+        said = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
+        errors = [
+            {
+                "type": "content_type",
+                "loc": ("body",),
+                "msg": f"Send the body as JSON with Content-Type: application/json ({said}).",
+                "input": {},
+            }
+        ]
     if request.url.path in VALIDATION_422_PATHS:
         # Never echo a large input back: the first errors, each input cut to a preview.
         errors = [{**e, "input": _preview(e.get("input"))} for e in errors[:MAX_ERRORS_SHOWN]]
