@@ -155,6 +155,74 @@ def test_backreference_pattern_is_refused_naming_pattern(client):
     assert error["param"] == "response_format" and "pattern" in error["message"]
 
 
+@pytest.fixture
+def listener():
+    """A local HTTP server that counts the requests it gets (a fetched $ref would be one)."""
+    import http.server
+    import threading
+
+    hits: list[str] = []
+
+    class Count(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            hits.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"type": "integer"}')
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Count)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", hits
+    server.shutdown()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_a_schema_cannot_make_the_service_fetch_a_url_or_read_a_file(client, listener, stream):
+    url, hits = listener
+    for schema in (
+        {"$ref": f"{url}/schema.json"},
+        {"type": "object", "properties": {"a": {"$ref": f"{url}/a.json#/x"}}},
+        {"$id": f"{url}/base/", "$ref": "z.json"},
+        {"$ref": "file:///etc/hostname"},
+        {"$dynamicRef": "#x"},
+    ):
+        body = {**chat_with_schema(schema), "stream": stream}
+        response = client.post("/v1/chat/completions", json=body, headers=AUTH)
+        assert response.status_code == 400, (schema, response.text)
+        assert response.json()["error"]["param"] == "response_format"
+    assert hits == []
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$ref": "#"},
+        {"anyOf": [{"$ref": "#"}]},
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+    ],
+    ids=["self", "through-anyOf", "two-defs"],
+)
+def test_a_reference_loop_is_a_400_before_generation_not_a_500_after(client, schema):
+    response = client.post("/v1/chat/completions", json=chat_with_schema(schema), headers=AUTH)
+    assert response.status_code == 400, response.text
+    assert "refers back to itself" in response.json()["error"]["message"]
+
+
+def test_a_recursive_schema_that_reads_the_answer_still_works(client):
+    tree = {
+        "type": "object",
+        "properties": {"children": {"type": "array", "items": {"$ref": "#"}, "maxItems": 0}},
+        "required": ["children"],
+        "additionalProperties": False,
+    }
+    response = client.post("/v1/chat/completions", json=chat_with_schema(tree, 16), headers=AUTH)
+    assert response.status_code == 200, response.text
+
+
 def test_four_thousand_required_properties_are_refused_naming_properties(client):
     names = [f"p{i:04d}" for i in range(4000)]
     schema = {

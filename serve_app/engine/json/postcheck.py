@@ -9,6 +9,14 @@ them with ``jsonschema``. A stranger writes those patterns, and Python's ``re`` 
 - ``pattern`` and ``patternProperties`` are evaluated with the ``regex`` module under a
   per-match timeout; a pattern that runs out of time counts as not matching, so the answer
   fails validation instead of holding a thread.
+
+References stay inside the schema: left to itself, ``jsonschema`` fetches a ``$ref`` to an
+``http://`` or ``file://`` address (with no timeout), which would let a request make a model
+replica read URLs and files of an attacker's choosing. So ``check_references`` refuses any
+``$ref`` that is not a local ``#...`` pointer, and the ``$dynamicRef``/``$recursiveRef``
+keywords, when the schema is compiled; validation runs over a registry that retrieves nothing;
+and a schema whose references loop without reading the answer (``{"$ref": "#"}``) is refused
+by a trial validation instead of ending in a RecursionError after the answer was generated.
 """
 
 from __future__ import annotations
@@ -48,6 +56,46 @@ def check_patterns(schema: Any) -> None:
             raise SchemaError(
                 f"response_format.json_schema: pattern at {where} is not a valid regex: {e}."
             ) from None
+
+
+def check_references(schema: Any) -> None:
+    """Raise ``SchemaError`` for a reference that leaves the schema or loops on itself."""
+    for where, node in _nodes(schema):
+        for keyword in ("$dynamicRef", "$recursiveRef"):
+            if keyword in node:
+                raise SchemaError(
+                    f"response_format.json_schema: {keyword} at {where} is not supported."
+                )
+        ref = node.get("$ref")
+        if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
+            raise SchemaError(
+                f"response_format.json_schema: $ref {ref!r} at {where} is not a local "
+                "reference (#/...); references to other documents are not fetched."
+            )
+    if isinstance(schema, Mapping):
+        validator = _validator(schema)
+        try:
+            for sample in (None, {}, [], "", 0):
+                validator.is_valid(sample)
+        except RecursionError:
+            raise SchemaError(
+                "response_format.json_schema: its $ref chain refers back to itself without "
+                "reading any part of the answer."
+            ) from None
+        except Exception as e:  # an unresolvable pointer, a malformed keyword
+            raise SchemaError(f"response_format.json_schema: {e}") from None
+
+
+def _nodes(schema: Any) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Every object in the schema with its location, iteratively (no recursion limit)."""
+    stack: list[tuple[str, Any]] = [("#", schema)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, Mapping):
+            yield where, node
+            stack.extend((f"{where}/{k}", v) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((f"{where}/{i}", v) for i, v in enumerate(node))
 
 
 def _patterns(schema: Any) -> Iterator[tuple[str, Any]]:
@@ -90,12 +138,25 @@ def validate_output(text: str, schema: Mapping[str, Any] | None) -> str | None:
     import jsonschema
 
     check_patterns(schema)
-    validator = _bounded_validator(jsonschema.validators.validator_for(schema))
+    check_references(schema)
     try:
-        validator(schema).validate(value)
+        _validator(schema).validate(value)
     except jsonschema.ValidationError as e:
         return f"does not match the schema: {e.message}"
     return None
+
+
+def _validator(schema: Mapping[str, Any]) -> Any:
+    """A ``jsonschema`` validator for ``schema`` with bounded patterns and no retrieval."""
+    import jsonschema
+    from referencing import Registry
+
+    validator = _bounded_validator(jsonschema.validators.validator_for(schema))
+    return validator(schema, registry=Registry(retrieve=_retrieve_nothing))
+
+
+def _retrieve_nothing(uri: str) -> Any:
+    raise SchemaError(f"response_format.json_schema: $ref to {uri!r} is not fetched.")
 
 
 def _bounded_validator(base: type) -> type:

@@ -32,7 +32,7 @@ from serve_app.engine.json.grammar import (
     UnionNode,
     dumps_value,
 )
-from serve_app.engine.json.postcheck import check_patterns
+from serve_app.engine.json.postcheck import check_patterns, check_references
 
 # Caps on what one schema may cost (OpenAI structured outputs has similar ones).
 MAX_SCHEMA_NODES = 2000  # subschemas compiled, $refs counted once
@@ -104,6 +104,7 @@ def compile_schema(
     check_patterns(schema)
     compiler = _SchemaCompiler(schema, time.monotonic() + deadline_s)
     root = compiler.node(schema, "#")
+    check_references(schema)  # after the compiler's caps: it runs a trial validation
     grammar = Grammar(
         root, schema if isinstance(schema, Mapping) else None, compiler.notes, compiler.count
     )
