@@ -19,6 +19,7 @@ import pytest
 from serve_app.engine.constraints import compile_schema
 from tests.clients import tagged_apply
 from tests.conftest import AUTH, TEST_KEY, TINY_ID
+from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 
 CHAT_PROBE = {
     "model": TINY_ID,
@@ -267,12 +268,25 @@ def test_stop_lists_are_bounded(client, stop, endpoint):
 # --------------------------------------------------------------------------- large prompts
 
 
-@pytest.mark.parametrize("endpoint", ["chat", "fim"])
+@pytest.mark.parametrize("endpoint", ["chat", "fim", "edit", "apply"])
 def test_huge_prompt_is_refused_before_tokenising(client, endpoint):
     text = "word " * 180_000  # 900 KB: far over what 4,096 tokens can spell
     if endpoint == "chat":
         path = "/v1/chat/completions"
         body = {**CHAT_PROBE, "messages": [{"role": "user", "content": text}]}
+    elif endpoint == "edit":
+        head = "current_file_path: shop/cart.py\n"  # a valid prompt whose file is huge
+        content = EXAMPLE_EDIT_CONTENT.replace(head, f"{head}{text}\n", 1)
+        path, body = (
+            "/v1/edit/completions",
+            {**CHAT_PROBE, "messages": [{"role": "user", "content": content}]},
+        )
+    elif endpoint == "apply":
+        content = tagged_apply(text, "x = 2")
+        path, body = (
+            "/v1/apply/completions",
+            {**CHAT_PROBE, "messages": [{"role": "user", "content": content}]},
+        )
     else:
         path, body = "/v1/fim/completions", {"model": TINY_ID, "prompt": text, "max_tokens": 1}
     response = assert_never_blocks(

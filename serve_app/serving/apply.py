@@ -16,6 +16,7 @@ from serve_app.api.chat import (
 )
 from serve_app.api.common import CompletionUsage, new_id, now
 from serve_app.engine.prompts.apply import (
+    ApplyInput,
     clean_model_output,
     keeps_untouched,
     merge_snippet,
@@ -37,24 +38,19 @@ class ApplyService:
         self.client = client
 
     async def merge(self, body: ApplyCompletionRequest) -> tuple[str, str, CompletionUsage]:
-        """The answer's content, its finish reason and the usage of the model call."""
-        applied = parse_apply_request(body.content)
-        prompt_ids = encode_chat(
-            self.client.tokenizer, applied.messages(), continue_final_message=True
+        """The answer's content, its finish reason and the usage of the model call. Text that
+        cannot fit is refused unread; parsing, tokenising and the merge check (line diffs,
+        quadratic in the worst case) run off the event loop, as chat's and edit's do."""
+        self.client.check_input_size(len(body.content), "messages")
+        applied = await self.client.off_loop(parse_apply_request, body.content)
+        prompt_ids = await self.client.off_loop(
+            encode_chat, self.client.tokenizer, applied.messages(), continue_final_message=True
         )
         max_tokens = self.client.default_max_tokens(prompt_ids, DEFAULT_APPLY_MAX_TOKENS)
         params = body.to_sampling_params(max_tokens, MODEL_STOPS)
         request = self.client.request(prompt_ids, params, prompt_param="messages")
         text, last = await self.client.complete(request)
-        merged = clean_model_output(text)
-        if last.finish_reason != "stop" or not keeps_untouched(
-            applied.original, applied.snippet, merged
-        ):
-            # A cut-off or lossy merge is never sent: clients write it over the whole file.
-            merged = merge_snippet(applied.original, applied.snippet)
-            if merged is None:
-                raise MergeFailedError(param="messages")
-            logger.info("apply: the model's merge lost code; answering the anchored merge")
+        merged = await self.client.off_loop(_checked_merge, applied, text, last.finish_reason)
         return wrap_updated(merged), "stop", usage_of(last)
 
     async def complete(self, body: ApplyCompletionRequest) -> ChatCompletion:
@@ -76,3 +72,16 @@ class ApplyService:
             yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(content=line))])
         yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(), finish_reason=finish)])
         yield chunk([], usage)
+
+
+def _checked_merge(applied: ApplyInput, text: str, finish_reason: str | None) -> str:
+    """The model's merge if it keeps the original code, else the anchored merge. A cut-off or
+    lossy merge is never sent: clients write the answer over the whole file."""
+    merged = clean_model_output(text)
+    if finish_reason == "stop" and keeps_untouched(applied.original, applied.snippet, merged):
+        return merged
+    anchored = merge_snippet(applied.original, applied.snippet)
+    if anchored is None:
+        raise MergeFailedError(param="messages")
+    logger.info("apply: the model's merge lost code; answering the anchored merge")
+    return anchored

@@ -23,8 +23,10 @@ class EditService:
         self.client = client
 
     async def complete(self, body: EditCompletionRequest) -> EditCompletion:
-        # Parsed and tokenised (several times, while fitting) off the event loop: a prompt near
-        # the body limit would otherwise stall every stream of this replica.
+        # Text that cannot fit the context is refused unread; the rest is parsed and tokenised
+        # (several times, while fitting) off the event loop: a prompt near the body limit
+        # would otherwise stall every stream of this replica.
+        self.client.check_input_size(len(body.content), "messages")
         prompt = await self.client.off_loop(parse_edit_prompt, body.content)
         params = body.to_sampling_params()
         context_length = self.client.model.context_length
