@@ -307,6 +307,35 @@ def test_concurrent_requests_cannot_overrun_the_quota(billing_client, billing_co
         store.close()
 
 
+def test_decisions_cannot_overrun_the_quota_or_the_token_window(billing_client, billing_config):
+    """A decision is bounded by its scoring budget, not the context (its reservation was
+    capped at the 4,096-token context while one request scored 61k tokens), and its fixed
+    system turn and examples count in its usage (small decisions reserved a fifth of it)."""
+    key, account = new_account(billing_config.auth_db, "decisions-big", quota_tokens=5000)
+    questions = {f"q{i}": {"type": "noul", "instructions": "lorem " * 300} for i in range(32)}
+    big = {"model": TINY_ID, "state": "s", "questions": questions}
+    response = billing_client.post("/v1/decisions", json=big, headers=bearer(key))
+    assert response.status_code == 402, response.text
+    assert ledger(billing_config.auth_db, account) == []  # refused before any work
+    quota = 3000
+    key, account = new_account(billing_config.auth_db, "decisions-small", quota_tokens=quota)
+    small = {"model": TINY_ID, "state": "s", "questions": {"q": {"type": "noul"}}}
+    barrier = threading.Barrier(6)
+
+    def one(_: int) -> int:
+        barrier.wait()
+        return billing_client.post("/v1/decisions", json=small, headers=bearer(key)).status_code
+
+    with ThreadPoolExecutor(6) as pool:
+        statuses = list(pool.map(one, range(6)))
+    assert statuses.count(200) >= 1 and set(statuses) <= {200, 402}, statuses
+    charged = sum(row.total_tokens for row in ledger(billing_config.auth_db, account))
+    assert 0 < charged <= quota, (charged, statuses)
+    key, _ = new_account(billing_config.auth_db, "decisions-window", tpm=5000)
+    response = billing_client.post("/v1/decisions", json=big, headers=bearer(key))
+    assert response.status_code == 429, response.text
+
+
 def test_a_request_refused_after_admission_keeps_no_reservation(billing_client, billing_config):
     """Admission reserved its estimate; a refusal before any model work refunds it."""
     key, account = new_account(billing_config.auth_db, "refused-late", quota_tokens=100_000)

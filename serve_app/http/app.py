@@ -31,6 +31,7 @@ from serve_app.api.edit import EditCompletion, EditCompletionRequest
 from serve_app.api.fim import FimCompletion, FimCompletionChunk, FimCompletionRequest
 from serve_app.auth.keys import hash_key
 from serve_app.config import AppConfig, ModelConfig
+from serve_app.engine.prompts.decisions import fixed_prefix_token_bound
 from serve_app.errors import (
     InvalidRequestError,
     ModelNotFoundError,
@@ -243,6 +244,11 @@ class RouteHandlers:
         model = self.config.model(model_id) if model_id in self.model_ids else None
         questions = len(getattr(body, "questions", None) or ())
         prompt = len(await request.body()) + TEMPLATE_TOKENS * (1 + questions)
+        if isinstance(body, DecisionRequest):
+            # Decisions are not bounded by the context but by their scoring budget, and the
+            # fixed system turn and examples count in full in their usage.
+            prompt += fixed_prefix_token_bound()
+            return min(prompt, self.config.limits.decision_max_scored_tokens)
         if model is not None:
             prompt = min(prompt, model.context_length)
         return prompt + _max_output(body, model)

@@ -10,6 +10,7 @@ of those answers at the first assistant position.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -177,6 +178,19 @@ def question_messages(user_content: str) -> list[dict[str, str]]:
         *example_turns(),
         {"role": "user", "content": user_content},
     ]
+
+
+# Template tokens a chat turn adds around its content ("<|im_start|>role\n", "<|im_end|>\n").
+TURN_TOKENS = 8
+
+
+@functools.cache
+def fixed_prefix_token_bound() -> int:
+    """At least the tokens of the fixed part of every decision prompt (system turn and worked
+    examples, counted in full in usage): a byte-level BPE token spells at least one byte.
+    The router reserves it before any work, without a tokenizer."""
+    messages = question_messages("")
+    return sum(len(m["content"].encode()) for m in messages) + TURN_TOKENS * len(messages)
 
 
 @dataclass(frozen=True)
