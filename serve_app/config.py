@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from serve_app.api.apply import ApplyCompletionRequest
 from serve_app.api.chat import ChatCompletionRequest
-from serve_app.api.common import RequestModel
+from serve_app.api.common import MAX_QUESTIONS, RequestModel
 from serve_app.api.edit import EditCompletionRequest
 from serve_app.api.fim import FimCompletionRequest
 from serve_app.api.models import (
@@ -253,11 +253,13 @@ class HttpLimits(StrictConfig):
     """What one HTTP request may be: body size and time, questions, deadlines (not an
     account's limits: those are ``serve_app.auth.AccountLimits``)."""
 
-    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # A body is parsed and validated on the router's event loop, ~0.1 s per MiB of small JSON
+    # values: 8 MiB is ~50x what a 32k-token prompt spells, and bounds that stall to ~1 s.
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     body_timeout_s: float = Field(
         default=30.0, gt=0, description="Longest a client may take to send its body (408)."
     )
-    max_questions: int = Field(default=64, ge=1)
+    max_questions: int = Field(default=64, ge=1, le=MAX_QUESTIONS)
     request_timeout_s: float = Field(default=300.0, gt=0)
     decision_timeout_s: float = Field(default=120.0, gt=0)
     # The scorer's own defaults (scoring.budget.DecisionBudget; a test keeps them equal),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from serve_app.api.chat import ChatMessage
-from serve_app.api.common import StopSequences, StreamingRequest, stop_field
+from serve_app.api.common import MAX_MESSAGES, StopSequences, StreamingRequest, stop_field
 from serve_app.engine.protocol import SamplingParams
 
 DEFAULT_APPLY_MAX_TOKENS = 8192
@@ -19,6 +19,7 @@ DEFAULT_APPLY_MAX_TOKENS = 8192
 class ApplyCompletionRequest(StreamingRequest):
     messages: list[ChatMessage] = Field(
         min_length=1,
+        max_length=MAX_MESSAGES,
         description="The last user message holds the original code and the update snippet "
         "(<|original_code|>/<|update_snippet|> tags, or ORIGINAL CODE / SUGGESTED EDIT "
         "blocks); an assistant prefill is accepted and ignored.",

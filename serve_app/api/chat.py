@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from serve_app.api.common import (
+    MAX_MESSAGES,
     MAX_NESTING,
     Completion,
     CompletionChunk,
@@ -80,7 +81,7 @@ class ResponseFormat(RequestModel):
 
 
 class ChatCompletionRequest(StreamingRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int | None = Field(default=None, ge=1, le=8192)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=8192)
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)

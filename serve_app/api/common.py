@@ -19,6 +19,15 @@ JsonText = str | dict[str, Any] | list[Any]
 # handing them to a model deployment fails in pickle (excessively deep recursion) as a 500.
 MAX_NESTING = 64
 
+# How many values a request may carry, checked as it is validated on the router's one event
+# loop, where every other request waits: the body's byte limit alone let a 30 MB list of 15M
+# zeros or 1.5M empty chat messages hold it for 28-53 s (and be refused, unbilled, later).
+# Real requests are far below: a decision's text is at most a few hundred KiB, and a chat that
+# fits a 32k-token context has a few thousand messages at most.
+MAX_JSON_VALUES = 262_144  # in one free-form field (state, criteria, tool call history, ...)
+MAX_MESSAGES = 10_000
+MAX_QUESTIONS = 4096  # the schema's bound; limits.max_questions (64) is the service's
+
 # Stop sequences are matched against every generated chunk and held back as prefixes, so their
 # count and length bound per-token work (one 40,000-character stop cost 1.85 s and 779 MB).
 MAX_STOP_SEQUENCES = 16
@@ -59,7 +68,11 @@ class RequestModel(BaseModel):
     @model_validator(mode="after")
     def _encodable_text(self) -> RequestModel:
         for name in type(self).model_fields:
-            if not _encodable(getattr(self, name)):
+            try:
+                encodable = _encodable(getattr(self, name))
+            except ValueError as e:
+                raise ValueError(f"{name} {e}") from None
+            if not encodable:
                 raise ValueError(
                     f"{name} contains text that is not valid Unicode (a lone surrogate such as "
                     "\\ud800); send UTF-8 text"
@@ -91,10 +104,14 @@ def _admits_none(annotation: Any) -> bool:
 
 
 def _encodable(value: Any) -> bool:
-    """Whether every string in ``value`` (not inside a nested model) encodes as UTF-8."""
-    stack = [value]
+    """Whether every string in ``value`` (not inside a nested model) encodes as UTF-8.
+    Raises ``ValueError`` past ``MAX_JSON_VALUES`` values."""
+    stack, seen = [value], 0
     while stack:
         item = stack.pop()
+        seen += 1
+        if seen > MAX_JSON_VALUES:
+            raise ValueError(f"holds more than {MAX_JSON_VALUES} JSON values")
         if isinstance(item, str):
             try:
                 item.encode("utf-8")

@@ -6,7 +6,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from serve_app.api.common import MAX_NESTING, JsonText, RequestModel, ResponseModel, json_depth
+from serve_app.api.common import (
+    MAX_NESTING,
+    MAX_QUESTIONS,
+    JsonText,
+    RequestModel,
+    ResponseModel,
+    json_depth,
+)
 
 
 class NoulCriteria(RequestModel):
@@ -38,7 +45,7 @@ Question = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discri
 class DecisionRequest(RequestModel):
     model: str = Field(min_length=1)
     state: JsonText
-    questions: dict[str, Question] = Field(min_length=1)
+    questions: dict[str, Question] = Field(min_length=1, max_length=MAX_QUESTIONS)
 
     @model_validator(mode="after")
     def _limit_nesting(self) -> DecisionRequest:

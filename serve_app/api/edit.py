@@ -7,7 +7,13 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from serve_app.api.common import Completion, FinishReason, RequestModel, ResponseModel
+from serve_app.api.common import (
+    MAX_MESSAGES,
+    Completion,
+    FinishReason,
+    RequestModel,
+    ResponseModel,
+)
 from serve_app.engine.protocol import SamplingParams
 
 
@@ -19,12 +25,13 @@ class InputMessage(RequestModel):
 class EditCompletionRequest(RequestModel):
     model: str = Field(min_length=1)
     messages: list[InputMessage] = Field(
+        max_length=MAX_MESSAGES,
         description=(
             "Exactly one user message whose content holds the tagged sections "
             "recently_viewed_code_snippets, edit_diff_history and current_file_content (in any "
             "order; snippets and history may be empty or left out), with code_to_edit and its "
             "one <|cursor|> inside current_file_content."
-        )
+        ),
     )
     max_tokens: int = Field(default=1024, ge=1, le=8192)
     temperature: float = Field(default=0.2, ge=0.0, le=2.0)
