@@ -213,6 +213,18 @@ def test_a_reference_loop_is_a_400_before_generation_not_a_500_after(client, sch
     assert "refers back to itself" in response.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    "schema",
+    [{"type": "string", "maxLength": -5}, {"type": "object", "required": "a"}],
+    ids=["negative-length", "required-not-a-list"],
+)
+def test_a_schema_its_meta_schema_refuses_is_a_400_before_generation(client, schema):
+    response = client.post("/v1/chat/completions", json=chat_with_schema(schema), headers=AUTH)
+    assert response.status_code == 400, response.text  # was a 502 after billed generation
+    error = response.json()["error"]
+    assert error["param"] == "response_format" and "not a valid JSON schema" in error["message"]
+
+
 def test_a_recursive_schema_that_reads_the_answer_still_works(client):
     tree = {
         "type": "object",

@@ -74,6 +74,7 @@ def check_references(schema: Any) -> None:
             )
     if isinstance(schema, Mapping):
         validator = _validator(schema)
+        _check_against_meta_schema(validator, schema)
         try:
             for sample in (None, {}, [], "", 0):
                 validator.is_valid(sample)
@@ -84,6 +85,20 @@ def check_references(schema: Any) -> None:
             ) from None
         except Exception as e:  # an unresolvable pointer, a malformed keyword
             raise SchemaError(f"response_format.json_schema: {e}") from None
+
+
+def _check_against_meta_schema(validator: Any, schema: Mapping[str, Any]) -> None:
+    """A schema its own draft's meta-schema refuses (``maxLength: -5``, ``required: "a"``)
+    is a 400 now, not a failed check after the answer was generated and billed."""
+    import jsonschema
+
+    try:
+        type(validator).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        where = "/".join(str(part) for part in e.absolute_path) or "the root"
+        raise SchemaError(
+            f"response_format.json_schema is not a valid JSON schema at {where}: {e.message}"
+        ) from None
 
 
 def _nodes(schema: Any) -> Iterator[tuple[str, Mapping[str, Any]]]:
