@@ -37,10 +37,11 @@ class ApplyService:
     def __init__(self, client: EngineClient) -> None:
         self.client = client
 
-    async def merge(self, body: ApplyCompletionRequest) -> tuple[str, str, CompletionUsage]:
-        """The answer's content, its finish reason and the usage of the model call. Text that
-        cannot fit is refused unread; parsing, tokenising and the merge check (line diffs,
-        quadratic in the worst case) run off the event loop, as chat's and edit's do."""
+    async def merge(self, body: ApplyCompletionRequest) -> tuple[str, CompletionUsage]:
+        """The answer's content and the usage of the model call; a merge that is sent is
+        always whole, so its finish reason is "stop". Text that cannot fit is refused unread;
+        parsing, tokenising and the merge check (line diffs, quadratic in the worst case) run
+        off the event loop, as chat's and edit's do."""
         self.client.check_input_size(len(body.content), "messages")
         applied = await self.client.off_loop(parse_apply_request, body.content)
         prompt_ids = await self.client.off_loop(
@@ -51,12 +52,12 @@ class ApplyService:
         request = self.client.request(prompt_ids, params, prompt_param="messages")
         text, last = await self.client.complete(request)
         merged = await self.client.off_loop(_checked_merge, applied, text, last.finish_reason)
-        return wrap_updated(merged), "stop", usage_of(last)
+        return wrap_updated(merged), usage_of(last)
 
     async def complete(self, body: ApplyCompletionRequest) -> ChatCompletion:
-        content, finish, usage = await self.merge(body)
+        content, usage = await self.merge(body)
         choice = ChatChoice(
-            index=0, message=ChatResponseMessage(content=content), finish_reason=finish
+            index=0, message=ChatResponseMessage(content=content), finish_reason="stop"
         )
         return ChatCompletion(
             id=new_id("chatcmpl"), created=now(), model=body.model, choices=[choice], usage=usage
@@ -66,11 +67,11 @@ class ApplyService:
         """The chat stream's shape. The merge is checked as a whole before anything is sent,
         so the content arrives after generation, line by line."""
         chunk = chunk_maker(ChatCompletionChunk, "chatcmpl", body.model)
-        content, finish, usage = await self.merge(body)
+        content, usage = await self.merge(body)
         yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(role="assistant", content=""))])
         for line in content.splitlines(keepends=True):
             yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(content=line))])
-        yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(), finish_reason=finish)])
+        yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(), finish_reason="stop")])
         yield chunk([], usage)
 
 

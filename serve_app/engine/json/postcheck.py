@@ -114,20 +114,14 @@ def _nodes(schema: Any) -> Iterator[tuple[str, Mapping[str, Any]]]:
 
 
 def _patterns(schema: Any) -> Iterator[tuple[str, Any]]:
-    """Every ``pattern`` value and ``patternProperties`` key, iteratively (no recursion limit)."""
-    stack: list[tuple[str, Any]] = [("#", schema)]
-    while stack:
-        where, node = stack.pop()
-        if isinstance(node, Mapping):
-            if "pattern" in node and not isinstance(node["pattern"], Mapping):
-                yield f"{where}/pattern", node["pattern"]
-            pattern_properties = node.get("patternProperties")
-            if isinstance(pattern_properties, Mapping):
-                for key in pattern_properties:
-                    yield f"{where}/patternProperties", key
-            stack.extend((f"{where}/{k}", v) for k, v in node.items())
-        elif isinstance(node, list):
-            stack.extend((f"{where}/{i}", v) for i, v in enumerate(node))
+    """Every ``pattern`` value and ``patternProperties`` key."""
+    for where, node in _nodes(schema):
+        if "pattern" in node and not isinstance(node["pattern"], Mapping):
+            yield f"{where}/pattern", node["pattern"]
+        pattern_properties = node.get("patternProperties")
+        if isinstance(pattern_properties, Mapping):
+            for key in pattern_properties:
+                yield f"{where}/patternProperties", key
 
 
 def pattern_search(pattern: str, text: str) -> bool:
@@ -153,8 +147,7 @@ def validate_output(text: str, schema: Mapping[str, Any] | None) -> str | None:
     import jsonschema
 
     check_patterns(schema)
-    check_references(schema)
-    try:
+    try:  # references were checked at compile; the registry fetches nothing regardless
         _validator(schema).validate(value)
     except jsonschema.ValidationError as e:
         return f"does not match the schema: {e.message}"
