@@ -180,12 +180,12 @@ def in_process_sender(loaded, runner: str, cpu_time: bool = False) -> Send:
     ``--threads 1`` that is the request's own work, which other jobs on a shared machine
     hardly change (wall-clock time there measures mostly the load)."""
     from serve_app.api.decisions import DecisionRequest
-    from serve_app.config import EngineOptions
+    from serve_app.engine.engine_config import EngineConfig
     from serve_app.engine.runner.backend import configured_runner
     from serve_app.engine.scoring import LikelihoodScorer
     from serve_app.serving.decisions import DecisionService
 
-    options = EngineOptions(runner=runner)
+    options = EngineConfig(runner=runner)
     service = DecisionService(
         LikelihoodScorer(
             loaded,

@@ -97,26 +97,29 @@ def main() -> None:
     state, questions = make_state(), make_questions()
     cached = LikelihoodScorer(loaded, context_length=32768)
     uncached = LikelihoodScorer(loaded, context_length=32768, prefix_cache_bytes=0)
-    probe = uncached.score(state, questions[:1])
+    probe = uncached.score(state, questions[:1], cache_salt="bench")
     print(f"model {args.model}, threads {args.threads}, {args.repeats} rounds")
     print(f"1-question prompt: {probe.input_tokens} tokens")
-    uncached.score(state, questions)  # warm-up
+    uncached.score(state, questions, cache_salt="bench")  # warm-up
 
     def one_call(scorer: LikelihoodScorer, qs: list[DecisionQuestion]) -> ScoringResult:
         scorer.prefix_cache.clear()  # cold: the state is run in every measured call
-        return scorer.score(state, qs)
+        return scorer.score(state, qs, cache_salt="bench")
 
     def separate_calls(scorer: LikelihoodScorer) -> None:
         scorer.prefix_cache.clear()
         for q in questions:
-            scorer.score(state, [q])
+            scorer.score(state, [q], cache_salt="bench")
 
     cases: list[tuple[str, Callable[[], object]]] = [
         ("1 question, 1 call", lambda: one_call(uncached, questions[:1])),
         ("10 questions, 1 call", lambda: one_call(uncached, questions)),
         ("10 questions, 10 calls, prefix LRU on", lambda: separate_calls(cached)),
         ("10 questions, 10 calls, no prefix cache", lambda: separate_calls(uncached)),
-        ("10 questions, 1 call, warm prefix", lambda: cached.score(state, questions)),
+        (
+            "10 questions, 1 call, warm prefix",
+            lambda: cached.score(state, questions, cache_salt="bench"),
+        ),
     ]
     # Rounds interleave the cases, so load from other processes hits them alike; the
     # minimum is the least disturbed run.

@@ -10,7 +10,8 @@ import statistics
 import time
 from typing import Any
 
-from serve_app.engine.engine import EngineConfig, LLMEngine
+from serve_app.engine.engine import LLMEngine
+from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.engine.loader import load_model
 from serve_app.engine.prompts.edit import fit_to_context, parse_edit_prompt
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
@@ -18,11 +19,12 @@ from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 
 
 def _configs(args: Any) -> dict[str, EngineConfig]:
-    spec = {"edit": args.draft_tokens}
+    spec = NO_SPECULATION.model_copy(update={"edit": args.draft_tokens, "max_batch": 16})
+    plain = {"weights": args.weights, "speculation": NO_SPECULATION}
     return {
         "hf (today)": EngineConfig(runner="hf"),
-        f"runner {args.weights}": EngineConfig(weights=args.weights),
-        f"runner {args.weights} + spec": EngineConfig(weights=args.weights, draft_tokens=spec),
+        f"runner {args.weights}": EngineConfig(**plain),
+        f"runner {args.weights} + spec": EngineConfig(**{**plain, "speculation": spec}),
     }
 
 
@@ -31,7 +33,7 @@ def _time_requests(engine: LLMEngine, prompt_ids: list[int], args: Any) -> tuple
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     latencies, text = [], ""
     for i in range(args.repeats + 1):
-        request = GenerationRequest(f"e{i}", list(prompt_ids), params, role="edit")
+        request = GenerationRequest(f"e{i}", list(prompt_ids), params, "bench", role="edit")
         start = time.perf_counter()
         text, _ = asyncio.run(generate_text(engine, request))
         latencies.append(time.perf_counter() - start)

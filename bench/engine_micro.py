@@ -19,7 +19,8 @@ import asyncio
 import dataclasses
 import time
 
-from serve_app.engine.engine import EngineConfig, LLMEngine
+from serve_app.engine.engine import LLMEngine
+from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.engine.loader import load_model
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
 
@@ -52,7 +53,7 @@ async def one(engine: LLMEngine, rid: str, prompt: list[int], max_tokens: int) -
     start = time.perf_counter()
     first = last = None
     tokens = 0
-    async for chunk in engine.generate(GenerationRequest(rid, prompt, params)):
+    async for chunk in engine.generate(GenerationRequest(rid, prompt, params, "bench")):
         now = time.perf_counter()
         first = first or now
         last = now
@@ -189,7 +190,10 @@ def main() -> None:
     results: dict[str, dict[str, Run]] = {}
     for name in args.backends.split(","):
         config = EngineConfig(
-            max_batch_size=max(8, args.concurrency), prefix_cache_bytes=0, **BACKENDS[name]
+            max_batch_size=max(8, args.concurrency),
+            prefix_cache_mb=0,
+            speculation=NO_SPECULATION,
+            **BACKENDS[name],
         )
         t1 = time.perf_counter()
         engine = LLMEngine(loaded, config)

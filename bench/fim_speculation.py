@@ -27,7 +27,8 @@ from typing import Any
 from bench.common import table
 from bench.fim import CODE
 from bench.int4_faithfulness import fim_cases
-from serve_app.engine.engine import EngineConfig, LLMEngine
+from serve_app.engine.engine import LLMEngine
+from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.engine.loader import load_model
 from serve_app.engine.prompts.fim import build_fim_prompt, fim_format_for
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
@@ -40,7 +41,7 @@ def _generate(engine: LLMEngine, prompts: list[list[int]], params: SamplingParam
 
     async def main() -> list[tuple[str, Any]]:
         requests = [
-            GenerationRequest(f"{tag}{i}", list(p), params, role="fim")
+            GenerationRequest(f"{tag}{i}", list(p), params, "bench", role="fim")
             for i, p in enumerate(prompts)
         ]
         return await asyncio.gather(*(generate_text(engine, r) for r in requests))
@@ -62,7 +63,7 @@ def measure(loaded: Any, draft: int, workloads: dict[str, Any], args: Any) -> di
         prompt_weights="auto",
         small_prefill_tokens=32,
         max_batch_size=max(args.concurrency),
-        draft_tokens={"fim": draft},
+        speculation=NO_SPECULATION.model_copy(update={"fim": draft, "max_batch": 64}),
     )
     engine = LLMEngine(loaded, config)
     count = loaded.tokenizer.encode

@@ -29,7 +29,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from serve_app.config import EngineOptions
+from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import load_model
 from serve_app.engine.runner.backend import configured_runner
 from serve_app.engine.scoring import (
@@ -441,7 +441,9 @@ def probe_noul(scorer: LikelihoodScorer, pairs: list[Pair]) -> list[Result]:
     """p(true) for every claim, each asked alone about its state as a caller would."""
     results = []
     for kind, state, claim, truth in claims(pairs):
-        outcome = scorer.score(state, [DecisionQuestion("q", "noul", claim)]).outcomes["q"]
+        outcome = scorer.score(
+            state, [DecisionQuestion("q", "noul", claim)], cache_salt="bench"
+        ).outcomes["q"]
         results.append((kind, outcome.probabilities["true"], truth))
     return results
 
@@ -461,7 +463,7 @@ def compare_calibration(scorer: LikelihoodScorer, pairs: list[Pair]) -> None:
         DecisionQuestion(f"c{i}", "noul", claim) for i, (_, _, claim, _) in enumerate(rows)
     ]
     for label, null in NULL_STATES.items():
-        priors = scorer.score(null, questions).outcomes
+        priors = scorer.score(null, questions, cache_salt="bench").outcomes
         fixed = []
         for i, (kind, p, truth) in enumerate(raw):
             answer = QuestionOutcome("q", "noul", {"true": p, "false": 1.0 - p})
@@ -496,14 +498,16 @@ def probe_choice_and_score(scorer: LikelihoodScorer) -> None:
     top = 0
     for state, question, labels, right in CHOICES:
         q = DecisionQuestion("q", "choice", question, labels)
-        outcome = scorer.score(state, [q]).outcomes["q"]
+        outcome = scorer.score(state, [q], cache_salt="bench").outcomes["q"]
         top += outcome.best == right
         print(f"choice {right:>9}: top {outcome.best:>9} p={outcome.probabilities[right]:.2f}")
     print(f"choice: right label on top {top}/{len(CHOICES)}")
     increasing = 0
     for question, levels, states in LADDERS:
         q = DecisionQuestion("q", "score", question, levels)
-        scores = [scorer.score(s, [q]).outcomes["q"].expected_level for s in states]
+        scores = [
+            scorer.score(s, [q], cache_salt="bench").outcomes["q"].expected_level for s in states
+        ]
         increasing += all(a < b for a, b in zip(scores, scores[1:], strict=False))
         print(f"score '{question}': " + " ".join(f"{s:.2f}" for s in scores))
     print(f"score: ladders strictly increasing {increasing}/{len(LADDERS)}")
@@ -535,7 +539,7 @@ def main() -> None:
     pairs = HELD_OUT if args.held_out else PAIRS
     kinds = () if args.calibration else tuple(k for k in args.calibrate.split(",") if k)
     loaded = load_model(args.model, dtype="float32", threads=args.threads)
-    options = EngineOptions(
+    options = EngineConfig(
         runner=args.runner, weights=args.weights, prompt_weights=args.prompt_weights
     )
     runner = configured_runner(loaded, options, "decision scorer", scoring=True)

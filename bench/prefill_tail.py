@@ -24,7 +24,8 @@ import time
 import uuid
 
 from bench.fim import CODE, long_prompts
-from serve_app.engine.engine import EngineConfig, LLMEngine
+from serve_app.engine.engine import LLMEngine
+from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import load_model
 from serve_app.engine.prompts.fim import build_fim_prompt, fim_format_for
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
@@ -32,7 +33,7 @@ from serve_app.engine.protocol import GenerationRequest, SamplingParams
 
 async def first_token_s(engine: LLMEngine, prompt: list[int]) -> float:
     """Seconds to the first streamed chunk of a one-token greedy request."""
-    request = GenerationRequest(uuid.uuid4().hex, prompt, SamplingParams(max_tokens=1))
+    request = GenerationRequest(uuid.uuid4().hex, prompt, SamplingParams(max_tokens=1), "bench")
     started = time.perf_counter()
     async for _ in engine.generate(request):
         return time.perf_counter() - started

@@ -8,6 +8,7 @@ they share one engine batch.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 from deployments.common import EngineDeployment, usage_recorder
@@ -34,29 +35,23 @@ class EditModel(EngineDeployment):
         self.applier = ApplyService(client)
         self.usage = usage_recorder(auth, config.limits.request_timeout_s)
 
-    async def edit(
-        self, body: EditCompletionRequest, context: RequestContext | None = None
-    ) -> EditCompletion:
-        return await self.usage.run(context, lambda: self.editor.complete(body))
+    async def edit(self, body: EditCompletionRequest, context: RequestContext) -> EditCompletion:
+        return await self.usage.run(context, partial(self.editor.complete, body))
 
-    async def chat(
-        self, body: ChatCompletionRequest, context: RequestContext | None = None
-    ) -> ChatCompletion:
-        return await self.usage.run(context, lambda: self.chatter.complete(body))
+    async def chat(self, body: ChatCompletionRequest, context: RequestContext) -> ChatCompletion:
+        return await self.usage.run(context, partial(self.chatter.complete, body))
 
     async def chat_stream(
-        self, body: ChatCompletionRequest, context: RequestContext | None = None
+        self, body: ChatCompletionRequest, context: RequestContext
     ) -> AsyncIterator[ChatCompletionChunk]:
-        async for chunk in self.usage.stream(context, lambda: self.chatter.stream(body)):
+        async for chunk in self.usage.stream(context, partial(self.chatter.stream, body)):
             yield chunk
 
-    async def apply(
-        self, body: ApplyCompletionRequest, context: RequestContext | None = None
-    ) -> ChatCompletion:
-        return await self.usage.run(context, lambda: self.applier.complete(body))
+    async def apply(self, body: ApplyCompletionRequest, context: RequestContext) -> ChatCompletion:
+        return await self.usage.run(context, partial(self.applier.complete, body))
 
     async def apply_stream(
-        self, body: ApplyCompletionRequest, context: RequestContext | None = None
+        self, body: ApplyCompletionRequest, context: RequestContext
     ) -> AsyncIterator[ChatCompletionChunk]:
-        async for chunk in self.usage.stream(context, lambda: self.applier.stream(body)):
+        async for chunk in self.usage.stream(context, partial(self.applier.stream, body)):
             yield chunk

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 from deployments.common import EngineDeployment, usage_recorder
@@ -19,13 +20,11 @@ class FimModel(EngineDeployment):
         self.fim = FimService(self.start_engine_client(config, config.model(config.roles.fim)))
         self.usage = usage_recorder(auth, config.limits.request_timeout_s)
 
-    async def complete(
-        self, body: FimCompletionRequest, context: RequestContext | None = None
-    ) -> FimCompletion:
-        return await self.usage.run(context, lambda: self.fim.complete(body))
+    async def complete(self, body: FimCompletionRequest, context: RequestContext) -> FimCompletion:
+        return await self.usage.run(context, partial(self.fim.complete, body))
 
     async def stream(
-        self, body: FimCompletionRequest, context: RequestContext | None = None
+        self, body: FimCompletionRequest, context: RequestContext
     ) -> AsyncIterator[FimCompletionChunk]:
-        async for chunk in self.usage.stream(context, lambda: self.fim.stream(body)):
+        async for chunk in self.usage.stream(context, partial(self.fim.stream, body)):
             yield chunk

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from deployments.common import replica_cpus, usage_recorder
@@ -27,7 +28,7 @@ class DecisionScorer:
                     max_scored_tokens=config.limits.decision_max_scored_tokens,
                     max_input_bytes=config.limits.decision_max_input_bytes,
                 ),
-                prefix_cache_bytes=config.engine.prefix_cache_mb * 2**20,
+                prefix_cache_bytes=config.engine.prefix_cache_bytes,
                 # The generating deployments' runner settings: scoring reads prompts on the
                 # same weights as they do.
                 runner=configured_runner(loaded, config.engine, "decision scorer", scoring=True),
@@ -35,10 +36,8 @@ class DecisionScorer:
         )
         self.usage = usage_recorder(auth, config.limits.decision_timeout_s)
 
-    async def decide(
-        self, body: DecisionRequest, context: RequestContext | None = None
-    ) -> DecisionResponse:
-        return await self.usage.run(context, lambda: self.decisions.decide(body))
+    async def decide(self, body: DecisionRequest, context: RequestContext) -> DecisionResponse:
+        return await self.usage.run(context, partial(self.decisions.decide, body))
 
     @staticmethod
     def get_deployment_options(config: AppConfig) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from serve_app.api.models import (
 )
 from serve_app.auth.store import default_data_dir, resolve_auth_db
 from serve_app.engine.embedded import EMBEDDED_MODELS, embedded_name
+from serve_app.engine.engine_config import EngineConfig
 
 DEFAULT_MODEL_ID = "qwen2.5-coder-0.5b"
 
@@ -138,85 +139,6 @@ class ModelConfig(StrictConfig):
         return EndpointModelCard(**fields, supported_endpoints=endpoints)
 
 
-class SpeculationOptions(StrictConfig):
-    """Prompt-lookup draft tokens per request role (0 = off; needs ``runner: auto``). Output is
-    unchanged either way; it pays where answers copy their prompt (next-edit rewrites a region
-    it was given; a completion reuses the names around it) and while few requests decode."""
-
-    edit: int = Field(default=6, ge=0, le=16)
-    fim: int = Field(default=2, ge=0, le=16)
-    chat: int = Field(default=0, ge=0, le=16)
-    max_batch: int = Field(
-        default=2,
-        ge=0,
-        description="Draft only while the decode batch has at most this many requests: with "
-        "few rows a step of k + 1 rows per request costs little more than a plain step, with "
-        "more it costs more than the accepted drafts save (README, Engine v2).",
-    )
-
-    def draft_tokens(self) -> dict[str, int]:
-        """Draft length per request role (every field but ``max_batch``)."""
-        return self.model_dump(exclude={"max_batch"})
-
-
-class EngineOptions(StrictConfig):
-    """Engine knobs shared by the generating deployments (see serve_app.engine.engine)."""
-
-    runner: Literal["auto", "hf"] = Field(
-        default="auto",
-        description="auto: the engine's own runner for Qwen2 models on CPU (the HF model for "
-        "others, and on GPUs); hf: always the HF model.",
-    )
-    weights: Literal["auto", "int4", "int8", "dense"] = Field(
-        default="auto",
-        description="The runner's decode weights: auto (int4 where the CPU computes bf16 "
-        "natively, else int8), int4 (groupwise, ~1.5x faster decode than "
-        "fp32 on AVX2 CPUs, packed once next to the model and shared by replicas), int8 (fbgemm "
-        "per channel, ~2.5x faster decode on AVX2, quantized once, packed per replica) or dense "
-        "(the model's own numbers).",
-    )
-    prefill_dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        default="auto", description="auto: bf16 where the CPU computes it natively, else fp32."
-    )
-    prompt_weights: Literal["auto", "dense", "decode"] = Field(
-        default="auto",
-        description="The runner's weights for reading prompts (prefill chunks and decision "
-        "scoring): decode (the decode weights; the prompt's first token on dense weights, "
-        "once per token id), dense, or auto (decode where the decode weights are int8: one "
-        "scale per row reads prompts ~1.5x faster than fp32 on AVX2 at the same measured "
-        "quality; dense elsewhere).",
-    )
-    small_prefill_tokens: int = Field(
-        default=32,
-        ge=0,
-        le=256,
-        description="A prompt chunk of at most this many tokens after the prompt's first "
-        "position (the tail after a prefix-cache hit) runs on the decode weights: it reads "
-        "every weight for a few rows, like a decode step, where int8/int4 cost 2-3x less than "
-        "dense. 0: always dense.",
-    )
-    speculation: SpeculationOptions = Field(default_factory=SpeculationOptions)
-
-    max_batch_size: int = Field(default=8, ge=1)
-    prefill_chunk_tokens: int = Field(default=256, ge=16)
-    prefix_cache_mb: int = Field(default=512, ge=0)
-    max_waiting: int = Field(default=64, ge=1)
-    shared_prefix_cache: bool = Field(
-        default=False,
-        description="One prefix cache for every account. Only for one-tenant deployments: "
-        "shared, an account can read another's prompts back through cached_input_tokens.",
-    )
-    torch_threads: int | None = Field(
-        default=None, ge=1, description="Intra-op threads per replica; default: the CPU allotment."
-    )
-    seed: int | None = Field(
-        default=None,
-        description="Sampling seed of requests that send none (each request's sampler starts "
-        "from it, so a repeated request repeats its text, as llama-server's --seed); null: a "
-        "fresh random seed per request.",
-    )
-
-
 class Roles(StrictConfig):
     """Which model each model deployment serves. Chat is served by the edit deployment."""
 
@@ -281,7 +203,7 @@ class HttpLimits(StrictConfig):
 class AppConfig(StrictConfig):
     models: list[ModelConfig] = Field(default_factory=lambda: [ModelConfig()], min_length=1)
     roles: Roles = Field(default_factory=Roles)
-    engine: EngineOptions = Field(default_factory=EngineOptions)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
     auth: AuthOptions = Field(default_factory=AuthOptions)
     limits: HttpLimits = Field(default_factory=HttpLimits)
     cache_dir: str | None = Field(

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.config import AppConfig, AuthOptions, EngineOptions, HttpLimits, ModelConfig, Roles
+from serve_app.config import AppConfig, AuthOptions, HttpLimits, ModelConfig, Roles
+from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig, SpeculationConfig
 
 TEST_KEY = "sk-sa-test-0123456789abcdefghijklmnop"
 TINY_ID = "tiny-qwen2"
@@ -62,7 +63,7 @@ def tiny_config(
             )
         ],
         "roles": Roles(fim=TINY_ID, edit=TINY_ID, decisions=TINY_ID),
-        "engine": EngineOptions(torch_threads=1, max_batch_size=4, prefill_chunk_tokens=64),
+        "engine": EngineConfig(torch_threads=1, max_batch_size=4, prefill_chunk_tokens=64),
         "limits": HttpLimits(max_body_bytes=1_000_000, max_questions=32),
         # As configs/local.yaml: the test key bootstraps a local account; docs open.
         "auth": AuthOptions(bootstrap_local_key=True, docs="open"),
@@ -95,6 +96,25 @@ def graph(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     yield from start_graph(tiny_source, tmp_path_factory)
 
 
+def engine_config(**overrides) -> EngineConfig:
+    """The engine on the model's own numbers (dense weights everywhere, no speculation), the
+    baseline that engine tests compare against, with ``overrides``."""
+    fields = {
+        "weights": "dense",
+        "prompt_weights": "dense",
+        "small_prefill_tokens": 0,
+        "speculation": NO_SPECULATION,
+    }
+    return EngineConfig(**{**fields, **overrides})
+
+
+def speculating(max_batch: int = 16, **draft_tokens: int) -> SpeculationConfig:
+    """Speculation for the named roles only (``fim=4``), drafting up to ``max_batch`` rows."""
+    return SpeculationConfig(
+        **{"edit": 0, "fim": 0, "chat": 0, **draft_tokens}, max_batch=max_batch
+    )
+
+
 EMBEDDED_ID = "qwen2.5-coder-0.5b"
 
 
@@ -113,7 +133,7 @@ def embedded_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
         # numbers (auto would take int4 and bf16 prompts on AVX512-BF16), with a fixed seed: clients
         # that send no temperature sample at the edit default (0.2), and a test should not
         # pass or fail by the draw.
-        engine=EngineOptions(
+        engine=EngineConfig(
             torch_threads=2,
             max_batch_size=8,
             prefill_chunk_tokens=128,

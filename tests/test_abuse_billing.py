@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -28,7 +29,8 @@ from serve_app.auth.authorizer import AuthConfig, Authorizer
 from serve_app.auth.keys import generate_key, hash_key, key_hint
 from serve_app.auth.records import UsageRecord
 from serve_app.auth.store import open_store
-from serve_app.config import AppConfig, HttpLimits, SpeculationOptions
+from serve_app.config import AppConfig, HttpLimits
+from serve_app.engine.engine_config import SpeculationConfig
 from serve_app.errors import RateLimitError
 from serve_app.serving.billing import RequestContext, UsageRecorder
 from serve_app.serving.fim import FimService
@@ -50,7 +52,7 @@ def billing_config(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -
     )
     # FIM speculation off: with it, LONG can finish inside the deadline these tests need it to
     # outlast (4,000 of its tokens took 4-5 s, against a 5 s deadline, when it was on).
-    speculation = SpeculationOptions(fim=0)
+    speculation = SpeculationConfig(fim=0)
     engine = config.engine.model_copy(update={"speculation": speculation})
     return config.model_copy(update={"engine": engine})
 
@@ -218,7 +220,7 @@ def test_a_timeout_cancels_the_engine_request_and_frees_its_slot(billing_config)
 
     async def scenario() -> None:
         with pytest.raises(Exception) as caught:
-            await recorder.run(context, lambda: service.complete(body))
+            await recorder.run(context, partial(service.complete, body))
         assert getattr(caught.value, "status_code", None) == 504
         await asyncio.sleep(0.3)  # the loop frees the slot at its next step
 
@@ -248,7 +250,7 @@ def test_a_usage_write_that_fails_is_no_silent_200(billing_config):
     body = FimCompletionRequest(model=model.id, prompt="def f(", max_tokens=2)
     try:
         with pytest.raises(Exception) as caught:
-            asyncio.run(recorder.run(context, lambda: service.complete(body)))
+            asyncio.run(recorder.run(context, partial(service.complete, body)))
         assert getattr(caught.value, "status_code", None) == 503
         assert len(attempts) > 1 and set(attempts) == {200}  # retried before giving up
     finally:

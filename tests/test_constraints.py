@@ -569,17 +569,17 @@ def test_response_format_factory(tiny) -> None:
 def test_engine_hook(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The engine attaches a request's ``response_format`` constraint to its sampler; the
     engine's eos handling then ends the request as soon as the JSON is done."""
-    from serve_app.engine.engine import EngineConfig, LLMEngine
+    from serve_app.engine.engine import LLMEngine
     from serve_app.engine.loader import load_model
     from serve_app.engine.protocol import GenerationRequest, generate_text
 
     loaded = load_model("tiny:" + str(tmp_path_factory.getbasetemp() / "tiny-model"))
     response_format = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
-    engine = LLMEngine(loaded, EngineConfig())
+    engine = LLMEngine(loaded)
     try:
         prompt = loaded.tokenizer.encode("person:")
         params = SamplingParams(max_tokens=30, response_format=response_format)
-        request = GenerationRequest("r", prompt, params)
+        request = GenerationRequest("r", prompt, params, "test")
         text, last = asyncio.run(asyncio.wait_for(generate_text(engine, request), 60))
     finally:
         engine.shutdown()

@@ -8,16 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 
 import pytest
 
 from serve_app.api.decisions import DecisionRequest
-from serve_app.config import EngineOptions
+from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import LoadedModel, load_model
 from serve_app.engine.runner.backend import configured_runner
 from serve_app.engine.scoring import DecisionBudget, DecisionQuestion, LikelihoodScorer
 from serve_app.errors import UnprocessableRequestError
-from serve_app.serving.billing import CLIENT_GONE, RequestContext, UsageRecorder
+from serve_app.serving.billing import (
+    CLIENT_GONE,
+    BilledCall,
+    RequestContext,
+    UsageMeter,
+    UsageRecorder,
+)
 from serve_app.serving.decisions import DecisionService
 
 LABELS = {f"l{i}": None for i in range(255)}
@@ -50,7 +57,7 @@ def test_cancelled_request_frees_the_scorer_within_a_second(tiny: LoadedModel, r
         context_length=8192,
         pack_tokens=1,  # one question per forward pass
         budget=DecisionBudget(max_scored_tokens=10**7, max_input_bytes=10**7),
-        runner=configured_runner(tiny, EngineOptions(runner=runner), "scorer", scoring=True),
+        runner=configured_runner(tiny, EngineConfig(runner=runner), "scorer", scoring=True),
     )
     service = DecisionService(scorer)
     rows: list[tuple[int, int, int]] = []
@@ -62,7 +69,7 @@ def test_cancelled_request_frees_the_scorer_within_a_second(tiny: LoadedModel, r
     context = RequestContext(grant=None, model="m", endpoint="decisions", cache_salt="account-1")
 
     async def scenario() -> tuple[float, float]:
-        heavy = asyncio.create_task(recorder.run(context, lambda: service.decide(heavy_body())))
+        heavy = asyncio.create_task(recorder.run(context, partial(service.decide, heavy_body())))
         while scorer.in_flight is None or not scorer.in_flight.input_tokens:
             assert not heavy.done(), heavy.exception()  # it runs, and has run the state
             await asyncio.sleep(0.01)
@@ -75,7 +82,7 @@ def test_cancelled_request_frees_the_scorer_within_a_second(tiny: LoadedModel, r
         while scorer.busy:
             await asyncio.sleep(0.005)
         freed = time.perf_counter() - cancelled_at
-        answer = await service.decide(small_body())
+        answer = await service.decide(small_body(), BilledCall(context, UsageMeter()))
         assert answer.usage.input_tokens > 0
         return freed, time.perf_counter() - cancelled_at
 
@@ -95,7 +102,7 @@ def test_scored_token_budget_is_checked_before_any_forward(tiny: LoadedModel) ->
     )
     questions = [DecisionQuestion("q", "choice", "Pick one.", LABELS)]
     with pytest.raises(UnprocessableRequestError) as caught:
-        scorer.score("state", questions)
+        scorer.score("state", questions, cache_salt="test")
     assert "max_scored_tokens" in caught.value.message and "500" in caught.value.message
     assert len(scorer.prefix_cache) == 0  # refused before the state ran
 
@@ -106,6 +113,8 @@ def test_input_bytes_are_checked_before_tokenisation(tiny: LoadedModel) -> None:
     )
     started = time.perf_counter()
     with pytest.raises(UnprocessableRequestError) as caught:
-        scorer.score("x" * 3_000_000, [DecisionQuestion("q", "noul", "It is long.")])
+        scorer.score(
+            "x" * 3_000_000, [DecisionQuestion("q", "noul", "It is long.")], cache_salt="test"
+        )
     assert "max_input_bytes" in caught.value.message and "10000" in caught.value.message
     assert time.perf_counter() - started < 0.5  # 3 MB of tokenisation would take seconds

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 import pytest
 import torch
 
-from serve_app.engine.engine import EngineConfig, LLMEngine
+from serve_app.engine.engine import LLMEngine
 from serve_app.engine.loader import LoadedModel, load_model
 from serve_app.engine.protocol import (
     GenerationChunk,
@@ -33,6 +33,7 @@ from serve_app.errors import (
     ServerError,
     UpstreamUnavailableError,
 )
+from tests.conftest import engine_config
 
 
 @pytest.fixture(scope="module")
@@ -48,26 +49,33 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 
 
 class RecordingEngine(LLMEngine):
-    """Records every sampled token id per request; can be told to fail one request."""
+    """Records every sampled token id per request as the loop samples it (through the
+    engine's output processor, the one place a token becomes output); can be told to fail
+    one request there."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.tokens: dict[str, list[int]] = defaultdict(list)
         self.fail_ids: set[str] = set()
+        emit = self.output.on_token
 
-    def _on_token(self, state: RequestState, token_id: int) -> None:
-        if state.request_id in self.fail_ids:
-            raise RuntimeError("boom")
-        self.tokens[state.request_id].append(token_id)
-        super()._on_token(state, token_id)
+        def on_token(state: RequestState, token_id: int) -> None:
+            if state.request_id in self.fail_ids:
+                raise RuntimeError("boom")
+            self.tokens[state.request_id].append(token_id)
+            emit(state, token_id)
+
+        self.output.on_token = on_token
 
 
 @pytest.fixture
 def make_engine(loaded: LoadedModel):
     engines: list[LLMEngine] = []
 
-    def make(lm: LoadedModel | None = None, **config) -> RecordingEngine:
-        engine = RecordingEngine(lm or loaded, EngineConfig(**config))
+    def make(
+        lm: LoadedModel | None = None, context_length: int | None = None, **config
+    ) -> RecordingEngine:
+        engine = RecordingEngine(lm or loaded, engine_config(**config), context_length)
         engines.append(engine)
         return engine
 
@@ -100,7 +108,7 @@ PROMPTS = [
 
 
 def request(rid: str, prompt: list[int], max_tokens: int = 16, **params) -> GenerationRequest:
-    return GenerationRequest(rid, prompt, SamplingParams(max_tokens=max_tokens, **params))
+    return GenerationRequest(rid, prompt, SamplingParams(max_tokens=max_tokens, **params), "test")
 
 
 def run(coro):
@@ -219,10 +227,10 @@ def test_abort_frees_the_slot_within_a_step(loaded, make_engine) -> None:
         await anext(stream)
         assert engine.num_running == 1
         await stream.aclose()  # what a client disconnect does
-        steps_at_abort = engine.steps
+        steps_at_abort = engine.stats().steps
         while engine.num_running:
             await asyncio.sleep(0.001)
-        return engine.steps - steps_at_abort
+        return engine.stats().steps - steps_at_abort
 
     assert run(main()) <= 2
     assert engine.stats().requests_aborted == 1
@@ -286,7 +294,7 @@ def test_prefix_cache_hit_gives_same_output(loaded, make_engine) -> None:
 
 
 def test_prefix_cache_disabled(loaded, make_engine) -> None:
-    engine = make_engine(prefix_cache_bytes=0)
+    engine = make_engine(prefix_cache_mb=0)
     prompt = encode(loaded, PROMPTS[2])
     run(generate_text(engine, request("a", prompt)))
     _, last = run(generate_text(engine, request("b", prompt)))
@@ -297,8 +305,8 @@ def test_prefix_cache_disabled(loaded, make_engine) -> None:
 def test_chunked_prefill_matches_one_shot_and_interleaves(loaded, make_engine) -> None:
     long_prompt = encode(loaded, "".join(PROMPTS) * 3)
     assert len(long_prompt) > 100
-    one_shot = make_engine(prefill_chunk_tokens=4096, prefix_cache_bytes=0)
-    chunked = make_engine(prefill_chunk_tokens=16, prefix_cache_bytes=0)
+    one_shot = make_engine(prefill_chunk_tokens=4096, prefix_cache_mb=0)
+    chunked = make_engine(prefill_chunk_tokens=16, prefix_cache_mb=0)
     run(generate_text(one_shot, request("r", long_prompt)))
 
     async def main():

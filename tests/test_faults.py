@@ -178,6 +178,7 @@ def wait_for_fim(url: str, since: float) -> float:
 
 def test_closing_a_fim_stream_frees_its_engine_slot_within_a_second(app_config):
     from serve_app.api.fim import FimCompletionRequest
+    from serve_app.serving.billing import BilledCall, RequestContext, UsageMeter
     from serve_app.serving.fim import FimService
     from serve_app.serving.generation import EngineClient, start_engine
 
@@ -188,7 +189,8 @@ def test_closing_a_fim_stream_frees_its_engine_slot_within_a_second(app_config):
     body = FimCompletionRequest(model=model.id, **{**LONG_FIM, "max_tokens": 3000})
 
     async def scenario() -> float:
-        stream = service.stream(body)
+        context = RequestContext(grant=None, model=model.id, endpoint="fim", cache_salt="a")
+        stream = service.stream(body, BilledCall(context, UsageMeter()))
         first = await anext(stream)
         assert first.choices and first.choices[0].finish_reason is None  # under way
         await stream.aclose()  # what the router does when the HTTP client disconnects

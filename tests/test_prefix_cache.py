@@ -5,6 +5,9 @@ from __future__ import annotations
 import torch
 
 from serve_app.engine.prefix_cache import PrefixCache, common_prefix_len, kv_nbytes
+from serve_app.engine.protocol import SHARED_CACHE
+
+SALT = "account-1"
 
 LAYERS, HEADS, DIM = 2, 2, 4
 
@@ -25,15 +28,15 @@ def test_common_prefix_len() -> None:
 
 def test_miss_on_empty_cache() -> None:
     cache = PrefixCache(1 << 20)
-    assert cache.lookup([1, 2, 3]) == (0, None)
+    assert cache.lookup([1, 2, 3], SALT) == (0, None)
     assert (cache.queries, cache.hits) == (1, 0)
 
 
 def test_longest_common_prefix_is_returned_cropped() -> None:
     cache = PrefixCache(1 << 20)
-    cache.insert([1, 2, 3, 4, 5], make_kv([1, 2, 3, 4, 5]))
-    cache.insert([1, 2, 9, 9], make_kv([1, 2, 9, 9]))
-    n, kv = cache.lookup([1, 2, 3, 4, 7, 8])
+    cache.insert([1, 2, 3, 4, 5], make_kv([1, 2, 3, 4, 5]), SALT)
+    cache.insert([1, 2, 9, 9], make_kv([1, 2, 9, 9]), SALT)
+    n, kv = cache.lookup([1, 2, 3, 4, 7, 8], SALT)
     assert n == 4
     assert len(kv) == LAYERS
     assert kv[0][0].shape == (1, HEADS, 4, DIM)
@@ -44,27 +47,27 @@ def test_longest_common_prefix_is_returned_cropped() -> None:
 
 def test_leaves_the_last_prompt_token_uncomputed() -> None:
     cache = PrefixCache(1 << 20)
-    cache.insert([1, 2, 3, 4], make_kv([1, 2, 3, 4]))
-    n, kv = cache.lookup([1, 2, 3, 4])
+    cache.insert([1, 2, 3, 4], make_kv([1, 2, 3, 4]), SALT)
+    n, kv = cache.lookup([1, 2, 3, 4], SALT)
     assert n == 3
     assert kv[0][0].shape[-2] == 3
-    n, _ = cache.lookup([1, 2])
+    n, _ = cache.lookup([1, 2], SALT)
     assert n == 1
 
 
 def test_min_match_tokens() -> None:
     cache = PrefixCache(1 << 20, min_match_tokens=3)
-    cache.insert([1, 2, 3, 4], make_kv([1, 2, 3, 4]))
-    assert cache.lookup([1, 2, 8, 8])[0] == 0
-    assert cache.lookup([1, 2, 3, 8])[0] == 3
+    cache.insert([1, 2, 3, 4], make_kv([1, 2, 3, 4]), SALT)
+    assert cache.lookup([1, 2, 8, 8], SALT)[0] == 0
+    assert cache.lookup([1, 2, 3, 8], SALT)[0] == 3
 
 
 def test_insert_supersedes_prefixes_and_skips_covered() -> None:
     cache = PrefixCache(1 << 20)
-    assert cache.insert([1, 2, 3], make_kv([1, 2, 3]))
-    assert cache.insert([1, 2, 3, 4], make_kv([1, 2, 3, 4]))  # replaces [1, 2, 3]
+    assert cache.insert([1, 2, 3], make_kv([1, 2, 3]), SALT)
+    assert cache.insert([1, 2, 3, 4], make_kv([1, 2, 3, 4]), SALT)  # replaces [1, 2, 3]
     assert len(cache) == 1
-    assert not cache.insert([1, 2], make_kv([1, 2]))  # already covered
+    assert not cache.insert([1, 2], make_kv([1, 2]), SALT)  # already covered
     assert len(cache) == 1
     assert cache.bytes_used == kv_nbytes(make_kv([1, 2, 3, 4]))
 
@@ -73,23 +76,23 @@ def test_lru_eviction_by_bytes() -> None:
     entry = kv_nbytes(make_kv([0] * 10))
     cache = PrefixCache(entry * 2)
     a, b, c = ([k] * 10 for k in (1, 2, 3))
-    cache.insert(a, make_kv(a))
-    cache.insert(b, make_kv(b))
-    assert cache.lookup(a + [0])[0] == 10  # touch a: b is now least recently used
-    cache.insert(c, make_kv(c))
+    cache.insert(a, make_kv(a), SALT)
+    cache.insert(b, make_kv(b), SALT)
+    assert cache.lookup(a + [0], SALT)[0] == 10  # touch a: b is now least recently used
+    cache.insert(c, make_kv(c), SALT)
     assert len(cache) == 2
     assert cache.bytes_used <= cache.max_bytes
-    assert cache.lookup(b + [0])[0] == 0
-    assert cache.lookup(a + [0])[0] == 10
-    assert cache.lookup(c + [0])[0] == 10
+    assert cache.lookup(b + [0], SALT)[0] == 0
+    assert cache.lookup(a + [0], SALT)[0] == 10
+    assert cache.lookup(c + [0], SALT)[0] == 10
 
 
 def test_too_large_entry_and_disabled_cache() -> None:
     cache = PrefixCache(16)
-    assert not cache.insert([1, 2, 3], make_kv([1, 2, 3]))
+    assert not cache.insert([1, 2, 3], make_kv([1, 2, 3]), SALT)
     off = PrefixCache(0)
-    assert not off.insert([1, 2, 3], make_kv([1, 2, 3]))
-    assert off.lookup([1, 2, 3, 4]) == (0, None)
+    assert not off.insert([1, 2, 3], make_kv([1, 2, 3]), SALT)
+    assert off.lookup([1, 2, 3, 4], SALT) == (0, None)
     assert off.queries == 0
 
 
@@ -98,21 +101,21 @@ def test_stored_tensors_are_not_views_of_the_callers() -> None:
     big = make_kv(list(range(1, 9)))
     cropped = tuple((k[..., :5, :], v[..., :5, :]) for k, v in big)
     cache = PrefixCache(1 << 20)
-    cache.insert([1, 2, 3, 4, 5], cropped)
+    cache.insert([1, 2, 3, 4, 5], cropped, SALT)
     assert cache.bytes_used == kv_nbytes(make_kv([1, 2, 3, 4, 5]))
-    _, kv = cache.lookup([1, 2, 3, 4, 5, 6])
+    _, kv = cache.lookup([1, 2, 3, 4, 5, 6], SALT)
     assert kv[0][0].untyped_storage().data_ptr() != big[0][0].untyped_storage().data_ptr()
 
 
 def test_entries_of_one_salt_are_invisible_to_another() -> None:
     """The cross-account oracle: a prompt cached under one account's salt is no hit for
-    another account, however long the common prefix; the shared cache (salt None) is a
+    another account, however long the common prefix; the shared cache (``SHARED_CACHE``) is a
     partition of its own."""
     cache = PrefixCache(1 << 20)
     secret = [1, 2, 3, 4, 5, 6]
     cache.insert(secret, make_kv(secret), salt="a")
     assert cache.lookup([*secret, 7], salt="b") == (0, None)
-    assert cache.lookup([*secret, 7]) == (0, None)
+    assert cache.lookup([*secret, 7], SHARED_CACHE) == (0, None)
     assert cache.lookup([*secret, 7], salt="a")[0] == len(secret)
     cache.insert(secret, make_kv(secret), salt="b")  # same tokens, other account: own entry
     assert len(cache) == 2

@@ -17,7 +17,7 @@ import struct
 import pytest
 import torch
 
-from serve_app.engine.engine import EngineConfig, LLMEngine
+from serve_app.engine.engine import LLMEngine
 from serve_app.engine.loader import LoadedModel, load_model
 from serve_app.engine.prefix_cache import PrefixCache
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
@@ -32,6 +32,7 @@ from serve_app.engine.runner.weights import (
     quantize_int4,
     quantize_int8,
 )
+from tests.conftest import engine_config, speculating
 
 PROMPTS = [
     "def add(a, b):",
@@ -64,7 +65,7 @@ def reference(loaded: LoadedModel, prompt: list[int], n: int) -> list[int]:
 
 
 def generate_all(
-    loaded: LoadedModel, config: EngineConfig, requests: list[GenerationRequest]
+    loaded: LoadedModel, config, requests: list[GenerationRequest]
 ) -> tuple[list[list[int]], LLMEngine]:
     """Run requests concurrently; returns each one's token ids (re-encoded from its text is
     lossy, so the ids come from the detokenizer-independent usage: we decode via the text)."""
@@ -85,13 +86,13 @@ def encode(loaded: LoadedModel, text: str) -> list[int]:
 
 
 def greedy(rid: str, prompt: list[int], n: int, role: str = "") -> GenerationRequest:
-    return GenerationRequest(rid, prompt, SamplingParams(max_tokens=n), role=role)
+    return GenerationRequest(rid, prompt, SamplingParams(max_tokens=n), "test", role=role)
 
 
 def test_runner_is_the_default_backend_and_hf_stays_selectable(loaded) -> None:
     for config, backend in (
-        (EngineConfig(), "RunnerBackend"),
-        (EngineConfig(runner="hf"), "HFBackend"),
+        (engine_config(), "RunnerBackend"),
+        (engine_config(runner="hf"), "HFBackend"),
     ):
         engine = LLMEngine(loaded, config)
         assert engine.stats().backend == backend
@@ -107,7 +108,7 @@ def test_dense_runner_matches_hf_through_joins_and_leaves(loaded) -> None:
         greedy(f"r{i}", p, n) for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))
     ]
     texts, _ = generate_all(
-        loaded, EngineConfig(max_batch_size=3, prefill_chunk_tokens=16), requests
+        loaded, engine_config(max_batch_size=3, prefill_chunk_tokens=16), requests
     )
     for text, prompt, n in zip(texts, prompts, lengths, strict=True):
         assert text == loaded.tokenizer.decode(
@@ -124,8 +125,8 @@ def test_prefix_hit_reproduces_cold_logits(loaded) -> None:
     with torch.inference_mode():
         cold = runner.forward(cache, 0, [prompt], [0], decode=True)
         prefix = PrefixCache()
-        prefix.insert(prompt[:20], cache.read(0, 20))
-        hit, kv = prefix.lookup(prompt)
+        prefix.insert(prompt[:20], cache.read(0, 20), "test")
+        hit, kv = prefix.lookup(prompt, "test")
         assert hit == 20
         cache.load(2, kv)
         warm = runner.forward(cache, 2, [prompt[20:]], [20], decode=True)
@@ -177,8 +178,8 @@ def test_int4_engine_output_against_fp32(loaded) -> None:
     (std 0.3 weights amplify quantization; the 0.5B figures are in README)."""
     prompts = [encode(loaded, t) for t in PROMPTS]
     requests = [greedy(f"r{i}", p, 16) for i, p in enumerate(prompts)]
-    int4, engine = generate_all(loaded, EngineConfig(weights="int4"), requests)
-    dense, _ = generate_all(loaded, EngineConfig(weights="dense"), requests)
+    int4, engine = generate_all(loaded, engine_config(weights="int4"), requests)
+    dense, _ = generate_all(loaded, engine_config(weights="dense"), requests)
     same = sum(a == b for a, b in zip(int4, dense, strict=True))
     print(f"tiny model: {same}/{len(prompts)} int4 greedy outputs identical to fp32")
     assert engine.stats().backend == "RunnerBackend" and all(int4)
@@ -238,7 +239,7 @@ def test_a_request_decodes_the_same_alone_and_batched(loaded, weights) -> None:
     """Concurrent requests share every decode step; each one's tokens are those it gets alone."""
     prompts = [encode(loaded, t) for t in PROMPTS]
     requests = [greedy(f"r{i}", p, 24) for i, p in enumerate(prompts)]
-    config = EngineConfig(weights=weights, prefix_cache_bytes=0)
+    config = engine_config(weights=weights, prefix_cache_mb=0)
     batched, engine = generate_all(loaded, config, requests)
     assert engine.stats().peak_decode_batch == len(prompts)
     alone = [generate_all(loaded, config, [r])[0][0] for r in requests]
@@ -274,7 +275,7 @@ def test_int8_engine_decodes_on_int8_and_prefills_dense(loaded) -> None:
     assert not torch.equal(step[1], step[0])
     assert (step[1] - step[0]).abs().max() < step[0].abs().max() * 0.1
     requests = [greedy("r0", prompt, 8)]
-    texts, engine = generate_all(loaded, EngineConfig(weights="int8"), requests)
+    texts, engine = generate_all(loaded, engine_config(weights="int8"), requests)
     assert engine.stats().backend == "RunnerBackend" and all(texts)
 
 
@@ -304,7 +305,7 @@ def test_a_small_prompt_chunk_runs_on_the_decode_weights(loaded) -> None:
             assert (ran - dense).abs().max() > 1e-3
         else:
             torch.testing.assert_close(ran, dense, rtol=0, atol=0)
-    config = EngineConfig(weights="int8", small_prefill_tokens=8)
+    config = engine_config(weights="int8", small_prefill_tokens=8)
     texts, engine = generate_all(loaded, config, [greedy("r0", prompt[:6], 8)])
     assert engine.stats().backend == "RunnerBackend" and all(texts)
 
@@ -342,7 +343,7 @@ def test_prompts_on_the_decode_weights_keep_position_zero_dense(loaded, monkeypa
         for token in (7, 8, 9, 7, 10):
             quantized.forward(ref, 0, [[token, 11]], [0], decode=False)
     assert list(quantized.first_tokens) == [9, 7, 10]
-    config = EngineConfig(weights="int8", prompt_weights="decode")
+    config = engine_config(weights="int8", prompt_weights="decode")
     texts, engine = generate_all(loaded, config, [greedy("r0", prompt, 8)])
     assert engine.stats().backend == "RunnerBackend" and all(texts)
 
@@ -474,12 +475,14 @@ def test_speculation_gives_the_same_tokens(request, model, weights, params) -> N
 
     def requests(role: str) -> list[GenerationRequest]:
         return [
-            GenerationRequest(f"r{i}", p, SamplingParams(max_tokens=40, **params), role=role)
+            GenerationRequest(
+                f"r{i}", p, SamplingParams(max_tokens=40, **params), "test", role=role
+            )
             for i, p in enumerate(prompts)
         ]
 
-    spec_config = EngineConfig(weights=weights, draft_tokens={"edit": 4})
-    plain, _ = generate_all(lm, EngineConfig(weights=weights), requests("edit"))
+    spec_config = engine_config(weights=weights, speculation=speculating(edit=4))
+    plain, _ = generate_all(lm, engine_config(weights=weights), requests("edit"))
     spec, engine = generate_all(lm, spec_config, requests("edit"))
     assert spec == plain
     stats = engine.stats()
@@ -495,10 +498,10 @@ def test_speculation_stops_above_its_batch_limit(repetitive) -> None:
     """Drafts only while the decode batch is at most ``draft_max_batch`` rows: a lone request
     drafts under a limit of 1, and no request drafts under a limit of 0."""
     prompt = encode(repetitive, PROMPTS[0])
-    request = GenerationRequest("s", prompt, SamplingParams(max_tokens=24), role="fim")
+    request = GenerationRequest("s", prompt, SamplingParams(max_tokens=24), "test", role="fim")
     drafts = {}
     for limit in (1, 0):
-        config = EngineConfig(draft_tokens={"fim": 4}, draft_max_batch=limit)
+        config = engine_config(speculation=speculating(limit, fim=4))
         (text,), engine = generate_all(repetitive, config, [request])
         drafts[limit] = (engine.stats().draft_tokens, text)
     assert drafts[1][0] > 0 and drafts[0][0] == 0
@@ -508,9 +511,9 @@ def test_speculation_stops_above_its_batch_limit(repetitive) -> None:
 def test_speculation_keeps_json_constraints(loaded) -> None:
     prompt = encode(loaded, PROMPTS[2])
     params = SamplingParams(max_tokens=40, response_format={"type": "json_object"})
-    request = GenerationRequest("j", prompt, params, role="chat")
-    (plain,), _ = generate_all(loaded, EngineConfig(), [request])
-    (spec,), _ = generate_all(loaded, EngineConfig(draft_tokens={"chat": 4}), [request])
+    request = GenerationRequest("j", prompt, params, "test", role="chat")
+    (plain,), _ = generate_all(loaded, engine_config(), [request])
+    (spec,), _ = generate_all(loaded, engine_config(speculation=speculating(chat=4)), [request])
     assert spec == plain
 
 
@@ -519,8 +522,8 @@ def test_bf16_prefill_runs_where_asked(loaded) -> None:
     first tokens match fp32 on this model."""
     prompts = [encode(loaded, t) for t in PROMPTS[:3]]
     requests = [greedy(f"r{i}", p, 1) for i, p in enumerate(prompts)]
-    bf16, engine = generate_all(loaded, EngineConfig(prefill_dtype="bfloat16"), requests)
-    fp32, _ = generate_all(loaded, EngineConfig(prefill_dtype="float32"), requests)
+    bf16, engine = generate_all(loaded, engine_config(prefill_dtype="bfloat16"), requests)
+    fp32, _ = generate_all(loaded, engine_config(prefill_dtype="float32"), requests)
     assert engine.stats().backend == "RunnerBackend"
     assert sum(a == b for a, b in zip(bf16, fp32, strict=True)) >= 2
 
@@ -530,6 +533,6 @@ def test_slots_are_freed_whatever_ends_a_request(loaded) -> None:
     three times more than there are slots: every one gets a slot and finishes."""
     prompts = [encode(loaded, t) for t in PROMPTS] * 4
     requests = [greedy(f"r{i}", p, 1 + (i % 3) * 5) for i, p in enumerate(prompts)]
-    texts, engine = generate_all(loaded, EngineConfig(max_batch_size=2), requests)
+    texts, engine = generate_all(loaded, engine_config(max_batch_size=2), requests)
     assert len(texts) == len(requests)
     assert engine.stats().requests_finished == len(requests)

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from serve_app.config import EngineOptions
+from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import LoadedModel, load_model
 from serve_app.engine.runner.backend import configured_runner
 from serve_app.engine.runner.prepare import build_runner
@@ -39,7 +39,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 def scorer(loaded: LoadedModel, runner: str, **kwargs) -> LikelihoodScorer:
     """As the scorer deployment builds it from ``config.engine``."""
     # int4 decode weights: prompts stay dense (prompt_weights auto), so the scorer runs dense.
-    options = EngineOptions(runner=runner, weights="int4")
+    options = EngineConfig(runner=runner, weights="int4")
     return LikelihoodScorer(
         loaded,
         context_length=16384,
@@ -76,26 +76,26 @@ def assert_same(got, want) -> float:
 def test_runner_is_used_where_the_engine_uses_it(loaded: LoadedModel) -> None:
     """One decision for the engine and the scorer: hf falls back, auto runs the runner, and
     the scorer reads prompts on the weights the engine reads them on."""
-    assert configured_runner(loaded, EngineOptions(runner="hf"), "scorer", scoring=True) is None
-    options = EngineOptions(runner="auto", weights="int4")
+    assert configured_runner(loaded, EngineConfig(runner="hf"), "scorer", scoring=True) is None
+    options = EngineConfig(runner="auto", weights="int4")
     runner = configured_runner(loaded, options, "scorer", scoring=True)
     assert isinstance(runner, Qwen2Runner) and not runner.quantized_prompts
     assert all(layer.qkv.int4 is None for layer in runner.layers)  # dense: nothing packed
-    options = EngineOptions(runner="auto", weights="int8", prompt_weights="auto")
+    options = EngineConfig(runner="auto", weights="int8", prompt_weights="auto")
     runner = configured_runner(loaded, options, "scorer", scoring=True)
     assert runner.quantized_prompts and runner.decode_weights == "int8"
-    options = EngineOptions(runner="auto", weights="int8", prompt_weights="dense")
+    options = EngineConfig(runner="auto", weights="int8", prompt_weights="dense")
     assert configured_runner(loaded, options, "scorer", scoring=True).decode_weights == "dense"
 
 
 def test_scorer_on_int8_prompts_stays_near_the_dense_answers(loaded: LoadedModel) -> None:
     """int8 prompt weights (what ``auto`` picks on AVX2): every probability near the HF
     scorer's, usage identical, and a prefix-cache hit answers as the cold run did."""
-    options = EngineOptions(runner="auto", weights="int8", prompt_weights="decode")
+    options = EngineConfig(runner="auto", weights="int8", prompt_weights="decode")
     runner = configured_runner(loaded, options, "decision scorer", scoring=True)
     quantized = LikelihoodScorer(loaded, context_length=16384, runner=runner)
-    want = scorer(loaded, "hf").score(STATE, questions())
-    cold = quantized.score(STATE, questions())
+    want = scorer(loaded, "hf").score(STATE, questions(), cache_salt="test")
+    cold = quantized.score(STATE, questions(), cache_salt="test")
     assert (cold.input_tokens, cold.output_tokens) == (want.input_tokens, want.output_tokens)
     worst = max(
         abs(cold.outcomes[name].probabilities[option] - p)
@@ -104,7 +104,7 @@ def test_scorer_on_int8_prompts_stays_near_the_dense_answers(loaded: LoadedModel
     )
     assert worst < INT8_TOLERANCE, worst  # measured 0.10; 0.50 with position 0's KV x1.5
     assert all(cold.outcomes[name].best == outcome.best for name, outcome in want.outcomes.items())
-    warm = quantized.score(STATE, questions())
+    warm = quantized.score(STATE, questions(), cache_salt="test")
     assert warm.cached_tokens > 0
     assert_same(warm, cold)
 
@@ -133,10 +133,14 @@ def test_prefix_cache_entries_are_shared_between_the_two_forwards(loaded: Loaded
     cache is the runner's slot, copied out): the copy is not the live slot that later rows
     overwrite."""
     runner = scorer(loaded, "auto")
-    cold = scorer(loaded, "hf").score(STATE, questions())
-    runner.score(STATE, questions()[:1])  # caches the state, then overwrites the slot's rows
-    runner.score({"other": 1}, questions()[:2])  # and another state over the same slot
-    warm = runner.score(STATE, questions())
+    cold = scorer(loaded, "hf").score(STATE, questions(), cache_salt="test")
+    runner.score(
+        STATE, questions()[:1], cache_salt="test"
+    )  # caches the state, then overwrites the slot's rows
+    runner.score(
+        {"other": 1}, questions()[:2], cache_salt="test"
+    )  # and another state over the same slot
+    warm = runner.score(STATE, questions(), cache_salt="test")
     assert warm.cached_tokens > 0
     assert_same(warm, cold)
 

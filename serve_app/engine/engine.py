@@ -24,9 +24,10 @@ Prompts are prefilled one request per forward, not padded together: chunks alrea
 CPU busy, and padding prompts of different lengths would waste the very compute prefill is
 bound by.
 
-The forward passes run in a *backend*: ``RunnerBackend`` (``runner/``: the engine's own Qwen2
-forward over a static slot KV cache, int4 decode weights) when the model is supported and
-``runner`` is ``auto``, else ``HFBackend`` (the HF model with a left-padded ``DecodeBatch``).
+The parts, each its own module: ``scheduler`` (waiting queue, admission, lifecycle lists),
+``backend`` (the forward passes: the engine's own runner or the HF reference, picked once),
+``output`` (detokenization, stop strings, finish reasons), ``stats`` (counters), all
+configured by one ``EngineConfig``. This module is the loop that drives them.
 """
 
 from __future__ import annotations
@@ -34,33 +35,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
 
-from serve_app.engine.constraints import (
-    TokenTexts,
-)
-from serve_app.engine.engine_config import EngineConfig, EngineStats
+from serve_app.engine.backend import make_backend
+from serve_app.engine.constraints import TokenTexts
+from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import LoadedModel
+from serve_app.engine.output import OutputProcessor
 from serve_app.engine.prefix_cache import PrefixCache
 from serve_app.engine.protocol import Engine, GenerationChunk, GenerationRequest
-from serve_app.engine.requests import (
-    STREAM_END,
-    RequestState,
-    RequestStatus,
-    StreamEnd,
-    new_request_state,
-)
-from serve_app.engine.runner.backend import make_backend
+from serve_app.engine.requests import STREAM_END, RequestState, StreamEnd, new_request_state
 from serve_app.engine.runner.speculation import propose_draft
-from serve_app.errors import (
-    ServerError,
-    ServiceError,
-    UpstreamUnavailableError,
-)
+from serve_app.engine.scheduler import Scheduler
+from serve_app.engine.stats import EngineCounters, EngineStats
+from serve_app.errors import ServerError, ServiceError, UpstreamUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -69,42 +60,35 @@ MAX_CONSECUTIVE_STEP_FAILURES = 10
 
 
 class LLMEngine(Engine):
-    """Serves many generation requests at once on one model (see the module docstring)."""
+    """Serves many generation requests at once on one model (see the module docstring).
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
+    ``context_length``: prompt + max_tokens limit (the model's ``ModelConfig.context_length``);
+    None: the model's ``max_position_embeddings``.
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        config: EngineConfig | None = None,
+        context_length: int | None = None,
+    ) -> None:
         self.loaded = loaded
         self.config = config or EngineConfig()
-        self.model = loaded.model
         self.tokenizer = loaded.tokenizer
-        self.device = torch.device(loaded.device)
-        self.context_length = self.config.context_length or loaded.max_position_embeddings
+        self.context_length = context_length or loaded.max_position_embeddings
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         # Byte strings of the whole vocabulary, for JSON-constrained decoding (~0.3 s once).
         self.token_texts = TokenTexts.for_tokenizer(self.tokenizer)
-        self.prefix_cache = PrefixCache(
-            self.config.prefix_cache_bytes, min_match_tokens=self.config.prefix_cache_min_tokens
+        self.prefix_cache = PrefixCache(self.config.prefix_cache_bytes)
+        self.counters = EngineCounters()
+        self.backend = make_backend(loaded, self.config, self.context_length)
+        self.scheduler = Scheduler(
+            self.backend, self.config.max_batch_size, self.config.max_waiting
         )
-
-        self._lock = threading.Lock()  # guards _waiting and _active
+        self.output = OutputProcessor(self.eos_token_ids, self.counters, self.scheduler.forget)
         self._wakeup = threading.Event()
-        self._waiting: deque[RequestState] = deque()
-        self._active: set[RequestState] = set()
-        self._prefilling: list[RequestState] = []
-        self._joining: list[RequestState] = []
-        self._backend = make_backend(loaded, self.config, self.context_length)
         self._stopping = False
         self._fatal: BaseException | None = None
-
-        self.steps = 0
-        self.decode_steps = 0
-        self.prefill_tokens = 0
-        self.peak_decode_batch = 0
-        self.requests_finished = 0
-        self.requests_aborted = 0
-        self.requests_failed = 0
-        self.draft_tokens = 0
-        self.accepted_draft_tokens = 0
-
         self._thread = threading.Thread(target=self._run, name="llm-engine-loop", daemon=True)
         self._thread.start()
 
@@ -124,7 +108,8 @@ class LLMEngine(Engine):
         (``abort(request_id)``), the stream just ends, without a finishing chunk.
         """
         state = self._new_state(request, context_param, asyncio.get_running_loop())
-        self._enqueue(state)
+        self.scheduler.enqueue(state, self._raise_if_down)
+        self._wakeup.set()
         ended = False
         try:
             while True:
@@ -147,9 +132,7 @@ class LLMEngine(Engine):
                 self._request_abort(state)
 
     def abort(self, request_id: str) -> None:
-        with self._lock:
-            states = [s for s in self._active if s.request_id == request_id]
-        for state in states:
+        for state in self.scheduler.find(request_id):
             self._request_abort(state)
 
     def check_health(self) -> None:
@@ -161,51 +144,34 @@ class LLMEngine(Engine):
             raise ServerError("engine step loop is not running")
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop the loop (in-flight requests get ``UpstreamUnavailableError``), free the model."""
+        """Stop the loop (in-flight requests get ``UpstreamUnavailableError``), free the cache."""
         self._stopping = True
         self._wakeup.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
         self.prefix_cache.clear()
-        self.model = None
 
     @property
     def num_running(self) -> int:
-        """Requests holding a slot. Safe from any thread: it counts admitted requests that are
-        not finished (``_active`` less the waiting ones, under the lock), so it never dips
-        while the loop moves a request from prefill to the decode batch."""
-        with self._lock:
-            return len(self._active) - len(self._waiting)
-
-    def _slots_in_use(self) -> int:
-        """The loop thread's own count (it owns the lists, so no lock is needed)."""
-        return len(self._prefilling) + len(self._joining) + len(self._backend)
+        return self.scheduler.num_running
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        return self.scheduler.num_waiting
 
     def stats(self) -> EngineStats:
         cache = self.prefix_cache
         return EngineStats(
+            **vars(self.counters),
             num_running=self.num_running,
             num_waiting=self.num_waiting,
-            num_prefilling=len(self._prefilling),
-            num_decoding=len(self._backend),
-            steps=self.steps,
-            decode_steps=self.decode_steps,
-            prefill_tokens=self.prefill_tokens,
-            peak_decode_batch=self.peak_decode_batch,
-            requests_finished=self.requests_finished,
-            requests_aborted=self.requests_aborted,
-            requests_failed=self.requests_failed,
+            num_prefilling=len(self.scheduler.prefilling),
+            num_decoding=len(self.backend),
             prefix_cache_queries=cache.queries,
             prefix_cache_hits=cache.hits,
             prefix_cache_hit_tokens=cache.hit_tokens,
             prefix_cache_bytes=cache.bytes_used,
-            backend=type(self._backend).__name__,
-            draft_tokens=self.draft_tokens,
-            accepted_draft_tokens=self.accepted_draft_tokens,
+            backend=type(self.backend).__name__,
         )
 
     def _new_state(
@@ -221,20 +187,8 @@ class LLMEngine(Engine):
             tokenizer=self.tokenizer,
             token_texts=self.token_texts,
             eos_token_ids=self.eos_token_ids,
-            skip_special_tokens=self.config.skip_special_tokens,
             default_seed=self.config.seed,
         )
-
-    def _enqueue(self, state: RequestState) -> None:
-        with self._lock:
-            self._raise_if_down()
-            if len(self._waiting) >= self.config.max_waiting:
-                raise UpstreamUnavailableError(
-                    "The model is overloaded: too many requests are waiting. Please retry."
-                )
-            self._waiting.append(state)
-            self._active.add(state)
-        self._wakeup.set()
 
     def _raise_if_down(self) -> None:
         if self._stopping or self._fatal is not None or not self._thread.is_alive():
@@ -251,7 +205,7 @@ class LLMEngine(Engine):
         try:
             with torch.inference_mode():
                 while not self._stopping:
-                    if not self._has_work():
+                    if not self.scheduler.has_work():
                         self._wakeup.wait(timeout=1.0)
                         self._wakeup.clear()
                         continue
@@ -261,56 +215,50 @@ class LLMEngine(Engine):
                     except Exception as e:  # bookkeeping bug: fail what is in flight, go on
                         failures += 1
                         logger.exception("engine step failed (%d in a row)", failures)
-                        self._fail_running(e)
+                        self._fail_all(e, include_waiting=False)
                         if failures >= MAX_CONSECUTIVE_STEP_FAILURES:
                             raise
         except BaseException as e:
             self._fatal = e
             logger.critical("engine step loop died", exc_info=True)
         finally:
-            self._fail_everything()
-
-    def _has_work(self) -> bool:
-        return bool(self._waiting or self._prefilling or self._joining or self._backend.rows)
+            error = UpstreamUnavailableError("The engine stopped before the request finished.")
+            self._fail_all(error, include_waiting=True)
 
     def _step(self) -> None:
-        self._reap_aborted()
-        self._admit()
+        aborted = self.scheduler.reap_aborted()
+        self.counters.requests_aborted += len(aborted)
+        for state in aborted:  # after the slots are free, so callers see them free
+            state.push(STREAM_END)
+        self.scheduler.admit()
         self._prefill_step()
         self._decode_step()
-        self._drop_done()
-        self.steps += 1
-
-    def _admit(self) -> None:
-        with self._lock:
-            while self._waiting and self._slots_in_use() < self.config.max_batch_size:
-                state = self._waiting.popleft()
-                state.status = RequestStatus.PREFILLING
-                self._prefilling.append(state)
+        self.scheduler.drop_done()
+        self.counters.steps += 1
 
     def _prefill_step(self) -> None:
         budget = self.config.prefill_chunk_tokens
-        for state in list(self._prefilling):
+        for state in list(self.scheduler.prefilling):
             if budget <= 0:
                 break
             try:
                 budget -= self._prefill_chunk(state, budget)
             except Exception as e:
                 logger.exception("prefill failed for request %s", state.request_id)
-                self._fail(state, e)
+                self.output.fail(state, e)
 
     def _prefill_chunk(self, state: RequestState, budget: int) -> int:
         """Read up to ``budget`` more prompt tokens of one request; returns how many."""
         prompt = state.prompt_ids
         if state.kv is None:
             cached, kv = self._cache_lookup(state)
-            self._backend.begin(state, kv)
+            self.backend.begin(state, kv)
             state.num_computed = state.cached_tokens = cached
         start = state.num_computed
         end = min(len(prompt), start + budget)
-        logits = self._backend.prefill(state, start, end)
+        logits = self.backend.prefill(state, start, end)
         state.num_computed = end
-        self.prefill_tokens += end - start
+        self.counters.prefill_tokens += end - start
         if end == len(prompt):
             self._finish_prefill(state, logits)
         return end - start
@@ -321,54 +269,45 @@ class LLMEngine(Engine):
         return self.prefix_cache.lookup(state.prompt_ids, state.request.cache_salt)
 
     def _cache_insert(self, state: RequestState) -> None:
-        kv = self._backend.prompt_kv(state)
+        kv = self.backend.prompt_kv(state)
         self.prefix_cache.insert(state.prompt_ids, kv, state.request.cache_salt)
 
     def _finish_prefill(self, state: RequestState, logits: torch.Tensor) -> None:
         """Cache the prompt's KV, sample the first token, and queue the request to join."""
         self._cache_insert(state)
-        self._on_token(state, state.sampler(logits, state.history))
-        # Join before leaving the prefill list, so ``num_running`` never dips meanwhile.
-        if not state.is_done:
-            state.status = RequestStatus.DECODING
-            self._joining.append(state)
-        else:  # ended at its first token: its KV slot is free now
-            self._backend.release([state])
-        self._prefilling.remove(state)
+        self.output.on_token(state, state.sampler(logits, state.history))
+        self.scheduler.prefilled(state)
 
     def _decode_step(self) -> None:
-        joining = [s for s in self._joining if not s.is_done]
-        self._backend.release([s for s in self._joining if s.is_done])
-        self._joining = []
+        joining = self.scheduler.take_joining()
         if joining:
-            self._backend.join(joining)
-        rows = list(self._backend.rows)
+            self.backend.join(joining)
+        rows = list(self.backend.rows)
         if not rows:
             return
-        self.peak_decode_batch = max(self.peak_decode_batch, len(rows))
-        limit = self.config.draft_max_batch
-        drafting = limit is None or len(rows) <= limit
+        speculation = self.config.speculation
+        drafting = len(rows) <= speculation.max_batch
         drafts = [self._draft(state) if drafting else [] for state in rows]
         try:
-            logits = self._backend.decode(drafts)
+            logits = self.backend.decode(drafts)
         except Exception as e:  # cannot tell whose fault: fail the rows, rebuild from empty
             logger.exception("decode forward failed for %d requests", len(rows))
             for state in rows:
-                self._fail(state, e)
-            self._backend.reset()
+                self.output.fail(state, e)
+            self.backend.reset()
             return
-        self.decode_steps += 1
+        self.counters.decode_batch(len(rows))
         for state, draft, row_logits in zip(rows, drafts, logits, strict=True):
             try:
                 self._verify(state, draft, row_logits)
             except Exception as e:
                 logger.exception("sampling failed for request %s", state.request_id)
-                self._fail(state, e)
+                self.output.fail(state, e)
 
     def _draft(self, state: RequestState) -> list[int]:
         """A prompt-lookup draft when the request's role speculates (see speculation.py)."""
-        k = self.config.draft_tokens.get(state.request.role, 0)
-        if not k or not self._backend.supports_speculation:
+        k = self.config.speculation.draft_tokens(state.request.role)
+        if not k or not self.backend.supports_speculation:
             return []
         params = state.request.params
         # Never past max_tokens (one token comes from the last position) or the context.
@@ -384,107 +323,16 @@ class LLMEngine(Engine):
         """Sample position by position, as plain decoding would; stop at the first token that
         differs from the draft (it is the step's last token) or when the request ends."""
         start = state.num_computed
-        self.draft_tokens += len(draft)
+        self.counters.draft_tokens += len(draft)
         for position, row in enumerate(logits):
             token = state.sampler(row, state.history)
             state.num_computed = start + position + 1
-            self._on_token(state, token)
+            self.output.on_token(state, token)
             if position == len(draft) or state.is_done or token != draft[position]:
                 break
-            self.accepted_draft_tokens += 1
+            self.counters.accepted_draft_tokens += 1
 
-    def _on_token(self, state: RequestState, token_id: int) -> None:
-        """Record a sampled token, stream its text, and finish the request when it is done.
-
-        ``completion_tokens`` counts every sampled token, the eos token included (as vLLM and
-        OpenAI do); the eos token's own text is never emitted.
-        """
-        state.history.append(token_id)
-        finish: str | None = None
-        if token_id in self.eos_token_ids:
-            text, _ = self._flush_text(state)
-            finish = "stop"
-        else:
-            text, stopped = state.stop_matcher.feed(state.detokenizer.add(token_id))
-            if stopped:
-                finish = "stop"
-            elif state.num_output_tokens >= state.request.params.max_tokens:
-                tail, stopped = self._flush_text(state)
-                text += tail
-                finish = "stop" if stopped else "length"
-        if finish is not None:
-            self._finish(state, text, finish)
-        elif text:
-            self._push(state, state.chunk(text))
-
-    @staticmethod
-    def _flush_text(state: RequestState) -> tuple[str, bool]:
-        """Release held text at the end: the detokenizer's tail, then the stop matcher's."""
-        text, stopped = state.stop_matcher.feed(state.detokenizer.flush())
-        if not stopped:
-            text += state.stop_matcher.flush()
-        return text, stopped
-
-    def _finish(self, state: RequestState, text: str, reason: str) -> None:
-        state.status = RequestStatus.FINISHED
-        state.finish_reason = reason
-        self.requests_finished += 1
-        self._push(state, state.chunk(text, reason))
-        self._forget(state)
-
-    def _fail(self, state: RequestState, error: BaseException) -> None:
-        if state.is_done:
-            return
-        state.status = RequestStatus.FINISHED
-        self.requests_failed += 1
-        state.push(error)
-        self._forget(state)
-
-    def _push(self, state: RequestState, chunk: GenerationChunk) -> None:
-        if not state.push(chunk):  # the caller's event loop is gone
-            state.abort_requested = True
-
-    def _forget(self, state: RequestState) -> None:
-        """Out of the active set; its KV is released by ``_drop_done`` (same step)."""
-        with self._lock:
-            self._active.discard(state)
-
-    def _reap_aborted(self) -> None:
-        """End aborted requests wherever they are; their slots free up in this step."""
-        with self._lock:
-            aborted = [s for s in self._waiting if s.abort_requested]
-            for state in aborted:
-                self._waiting.remove(state)
-        aborted += [s for s in self._prefilling + self._joining if s.abort_requested]
-        aborted += [s for s in self._backend.rows if s.abort_requested and not s.is_done]
-        aborted = [s for s in aborted if not s.is_done]
-        for state in aborted:
-            state.status = RequestStatus.ABORTED
-            self.requests_aborted += 1
-            self._forget(state)
-        if aborted:
-            self._drop_done()
-        for state in aborted:  # after the slots are free, so callers see them free
-            state.push(STREAM_END)
-
-    def _drop_done(self) -> None:
-        done = [s for s in self._prefilling + self._joining + self._backend.rows if s.is_done]
-        self._prefilling = [s for s in self._prefilling if not s.is_done]
-        self._joining = [s for s in self._joining if not s.is_done]
-        self._backend.release(done)
-
-    def _fail_running(self, error: BaseException) -> None:
-        for state in self._prefilling + self._joining + self._backend.rows:
-            self._fail(state, error)
-        self._prefilling, self._joining = [], []
-        self._backend.reset()
-
-    def _fail_everything(self) -> None:
-        error = UpstreamUnavailableError("The engine stopped before the request finished.")
-        with self._lock:
-            waiting = list(self._waiting)
-            self._waiting.clear()
-        for state in waiting + self._prefilling + self._joining + self._backend.rows:
-            self._fail(state, error)
-        self._prefilling, self._joining = [], []
-        self._backend.reset()
+    def _fail_all(self, error: BaseException, include_waiting: bool) -> None:
+        for state in self.scheduler.clear(include_waiting):
+            self.output.fail(state, error)
+        self.backend.reset()

@@ -1,88 +1,120 @@
-"""The engine's scheduling knobs (``EngineConfig``) and its metrics snapshot (``EngineStats``)."""
+"""The engine's configuration: one pydantic model, the ``engine:`` block of a Serve config.
+
+``EngineConfig`` is read from the deployment's config (``AppConfig.engine``) and passed down
+as is, to the engine, the runner and the decision scorer: one set of defaults, documented
+here once. The only per-model value the engine needs beside it, the context length, comes
+from the model's own config (``ModelConfig.context_length``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from typing import Literal
 
-from serve_app.engine.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES
+from pydantic import BaseModel, ConfigDict, Field
 
-
-@dataclass
-class EngineConfig:
-    """Scheduling knobs.
-
-    - ``max_batch_size``: requests holding a slot (prefilling + decoding) at once.
-    - ``prefill_chunk_tokens``: prompt tokens read per step, which bounds how long one step
-      (and so every running stream's inter-token gap) can take while a long prompt is read.
-    - ``context_length``: prompt + max_tokens limit; ``None`` means the model's
-      ``max_position_embeddings``.
-    - ``prefix_cache_bytes``: prefix cache size (0 disables it);
-      ``prefix_cache_min_tokens``: shorter matches count as misses.
-    - ``max_waiting``: requests queued without a slot; beyond it ``generate`` raises
-      ``UpstreamUnavailableError`` (503) so load balancers back off instead of queueing forever.
-    - ``skip_special_tokens``: leave special tokens out of the text (eos never appears).
-    - ``runner``: ``auto`` runs supported models (Qwen2) on the engine's own runner, ``hf``
-      always on the HF model; ``weights``: the runner's decode weights, ``int4``, ``int8`` or
-      ``dense`` (dense = exactly the HF model's numbers); ``prefill_dtype``: ``auto`` (bf16
-      where the CPU computes it natively, else fp32), ``float32`` or ``bfloat16``;
-      ``small_prefill_tokens``: prompt chunks up to this long that do not start the prompt
-      (the tail after a prefix-cache hit) run on the decode weights (``Qwen2Runner.forward``);
-      ``prompt_weights``: ``dense``, ``decode`` (every prompt chunk on the decode weights) or
-      ``auto`` (decode where those are int8).
-    - ``draft_tokens``: prompt-lookup draft length per request role (``GenerationRequest.role``;
-      0 or absent = no speculation); needs the runner. ``draft_max_batch``: drafts only while
-      the decode batch has at most this many rows (``None``: any batch).
-    - ``seed``: the sampling seed of requests that send none, so a repeated request repeats its
-      text (as llama-server's ``--seed``); ``None``: a fresh random seed per request.
-    """
-
-    max_batch_size: int = 8
-    prefill_chunk_tokens: int = 256
-    context_length: int | None = None
-    prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES
-    prefix_cache_min_tokens: int = 1
-    max_waiting: int = 64
-    skip_special_tokens: bool = True
-    runner: str = "auto"
-    weights: str = "dense"
-    prefill_dtype: str = "auto"
-    small_prefill_tokens: int = 0
-    prompt_weights: str = "dense"
-    draft_tokens: Mapping[str, int] = field(default_factory=dict)
-    draft_max_batch: int | None = None
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.prefill_chunk_tokens < 1 or self.max_waiting < 0:
-            raise ValueError(f"invalid engine config: {self}")
-        if self.runner not in ("auto", "hf") or any(k < 0 for k in self.draft_tokens.values()):
-            raise ValueError(f"invalid engine config: {self}")
+# Requests that send a role the speculation block does not name draft nothing.
+SPECULATING_ROLES = ("edit", "fim", "chat")
 
 
-@dataclass
-class EngineStats:
-    """A snapshot for metrics; counters are totals since start."""
+class _Strict(BaseModel):
+    """A typo in YAML fails at start, not silently."""
 
-    num_running: int
-    num_waiting: int
-    num_prefilling: int
-    num_decoding: int
-    steps: int
-    decode_steps: int
-    prefill_tokens: int
-    peak_decode_batch: int
-    requests_finished: int
-    requests_aborted: int
-    requests_failed: int
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    prefix_cache_hit_tokens: int
-    prefix_cache_bytes: int
-    backend: str = "hf"
-    draft_tokens: int = 0  # speculative tokens proposed, and of those accepted
-    accepted_draft_tokens: int = 0
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SpeculationConfig(_Strict):
+    """Prompt-lookup draft tokens per request role (0 = off; needs ``runner: auto``). Output is
+    unchanged either way; it pays where answers copy their prompt (next-edit rewrites a region
+    it was given; a completion reuses the names around it) and while few requests decode."""
+
+    edit: int = Field(default=6, ge=0, le=16)
+    fim: int = Field(default=2, ge=0, le=16)
+    chat: int = Field(default=0, ge=0, le=16)
+    max_batch: int = Field(
+        default=2,
+        ge=0,
+        description="Draft only while the decode batch has at most this many requests: with "
+        "few rows a step of k + 1 rows per request costs little more than a plain step, with "
+        "more it costs more than the accepted drafts save (docs/benchmarks.md).",
+    )
+
+    def draft_tokens(self, role: str) -> int:
+        """Draft length for a request of ``role`` (0: no speculation)."""
+        return getattr(self, role) if role in SPECULATING_ROLES else 0
+
+
+NO_SPECULATION = SpeculationConfig(edit=0, fim=0, chat=0)
+
+
+class EngineConfig(_Strict):
+    """Engine knobs shared by the model deployments (the generating engine and the scorer)."""
+
+    runner: Literal["auto", "hf"] = Field(
+        default="auto",
+        description="auto: the engine's own runner for Qwen2 models on CPU (the HF model for "
+        "others, and on GPUs); hf: always the HF model.",
+    )
+    weights: Literal["auto", "int4", "int8", "dense"] = Field(
+        default="auto",
+        description="The runner's decode weights: auto (int4 where the CPU computes bf16 "
+        "natively, else int8), int4 (groupwise, ~1.5x faster decode than "
+        "fp32 on AVX2 CPUs, packed once next to the model and shared by replicas), int8 (fbgemm "
+        "per channel, ~2.5x faster decode on AVX2, quantized once, packed per replica) or dense "
+        "(the model's own numbers).",
+    )
+    prefill_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto", description="auto: bf16 where the CPU computes it natively, else fp32."
+    )
+    prompt_weights: Literal["auto", "dense", "decode"] = Field(
+        default="auto",
+        description="The runner's weights for reading prompts (prefill chunks and decision "
+        "scoring): decode (the decode weights; the prompt's first token on dense weights, "
+        "once per token id), dense, or auto (decode where the decode weights are int8: one "
+        "scale per row reads prompts ~1.5x faster than fp32 on AVX2 at the same measured "
+        "quality; dense elsewhere).",
+    )
+    small_prefill_tokens: int = Field(
+        default=32,
+        ge=0,
+        le=256,
+        description="A prompt chunk of at most this many tokens after the prompt's first "
+        "position (the tail after a prefix-cache hit) runs on the decode weights: it reads "
+        "every weight for a few rows, like a decode step, where int8/int4 cost 2-3x less than "
+        "dense. 0: always dense.",
+    )
+    speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
+
+    max_batch_size: int = Field(
+        default=8, ge=1, description="Requests holding a slot (prefilling + decoding) at once."
+    )
+    prefill_chunk_tokens: int = Field(
+        default=256,
+        ge=1,
+        description="Prompt tokens read per step: bounds how long one step (and so every "
+        "running stream's inter-token gap) can take while a long prompt is read.",
+    )
+    prefix_cache_mb: int = Field(default=512, ge=0, description="Prefix cache size; 0: off.")
+    max_waiting: int = Field(
+        default=64,
+        ge=0,
+        description="Requests queued without a slot; past it a 503, so load balancers back "
+        "off instead of queueing forever.",
+    )
+    shared_prefix_cache: bool = Field(
+        default=False,
+        description="One prefix cache for every account. Only for one-tenant deployments: "
+        "shared, an account can read another's prompts back through cached_input_tokens.",
+    )
+    torch_threads: int | None = Field(
+        default=None, ge=1, description="Intra-op threads per replica; default: the CPU allotment."
+    )
+    seed: int | None = Field(
+        default=None,
+        description="Sampling seed of requests that send none (each request's sampler starts "
+        "from it, so a repeated request repeats its text, as llama-server's --seed); null: a "
+        "fresh random seed per request.",
+    )
 
     @property
-    def draft_acceptance(self) -> float:
-        return self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else 0.0
+    def prefix_cache_bytes(self) -> int:
+        return self.prefix_cache_mb * 1024 * 1024

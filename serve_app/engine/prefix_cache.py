@@ -36,13 +36,13 @@ KV = tuple[tuple[torch.Tensor, torch.Tensor], ...]
 DEFAULT_PREFIX_CACHE_BYTES = 512 * 1024 * 1024
 
 
-# The key of one entry: (salt, token ids). ``None`` is the salt of a shared cache.
-_Key = tuple[str | None, tuple[int, ...]]
+# The key of one entry: (salt, token ids); ``protocol.SHARED_CACHE`` is a shared cache's salt.
+_Key = tuple[str, tuple[int, ...]]
 
 
 @dataclass
 class _Entry:
-    salt: str | None
+    salt: str
     token_ids: list[int]
     kv: KV
     nbytes: int
@@ -108,7 +108,7 @@ class PrefixCache:
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
-    def lookup(self, token_ids: Sequence[int], salt: str | None = None) -> tuple[int, KV | None]:
+    def lookup(self, token_ids: Sequence[int], salt: str) -> tuple[int, KV | None]:
         """``(cached_len, kv)`` for the longest prefix of ``token_ids`` stored under ``salt``,
         or ``(0, None)``.
 
@@ -134,7 +134,7 @@ class PrefixCache:
         self.hit_tokens += best_len
         return best_len, crop_kv(self._entries[best_key].kv, best_len)
 
-    def insert(self, token_ids: Sequence[int], kv: KV, salt: str | None = None) -> bool:
+    def insert(self, token_ids: Sequence[int], kv: KV, salt: str) -> bool:
         """Store the KV of ``token_ids`` under ``salt``; False when it was not stored (too
         small/large, covered).
 

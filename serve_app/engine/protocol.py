@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from serve_app.errors import UpstreamUnavailableError
 
 FinishReason = Literal["stop", "length"]
+
+# The prefix-cache partition of a deployment that shares one cache across accounts.
+SHARED_CACHE = "shared"
 
 
 # Temperatures this small pick the top token anyway; vLLM's _SAMPLING_EPS.
@@ -58,8 +61,10 @@ class GenerationChunk:
     """One step's worth of output for one request.
 
     ``text`` is the new text since the previous chunk: whole UTF-8 characters only, and never
-    any part of a stop sequence. The last chunk of a request has ``finish_reason`` set.
-    Token counts are running totals, so the last chunk carries the request's usage.
+    any part of a stop sequence. ``token_ids``: the tokens sampled since the previous chunk
+    (text held back by the detokenizer or a partial stop match comes later, its tokens now).
+    The last chunk of a request has ``finish_reason`` set. Token counts are running totals,
+    so the last chunk carries the request's usage.
     """
 
     text: str
@@ -67,19 +72,21 @@ class GenerationChunk:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass
 class GenerationRequest:
     """``cache_salt``: the prefix-cache partition this request may read and write (the
-    account id; ``None`` only where the deployment opted into one shared cache).
+    account's; ``SHARED_CACHE`` only where the deployment opted into one shared cache). It has
+    no default: a request that names no partition is a type error, never a shared cache.
     ``role``: which service asked (``fim``, ``edit``, ``chat``); per-role engine settings
     (speculation) key on it."""
 
     request_id: str
     prompt_token_ids: list[int]
-    params: SamplingParams = field(default_factory=SamplingParams)
-    cache_salt: str | None = None
+    params: SamplingParams
+    cache_salt: str
     role: str = ""
 
 

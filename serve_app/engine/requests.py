@@ -63,6 +63,7 @@ class RequestState:
     cached_tokens: int = 0
     abort_requested: bool = False
     finish_reason: str | None = None
+    tokens_sent: int = 0  # output tokens already handed out in a chunk's ``token_ids``
 
     @property
     def request_id(self) -> str:
@@ -94,13 +95,17 @@ class RequestState:
         return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)
 
     def chunk(self, text: str, finish_reason: str | None = None) -> GenerationChunk:
-        """A chunk with this request's running usage counts."""
+        """A chunk with this request's running usage counts and its tokens not yet sent."""
+        output = self.history.output_ids
+        new_tokens = tuple(output[self.tokens_sent :])
+        self.tokens_sent = len(output)
         return GenerationChunk(
             text=text,
             finish_reason=finish_reason,  # type: ignore[arg-type]
             prompt_tokens=self.num_prompt_tokens,
             completion_tokens=self.num_output_tokens,
             cached_tokens=self.cached_tokens,
+            token_ids=new_tokens,
         )
 
     def push(self, item: GenerationChunk | BaseException | StreamEnd) -> bool:
@@ -121,7 +126,6 @@ def new_request_state(
     tokenizer: Any,
     token_texts: TokenTexts,
     eos_token_ids: frozenset[int],
-    skip_special_tokens: bool,
     default_seed: int | None = None,
 ) -> RequestState:
     """Validate a request and build its state (on the caller's thread, so errors are 4xx):
@@ -156,7 +160,7 @@ def new_request_state(
         detokenizer=IncrementalDetokenizer(
             tokenizer,
             prompt_ids=prompt,
-            skip_special_tokens=skip_special_tokens,
+            skip_special_tokens=True,  # the text a client reads: no eos, no FIM markers
         ),
         stop_matcher=StopMatcher(params.stop),
         queue=asyncio.Queue(),

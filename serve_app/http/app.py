@@ -19,19 +19,13 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from serve_app import __version__, metrics
 from serve_app.api.apply import ApplyCompletionRequest
-from serve_app.api.chat import (
-    DEFAULT_CHAT_MAX_TOKENS,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-)
+from serve_app.api.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
 from serve_app.api.common import CompletionUsage, ErrorResponse, HTTPValidationError
 from serve_app.api.decisions import DecisionRequest, DecisionResponse, DecisionUsage
 from serve_app.api.edit import EditCompletion, EditCompletionRequest
 from serve_app.api.fim import FimCompletion, FimCompletionChunk, FimCompletionRequest
 from serve_app.auth.keys import hash_key
-from serve_app.config import AppConfig, ModelConfig
-from serve_app.engine.prompts.decisions import fixed_prefix_token_bound
+from serve_app.config import AppConfig
 from serve_app.errors import (
     InvalidRequestError,
     ModelNotFoundError,
@@ -45,6 +39,7 @@ from serve_app.http.listings import register_listings
 from serve_app.http.middleware import Authenticate, BoundedBody, RequestId, RequestMetrics
 from serve_app.http.openapi import openapi_without_implicit_422
 from serve_app.http.sse import open_event_stream, sse_event
+from serve_app.serving.admission import Refunds, estimate_tokens
 from serve_app.serving.billing import RequestContext, cache_salt_for
 
 logger = logging.getLogger(__name__)
@@ -59,8 +54,6 @@ DECISION_ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": HTTPValidationError | ErrorResponse},
 }
 MAX_RECENT_KEYS = 10_000
-# Tokens a prompt template may add beyond the request's own text (per question for decisions).
-TEMPLATE_TOKENS = 64
 # The router's timeout backstop: past the model deployment's own deadline, which answers first.
 BACKSTOP_GRACE_S = 5.0
 SSE_RESPONSE = {"description": "text/event-stream of chunks, ending with `data: [DONE]`."}
@@ -166,7 +159,7 @@ class RouteHandlers:
         self.backends = backends
         self.model_ids = frozenset(model.id for model in config.models)
         self.recent_keys: dict[str, float] = {}  # key digest -> trusted until (monotonic)
-        self._detached: set[asyncio.Future] = set()
+        self.refunds = Refunds(backends.auth.release)
 
     def register(self, app: FastAPI) -> None:
         app.post("/v1/decisions", response_model=DecisionResponse, responses=DECISION_ERRORS)(
@@ -229,29 +222,15 @@ class RouteHandlers:
         # A metric label: only ids we serve, so arbitrary client strings never become labels.
         request.state.model = model if model in self.model_ids else "other"
         key = credentials.credentials if credentials else None
-        estimate = await self.estimate_tokens(request, body, model) if body is not None else 0
+        estimate = (
+            estimate_tokens(self.config, body, len(await request.body())) if body is not None else 0
+        )
         try:
             return await self.backends.auth.authorize.remote(key, model, endpoint, estimate)
         except Exception as exc:
             error = as_service_error(exc)
             metrics.auth_rejections().inc(tags={"reason": error.code or "unknown"})
             raise error from None
-
-    async def estimate_tokens(self, request: Request, body: Any, model_id: str | None) -> int:
-        """An upper bound on what the request may cost, reserved before any work: each
-        prompt token is at least one byte of the body (byte-level BPE), plus the tokens
-        templates add, plus the most output it may ask for. Settled to the actual count."""
-        model = self.config.model(model_id) if model_id in self.model_ids else None
-        questions = len(getattr(body, "questions", None) or ())
-        prompt = len(await request.body()) + TEMPLATE_TOKENS * (1 + questions)
-        if isinstance(body, DecisionRequest):
-            # Decisions are not bounded by the context but by their scoring budget, and the
-            # fixed system turn and examples count in full in their usage.
-            prompt += fixed_prefix_token_bound()
-            return min(prompt, self.config.limits.decision_max_scored_tokens)
-        if model is not None:
-            prompt = min(prompt, model.context_length)
-        return prompt + _max_output(body, model)
 
     def context(self, grant: Any, model: str, endpoint: str) -> RequestContext:
         """What the model deployment needs to bill the request and pick its cache partition."""
@@ -260,12 +239,8 @@ class RouteHandlers:
 
     def release(self, grant: Any) -> None:
         """Refund a reservation no ledger row may have settled (the model deployment bills
-        what it processed): detached, so a cancelled request still sends it."""
-        if getattr(grant, "reservation_id", None) is None:
-            return
-        task = asyncio.ensure_future(_await(self.backends.auth.release.remote(grant)))
-        self._detached.add(task)
-        task.add_done_callback(_forget(self._detached))
+        what it processed)."""
+        self.refunds.refund(grant)
 
     async def call(
         self, grant: Any, model: str, endpoint: str, method: Any, body: Any, answer: type
@@ -401,28 +376,6 @@ class RouteHandlers:
 
 async def _await(response: Any) -> Any:
     return await response
-
-
-def _forget(tasks: set) -> Any:
-    def done(task: asyncio.Future) -> None:
-        tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.warning("could not release a reservation: %r", task.exception())
-
-    return done
-
-
-def _max_output(body: Any, model: ModelConfig | None) -> int:
-    """The most output tokens a request may produce: its max_tokens, else the default the
-    model deployment applies (chat), else none (decisions score, they do not generate)."""
-    asked = getattr(body, "max_completion_tokens", None) or getattr(body, "max_tokens", None)
-    if asked:
-        return int(asked)
-    if isinstance(body, ChatCompletionRequest) and model is not None:
-        return min(DEFAULT_CHAT_MAX_TOKENS, model.max_output_length)
-    if isinstance(body, ApplyCompletionRequest) and model is not None:
-        return min(model.max_output_length, model.context_length)  # apply's default: all left
-    return 0
 
 
 def _count_tokens(model: str, endpoint: str, usage: CompletionUsage | DecisionUsage | None) -> None:

@@ -25,6 +25,7 @@ from serve_app.engine.prompts.apply import (
 )
 from serve_app.engine.prompts.chat_encoding import encode_chat
 from serve_app.errors import MergeFailedError
+from serve_app.serving.billing import BilledCall
 from serve_app.serving.generation import EngineClient, chunk_maker, usage_of
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,9 @@ class ApplyService:
     def __init__(self, client: EngineClient) -> None:
         self.client = client
 
-    async def merge(self, body: ApplyCompletionRequest) -> tuple[str, CompletionUsage]:
+    async def merge(
+        self, body: ApplyCompletionRequest, call: BilledCall
+    ) -> tuple[str, CompletionUsage]:
         """The answer's content and the usage of the model call; a merge that is sent is
         always whole, so its finish reason is "stop". Text that cannot fit is refused unread;
         parsing, tokenising and the merge check (line diffs, quadratic in the worst case) run
@@ -49,13 +52,13 @@ class ApplyService:
         )
         max_tokens = self.client.default_max_tokens(prompt_ids, DEFAULT_APPLY_MAX_TOKENS)
         params = body.to_sampling_params(max_tokens, MODEL_STOPS)
-        request = self.client.request(prompt_ids, params, prompt_param="messages")
-        text, last = await self.client.complete(request)
+        request = self.client.request(call, prompt_ids, params, prompt_param="messages")
+        text, last = await self.client.complete(call, request)
         merged = await self.client.off_loop(_checked_merge, applied, text, last.finish_reason)
         return wrap_updated(merged), usage_of(last)
 
-    async def complete(self, body: ApplyCompletionRequest) -> ChatCompletion:
-        content, usage = await self.merge(body)
+    async def complete(self, body: ApplyCompletionRequest, call: BilledCall) -> ChatCompletion:
+        content, usage = await self.merge(body, call)
         choice = ChatChoice(
             index=0, message=ChatResponseMessage(content=content), finish_reason="stop"
         )
@@ -63,11 +66,13 @@ class ApplyService:
             id=new_id("chatcmpl"), created=now(), model=body.model, choices=[choice], usage=usage
         )
 
-    async def stream(self, body: ApplyCompletionRequest) -> AsyncIterator[ChatCompletionChunk]:
+    async def stream(
+        self, body: ApplyCompletionRequest, call: BilledCall
+    ) -> AsyncIterator[ChatCompletionChunk]:
         """The chat stream's shape. The merge is checked as a whole before anything is sent,
         so the content arrives after generation, line by line."""
         chunk = chunk_maker(ChatCompletionChunk, "chatcmpl", body.model)
-        content, usage = await self.merge(body)
+        content, usage = await self.merge(body, call)
         yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(role="assistant", content=""))])
         for line in content.splitlines(keepends=True):
             yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(content=line))])

@@ -8,8 +8,9 @@ reservation to settle, the prefix-cache salt), and ``UsageRecorder`` runs the ca
 
 - it enforces the request timeout itself, so the engine request is cancelled and its slot
   freed at the next step (504, billed what was processed);
-- it meters the work as it happens (``current_meter``: the ``EngineClient`` adds each chunk's
-  running counts, the decision service its result), so a cancelled or failed request is
+- it meters the work as it happens: the work gets a ``BilledCall`` (the context and its
+  ``UsageMeter``) as an argument, and the ``EngineClient`` adds each chunk's running counts to
+  its meter, the decision service its result, so a cancelled or failed request is
   billed the tokens it processed: 499 for a client that went away, the error's status for a
   failure after generation (a json_schema answer that fails validation is a 502, billed);
 - it writes the row in a ``finally`` through a detached task that a second cancellation
@@ -23,12 +24,12 @@ loop may have read any part of it by then.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from serve_app.engine.protocol import SHARED_CACHE
 from serve_app.errors import ServiceError, UpstreamTimeoutError, UpstreamUnavailableError
 
 logger = logging.getLogger(__name__)
@@ -42,16 +43,18 @@ WRITE_RETRY_S = 0.2
 
 @dataclass(frozen=True)
 class RequestContext:
-    """What the router tells a model deployment about one request (picklable).
+    """What the router tells a model deployment about one request (picklable), created after
+    auth and passed as an argument all the way to the engine: no ambient state decides whose
+    cache a request reads or who pays for it.
 
     ``grant``: the auth service's grant (account, key, reservation). ``cache_salt``: the
-    prefix-cache partition, the account id unless the deployment shares one cache.
+    prefix-cache partition (``cache_salt_for``), never left out.
     """
 
     grant: Any
     model: str
     endpoint: str
-    cache_salt: str | None
+    cache_salt: str
 
 
 @dataclass
@@ -66,30 +69,22 @@ class UsageMeter:
         self.output_tokens = max(self.output_tokens, output_tokens)
 
 
-@dataclass
-class _Scope:
-    context: RequestContext | None
+@dataclass(frozen=True)
+class BilledCall:
+    """One model call as the model deployment runs it: for whom (``context``) and what it has
+    processed so far (``meter``, which the ledger row records however the call ends)."""
+
+    context: RequestContext
     meter: UsageMeter
 
-
-_scope: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("usage", default=None)
-
-
-def current_meter() -> UsageMeter:
-    """The meter of the request this task serves (a throwaway one outside a recorder)."""
-    scope = _scope.get()
-    return scope.meter if scope is not None else UsageMeter()
+    @property
+    def cache_salt(self) -> str:
+        return self.context.cache_salt
 
 
-def current_cache_salt() -> str | None:
-    """The prefix-cache salt of the request this task serves; None (shared) outside one."""
-    scope = _scope.get()
-    return scope.context.cache_salt if scope and scope.context else None
-
-
-def cache_salt_for(account_id: int, shared: bool) -> str | None:
+def cache_salt_for(account_id: int, shared: bool) -> str:
     """The one rule for salts: the account's id, unless the operator shares the cache."""
-    return None if shared else f"account-{account_id}"
+    return SHARED_CACHE if shared else f"account-{account_id}"
 
 
 class _Outcome:
@@ -130,54 +125,46 @@ class UsageRecorder:
         self.timeout_s = timeout_s
         self._detached: set[asyncio.Task] = set()
 
-    async def run(self, context: RequestContext | None, work: Callable[[], Awaitable[T]]) -> T:
-        """Await ``work()`` and bill it. Without a context (no router) nothing is written."""
-        meter = UsageMeter()
-        token = _scope.set(_Scope(context, meter))
+    async def run(self, context: RequestContext, work: Callable[[BilledCall], Awaitable[T]]) -> T:
+        """Await ``work(call)`` and bill what it processed."""
+        call = BilledCall(context, UsageMeter())
         outcome = _Outcome()
         try:
             with outcome:
                 async with asyncio.timeout(self.timeout_s):
-                    result = await work()
+                    result = await work(call)
         finally:
-            _scope.reset(token)
-            written = await self._settle(context, meter, outcome.status)
+            written = await self._settle(call, outcome.status)
         if not written:
             raise UpstreamUnavailableError("Usage could not be recorded. Retry.")
         return result
 
     async def stream(
-        self, context: RequestContext | None, chunks: Callable[[], AsyncIterator[T]]
+        self, context: RequestContext, chunks: Callable[[BilledCall], AsyncIterator[T]]
     ) -> AsyncIterator[T]:
-        """Yield ``chunks()`` and bill them; the deadline bounds the whole stream."""
-        meter = UsageMeter()
-        scope = _Scope(context, meter)
+        """Yield ``chunks(call)`` and bill them; the deadline bounds the whole stream."""
+        call = BilledCall(context, UsageMeter())
         outcome = _Outcome()
         deadline = asyncio.get_running_loop().time() + self.timeout_s
-        iterator = chunks()
+        iterator = chunks(call)
         try:
             with outcome:
                 while True:
-                    token = _scope.set(scope)
                     try:
                         async with asyncio.timeout_at(deadline):
                             chunk = await anext(iterator)
                     except StopAsyncIteration:
                         break
-                    finally:
-                        _scope.reset(token)
                     yield chunk
         finally:
             await _close(iterator)
-            written = await self._settle(context, meter, outcome.status)
+            written = await self._settle(call, outcome.status)
         if not written:
             raise UpstreamUnavailableError("Usage could not be recorded.")
 
-    async def _settle(self, context: RequestContext | None, meter: UsageMeter, status: int):
+    async def _settle(self, call: BilledCall, status: int) -> bool:
         """Write the row in a detached task, so cancelling the caller cannot stop it."""
-        if context is None:
-            return True
-        task = asyncio.ensure_future(self._write_with_retries(context, meter, status))
+        task = asyncio.ensure_future(self._write_with_retries(call, status))
         self._detached.add(task)
         task.add_done_callback(self._detached.discard)
         try:
@@ -185,9 +172,8 @@ class UsageRecorder:
         except asyncio.CancelledError:
             return True  # the caller is gone; the task goes on writing
 
-    async def _write_with_retries(
-        self, context: RequestContext, meter: UsageMeter, status: int
-    ) -> bool:
+    async def _write_with_retries(self, call: BilledCall, status: int) -> bool:
+        context, meter = call.context, call.meter
         for attempt in range(WRITE_ATTEMPTS):
             try:
                 await self.write(context, meter.input_tokens, meter.output_tokens, status)

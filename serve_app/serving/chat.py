@@ -21,6 +21,7 @@ from serve_app.engine.constraints import SchemaError, compile_schema, validate_o
 from serve_app.engine.prompts.chat_encoding import encode_chat
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest
 from serve_app.errors import InvalidRequestError, UpstreamBadResponseError
+from serve_app.serving.billing import BilledCall
 from serve_app.serving.generation import EngineClient, chunk_maker, usage_of
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ class ChatService:
     def __init__(self, client: EngineClient) -> None:
         self.client = client
 
-    async def _request(self, body: ChatCompletionRequest) -> GenerationRequest:
+    async def _request(self, body: ChatCompletionRequest, call: BilledCall) -> GenerationRequest:
         """Bound, then tokenise (and compile the schema) off the event loop."""
         messages = [message.to_template() for message in body.messages]
         if body.json_mode is not None:
@@ -48,10 +49,10 @@ class ChatService:
         prompt_ids = await self.client.off_loop(encode_chat, self.client.tokenizer, messages)
         max_tokens = self.client.default_max_tokens(prompt_ids, DEFAULT_CHAT_MAX_TOKENS)
         params = body.to_sampling_params(default_max_tokens=max_tokens)
-        return self.client.request(prompt_ids, params, prompt_param="messages", role="chat")
+        return self.client.request(call, prompt_ids, params, prompt_param="messages", role="chat")
 
-    async def complete(self, body: ChatCompletionRequest) -> ChatCompletion:
-        text, last = await self.client.complete(await self._request(body))
+    async def complete(self, body: ChatCompletionRequest, call: BilledCall) -> ChatCompletion:
+        text, last = await self.client.complete(call, await self._request(body, call))
         if body.json_mode is not None and last.finish_reason == "stop":
             await self.client.off_loop(check_json_output, text, body)
         choice = ChatChoice(
@@ -67,12 +68,14 @@ class ChatService:
             usage=usage_of(last),
         )
 
-    async def stream(self, body: ChatCompletionRequest) -> AsyncIterator[ChatCompletionChunk]:
+    async def stream(
+        self, body: ChatCompletionRequest, call: BilledCall
+    ) -> AsyncIterator[ChatCompletionChunk]:
         """Role delta, content deltas, the finish chunk, then always a usage chunk."""
-        request = await self._request(body)
+        request = await self._request(body, call)
         chunk = chunk_maker(ChatCompletionChunk, "chatcmpl", body.model)
         yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(role="assistant", content=""))])
-        async for piece in self.client.stream_chunks(request, chunk, _delta_choice):
+        async for piece in self.client.stream_chunks(call, request, chunk, _delta_choice):
             yield piece
 
 

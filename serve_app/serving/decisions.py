@@ -26,27 +26,28 @@ from serve_app.engine.scoring import (
     QuestionOutcome,
     ScoringCancelled,
 )
-from serve_app.serving.billing import current_cache_salt, current_meter
+from serve_app.serving.billing import BilledCall
 
 
 class DecisionService:
     def __init__(self, scorer: LikelihoodScorer) -> None:
         self.scorer = scorer
 
-    async def decide(self, body: DecisionRequest) -> DecisionResponse:
+    async def decide(self, body: DecisionRequest, call: BilledCall) -> DecisionResponse:
         """Score in a worker thread: torch releases the GIL, the replica keeps serving.
 
         A thread cannot be killed, so cancellation is cooperative: when this task is cancelled
         (Serve cancels it when the caller times out or disconnects) the scorer is told to stop
         at its next decoder layer, which releases it for the next request within a second; the
-        work it ran until then is metered, so the ledger bills it (serve_app.serving.billing).
+        work it ran until then is metered on ``call``, so the ledger bills it
+        (serve_app.serving.billing).
         """
         questions = [_to_engine(name, question) for name, question in body.questions.items()]
-        meter = current_meter()
+        meter = call.meter
         cancel = threading.Event()
         scoring = asyncio.ensure_future(
             asyncio.to_thread(
-                self.scorer.score, body.state, questions, cancel, current_cache_salt()
+                self.scorer.score, body.state, questions, cancel, cache_salt=call.cache_salt
             )
         )
         try:

@@ -13,6 +13,7 @@ from serve_app.engine.prompts.edit import (
     parse_edit_prompt,
 )
 from serve_app.engine.protocol import GenerationRequest
+from serve_app.serving.billing import BilledCall
 from serve_app.serving.generation import EngineClient, usage_of
 
 logger = logging.getLogger(__name__)
@@ -22,7 +23,7 @@ class EditService:
     def __init__(self, client: EngineClient) -> None:
         self.client = client
 
-    async def complete(self, body: EditCompletionRequest) -> EditCompletion:
+    async def complete(self, body: EditCompletionRequest, call: BilledCall) -> EditCompletion:
         # Text that cannot fit the context is refused unread; the rest is parsed and tokenised
         # (several times, while fitting) off the event loop: a prompt near the body limit
         # would otherwise stall every stream of this replica.
@@ -38,9 +39,9 @@ class EditService:
             context_length=context_length,
         )
         request: GenerationRequest = self.client.request(
-            prompt_ids, params, "messages", role="edit"
+            call, prompt_ids, params, "messages", role="edit"
         )
-        raw, last = await self.client.complete(request)
+        raw, last = await self.client.complete(call, request)
         region, usable = extract_edited_region(raw, prompt)
         if not usable:
             logger.info("edit model returned nothing usable; answering the region unchanged")

@@ -14,6 +14,7 @@ from serve_app.api.fim import (
 )
 from serve_app.engine.prompts.fim import build_fim_prompt, fim_format_for
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest
+from serve_app.serving.billing import BilledCall
 from serve_app.serving.generation import EngineClient, chunk_maker, usage_of
 
 
@@ -23,7 +24,7 @@ class FimService:
         loaded = client.loaded
         self.format = fim_format_for(loaded.tokenizer, loaded.model_type)
 
-    async def _request(self, body: FimCompletionRequest) -> GenerationRequest:
+    async def _request(self, body: FimCompletionRequest, call: BilledCall) -> GenerationRequest:
         """Bound, then tokenise off the event loop."""
         suffix = body.suffix or ""
         self.client.check_input_size(len(body.prompt) + len(suffix), "prompt")
@@ -31,10 +32,10 @@ class FimService:
             build_fim_prompt, self.format, self.client.tokenizer, body.prompt, suffix
         )
         params = body.to_sampling_params(self.client.model.default_temperature)
-        return self.client.request(prompt_ids, params, prompt_param="prompt", role="fim")
+        return self.client.request(call, prompt_ids, params, prompt_param="prompt", role="fim")
 
-    async def complete(self, body: FimCompletionRequest) -> FimCompletion:
-        text, last = await self.client.complete(await self._request(body))
+    async def complete(self, body: FimCompletionRequest, call: BilledCall) -> FimCompletion:
+        text, last = await self.client.complete(call, await self._request(body, call))
         return FimCompletion(
             id=new_id("cmpl"),
             created=now(),
@@ -43,11 +44,13 @@ class FimService:
             usage=usage_of(last),
         )
 
-    async def stream(self, body: FimCompletionRequest) -> AsyncIterator[FimCompletionChunk]:
+    async def stream(
+        self, body: FimCompletionRequest, call: BilledCall
+    ) -> AsyncIterator[FimCompletionChunk]:
         """Content chunks, then always one usage chunk (the router drops it unless asked)."""
-        request = await self._request(body)
+        request = await self._request(body, call)
         chunk = chunk_maker(FimCompletionChunk, "cmpl", body.model)
-        async for piece in self.client.stream_chunks(request, chunk, _text_choice):
+        async for piece in self.client.stream_chunks(call, request, chunk, _text_choice):
             yield piece
 
 

@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar
 
 from serve_app.api.common import CompletionUsage, new_id, now
 from serve_app.config import AppConfig, ModelConfig
-from serve_app.engine.engine import EngineConfig, LLMEngine
+from serve_app.engine.engine import LLMEngine
 from serve_app.engine.json.token_bytes import TokenTexts
 from serve_app.engine.loader import LoadedModel, load_model
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest, SamplingParams
@@ -20,7 +20,7 @@ from serve_app.errors import (
     InvalidRequestError,
     UpstreamUnavailableError,
 )
-from serve_app.serving.billing import current_cache_salt, current_meter
+from serve_app.serving.billing import BilledCall
 
 T = TypeVar("T")
 
@@ -46,22 +46,7 @@ def load_configured_model(
 def start_engine(config: AppConfig, model: ModelConfig, cpus: float | None = None) -> LLMEngine:
     """Load ``model`` and start its generation engine."""
     loaded = load_configured_model(config, model, cpus)
-    engine_config = EngineConfig(
-        max_batch_size=config.engine.max_batch_size,
-        prefill_chunk_tokens=config.engine.prefill_chunk_tokens,
-        context_length=model.context_length,
-        prefix_cache_bytes=config.engine.prefix_cache_mb * 1024 * 1024,
-        max_waiting=config.engine.max_waiting,
-        runner=config.engine.runner,
-        weights=config.engine.weights,
-        prefill_dtype=config.engine.prefill_dtype,
-        small_prefill_tokens=config.engine.small_prefill_tokens,
-        prompt_weights=config.engine.prompt_weights,
-        draft_tokens=config.engine.speculation.draft_tokens(),
-        draft_max_batch=config.engine.speculation.max_batch,
-        seed=config.engine.seed,
-    )
-    return LLMEngine(loaded, engine_config)
+    return LLMEngine(loaded, config.engine, model.context_length)
 
 
 class GenerationObserver(Protocol):
@@ -118,10 +103,15 @@ class EngineClient:
         return max(1, min(cap, self.model.max_output_length, room))
 
     def request(
-        self, prompt_ids: list[int], params: SamplingParams, prompt_param: str, role: str = ""
+        self,
+        call: BilledCall,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        prompt_param: str,
+        role: str = "",
     ) -> GenerationRequest:
-        """Check the limits of the contract, then shape an engine request (in the prefix-cache
-        partition of the account it is served for); ``role`` (fim, edit, chat) picks per-role
+        """Check the limits of the contract, then shape an engine request in the prefix-cache
+        partition of the account ``call`` serves; ``role`` (fim, edit, chat) picks per-role
         engine settings such as speculation."""
         if params.max_tokens > self.model.max_output_length:
             raise InvalidRequestError(
@@ -131,14 +121,15 @@ class EngineClient:
             )
         if len(prompt_ids) + params.max_tokens > self.model.context_length:
             raise ContextLengthExceededError.for_limit(self.model.context_length, prompt_param)
-        return GenerationRequest(
-            uuid.uuid4().hex, prompt_ids, params, current_cache_salt(), role=role
-        )
+        return GenerationRequest(uuid.uuid4().hex, prompt_ids, params, call.cache_salt, role=role)
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+    async def stream(
+        self, call: BilledCall, request: GenerationRequest
+    ) -> AsyncIterator[GenerationChunk]:
         """The engine's chunks, timed (time to first text and the gaps between pieces) and
-        metered: from the moment it is queued, the request is billed its whole prompt."""
-        meter = current_meter()
+        metered on ``call``: from the moment it is queued, the request is billed its whole
+        prompt."""
+        meter = call.meter
         meter.update(len(request.prompt_token_ids), 0)
         start = last = time.perf_counter()
         first = True
@@ -155,6 +146,7 @@ class EngineClient:
 
     async def stream_chunks(
         self,
+        call: BilledCall,
         request: GenerationRequest,
         chunk: Callable[..., T],
         choice_of: Callable[[GenerationChunk], Any],
@@ -162,18 +154,20 @@ class EngineClient:
         """The stream every streaming endpoint sends: ``chunk([choice_of(piece)])`` for each
         piece worth sending (new text or a finish), then ``chunk([], usage)`` once."""
         last = None
-        async for piece in self.stream(request):
+        async for piece in self.stream(call, request):
             last = piece
             if piece.text or piece.finish_reason:
                 yield chunk([choice_of(piece)])
         if last is not None:
             yield chunk([], usage_of(last))
 
-    async def complete(self, request: GenerationRequest) -> tuple[str, GenerationChunk]:
+    async def complete(
+        self, call: BilledCall, request: GenerationRequest
+    ) -> tuple[str, GenerationChunk]:
         """All of a request's text and its last chunk (finish reason and usage)."""
         parts: list[str] = []
         last: GenerationChunk | None = None
-        async for chunk in self.stream(request):
+        async for chunk in self.stream(call, request):
             parts.append(chunk.text)
             last = chunk
         if last is None or last.finish_reason is None:

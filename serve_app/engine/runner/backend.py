@@ -1,8 +1,7 @@
 """The engine's model backend over ``Qwen2Runner``: slot assignment and the batched forward.
 
-The engine drives either this or ``batch.HFBackend`` through the same calls (``begin``,
-``prefill``, ``prompt_kv``, ``join``, ``decode``, ``release``); a request's ``kv`` field holds
-its slot here.
+One of the two ``engine.backend.ModelBackend`` implementations (the other is
+``hf_backend.HFBackend``); a request's ``kv`` field holds its slot here.
 
 Decoding requests sit in slots ``0 .. len(rows) - 1`` in ``rows`` order, so one decode step
 reads them in place; prefilling requests take free slots from the top. Joining moves a request
@@ -19,6 +18,7 @@ from typing import Any
 
 import torch
 
+from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.prefix_cache import KV
 from serve_app.engine.runner.kv import MIN_CAPACITY
 from serve_app.engine.runner.qwen2 import Qwen2Runner
@@ -113,23 +113,8 @@ class RunnerBackend:
             self.owner[source], occupant.kv = occupant, source
 
 
-def make_backend(loaded: Any, config: Any, context_length: int) -> Any:
-    """The runner when ``config.runner`` allows it and it supports the model, else HF."""
-    from serve_app.engine.batch import HFBackend
-
-    runner = configured_runner(loaded, config, "engine backend")
-    if runner is None:
-        return HFBackend(loaded.model, loaded.device)
-    logger.info(
-        "engine backend: runner (%s decode weights, prompts on %s weights)",
-        runner.decode_weights,
-        "decode" if runner.quantized_prompts else "dense",
-    )
-    return RunnerBackend(runner, config.max_batch_size, context_length)
-
-
 def configured_runner(
-    loaded: Any, config: Any, purpose: str, scoring: bool = False
+    loaded: Any, config: EngineConfig, purpose: str, scoring: bool = False
 ) -> Qwen2Runner | None:
     """The runner ``config`` asks for (its ``runner``, ``weights``, ``prompt_weights``,
     ``prefill_dtype``), or None where the model runs on HF: ``runner: hf``, or a model the

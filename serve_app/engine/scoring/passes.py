@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from serve_app.engine.batch import cache_from_kv, kv_from_cache
+from serve_app.engine.hf_backend import cache_from_kv, kv_from_cache
 from serve_app.engine.scoring.trie import Row, tree_mask
 
 # Prefix tokens per runner forward: bounds the causal mask and the activations of a 32k-token

@@ -140,12 +140,13 @@ class LikelihoodScorer:
         state: Any,
         questions: Sequence[DecisionQuestion],
         cancel: threading.Event | None = None,
-        cache_salt: str | None = None,
+        *,
+        cache_salt: str,
     ) -> ScoringResult:
         """Probabilities for every question about ``state`` (see the module docstring).
 
         Raises ``ScoringCancelled`` (with the work done so far) soon after ``cancel`` is set.
-        ``cache_salt``: the prefix-cache partition (the account; see ``prefix_cache``).
+        ``cache_salt``: the prefix-cache partition (the account's; see ``prefix_cache``).
         """
         import torch
 
@@ -246,7 +247,7 @@ class LikelihoodScorer:
         )
 
     def _answer(
-        self, state_text: str, plans: list[_Plan], work: WorkDone, salt: str | None
+        self, state_text: str, plans: list[_Plan], work: WorkDone, salt: str
     ) -> dict[str, QuestionOutcome]:
         """Every question scored on the state; the kinds in ``calibrate`` also on the
         content-free state, and their answer divided by that prior (``calibrated``)."""
@@ -269,7 +270,7 @@ class LikelihoodScorer:
     # ------------------------------------------------------------------ running
 
     def _score_plans(
-        self, prefix: list[int], plans: list[_Plan], work: WorkDone, salt: str | None
+        self, prefix: list[int], plans: list[_Plan], work: WorkDone, salt: str
     ) -> dict[str, QuestionOutcome]:
         """Tokenised plans run on top of ``prefix``; their options' probabilities."""
         rows = [plan.row for plan in plans]
@@ -294,7 +295,7 @@ class LikelihoodScorer:
             outcomes[name] = QuestionOutcome(name, plan.question.kind, _normalise(plan, scores))
         return outcomes
 
-    def _prefix_kv(self, prefix: list[int], work: WorkDone, salt: str | None) -> KV:
+    def _prefix_kv(self, prefix: list[int], work: WorkDone, salt: str) -> KV:
         """KV cache of the shared prefix (batch 1): the longest part the prefix cache already
         holds (the fixed system turn at least, the whole state when it repeats), and the rest
         run once on top of it. The one place this scorer touches the prefix cache."""

@@ -1,0 +1,70 @@
+"""The seam between the engine and a model: ``ModelBackend``, and the one place that picks it.
+
+The step loop drives a backend through these calls, never through a model directly:
+
+- ``begin(state, kv)``: give a request its KV (a slot, or a cache) and load its prefix hit;
+- ``prefill(state, start, end)``: read prompt positions ``start..end``, return the last
+  position's logits ``[V]``; ``prompt_kv(state)``: the prompt's KV, for the prefix cache;
+- ``join(states)``: move prefilled requests into the decode batch (``rows``);
+- ``decode(drafts)``: one forward for every row, its last token then its draft tokens;
+  logits ``[1 + len(draft), V]`` per row (drafts stay empty unless ``supports_speculation``);
+- ``release(states)`` frees ended requests' KV; ``reset()`` frees everything after a failure.
+
+Two implementations: ``runner.backend.RunnerBackend`` (the engine's own Qwen2 forward over a
+static slot KV cache, quantized decode weights) and ``hf_backend.HFBackend`` (the HF model, the
+reference). ``make_backend`` chooses from the config and the model; transformers' cache code is
+imported only when the HF backend is chosen.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+
+from serve_app.engine.engine_config import EngineConfig
+from serve_app.engine.prefix_cache import KV
+
+logger = logging.getLogger(__name__)
+
+
+class ModelBackend(Protocol):
+    supports_speculation: bool
+
+    @property
+    def rows(self) -> list[Any]: ...
+
+    def __len__(self) -> int: ...
+
+    def begin(self, state: Any, kv: KV | None) -> None: ...
+
+    def prefill(self, state: Any, start: int, end: int) -> torch.Tensor: ...
+
+    def prompt_kv(self, state: Any) -> KV: ...
+
+    def join(self, states: Sequence[Any]) -> None: ...
+
+    def decode(self, drafts: Sequence[Sequence[int]]) -> list[torch.Tensor]: ...
+
+    def release(self, states: Sequence[Any]) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+def make_backend(loaded: Any, config: EngineConfig, context_length: int) -> ModelBackend:
+    """The runner when ``config.runner`` allows it and it supports the model, else HF."""
+    from serve_app.engine.runner.backend import RunnerBackend, configured_runner
+
+    runner = configured_runner(loaded, config, "engine backend")
+    if runner is None:
+        from serve_app.engine.hf_backend import HFBackend
+
+        return HFBackend(loaded.model, loaded.device)
+    logger.info(
+        "engine backend: runner (%s decode weights, prompts on %s weights)",
+        runner.decode_weights,
+        "decode" if runner.quantized_prompts else "dense",
+    )
+    return RunnerBackend(runner, config.max_batch_size, context_length)

@@ -1,0 +1,79 @@
+"""From sampled tokens to what a caller reads: text, stop strings, finish reasons, errors.
+
+``OutputProcessor.on_token`` is the one place a sampled token becomes output: it extends the
+request's history, detokenizes incrementally (whole characters only), holds back text that
+may be the start of a stop string, and decides whether the request is finished (eos, a stop
+string, ``max_tokens``). Finishing or failing hands the request to ``forget`` (the
+scheduler's), so its slot is counted free in the same step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from serve_app.engine.protocol import GenerationChunk
+from serve_app.engine.requests import RequestState, RequestStatus
+from serve_app.engine.stats import EngineCounters
+
+
+class OutputProcessor:
+    def __init__(
+        self,
+        eos_token_ids: frozenset[int],
+        counters: EngineCounters,
+        forget: Callable[[RequestState], None],
+    ) -> None:
+        self.eos_token_ids = eos_token_ids
+        self.counters = counters
+        self.forget = forget
+
+    def on_token(self, state: RequestState, token_id: int) -> None:
+        """Record a sampled token, stream its text, and finish the request when it is done.
+
+        ``completion_tokens`` counts every sampled token, the eos token included (as vLLM and
+        OpenAI do); the eos token's own text is never emitted.
+        """
+        state.history.append(token_id)
+        finish: str | None = None
+        if token_id in self.eos_token_ids:
+            text, _ = self._flush_text(state)
+            finish = "stop"
+        else:
+            text, stopped = state.stop_matcher.feed(state.detokenizer.add(token_id))
+            if stopped:
+                finish = "stop"
+            elif state.num_output_tokens >= state.request.params.max_tokens:
+                tail, stopped = self._flush_text(state)
+                text += tail
+                finish = "stop" if stopped else "length"
+        if finish is not None:
+            self.finish(state, text, finish)
+        elif text:
+            self.push(state, state.chunk(text))
+
+    def finish(self, state: RequestState, text: str, reason: str) -> None:
+        state.status = RequestStatus.FINISHED
+        state.finish_reason = reason
+        self.counters.requests_finished += 1
+        self.push(state, state.chunk(text, reason))
+        self.forget(state)
+
+    def fail(self, state: RequestState, error: BaseException) -> None:
+        if state.is_done:
+            return
+        state.status = RequestStatus.FINISHED
+        self.counters.requests_failed += 1
+        state.push(error)
+        self.forget(state)
+
+    def push(self, state: RequestState, chunk: GenerationChunk) -> None:
+        if not state.push(chunk):  # the caller's event loop is gone
+            state.abort_requested = True
+
+    @staticmethod
+    def _flush_text(state: RequestState) -> tuple[str, bool]:
+        """Release held text at the end: the detokenizer's tail, then the stop matcher's."""
+        text, stopped = state.stop_matcher.feed(state.detokenizer.flush())
+        if not stopped:
+            text += state.stop_matcher.flush()
+        return text, stopped

@@ -1,0 +1,141 @@
+"""Who runs next: the waiting queue, admission to slots, and the requests' lifecycle lists.
+
+A request moves WAITING -> PREFILLING -> (joining) -> DECODING -> FINISHED/ABORTED:
+
+- ``enqueue`` (any thread) puts it in the waiting queue, or refuses it with a 503 when
+  ``max_waiting`` requests already wait, so load balancers back off instead of queueing on;
+- ``admit`` (the loop) gives waiting requests a slot, first come first served, while fewer than
+  ``max_batch_size`` hold one;
+- a request whose prompt is read joins the decode batch at the next decode step
+  (``take_joining``); the backend owns the decode rows (``backend.rows``);
+- ``reap_aborted`` ends requests whose caller left, wherever they are, and ``drop_done`` frees
+  the slots of every ended request in the same step.
+
+``_lock`` guards the two structures other threads touch (the waiting queue and the active
+set); the prefilling and joining lists belong to the loop thread alone.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from serve_app.engine.backend import ModelBackend
+from serve_app.engine.requests import RequestState, RequestStatus
+from serve_app.errors import UpstreamUnavailableError
+
+
+class Scheduler:
+    def __init__(self, backend: ModelBackend, max_batch_size: int, max_waiting: int) -> None:
+        self.backend = backend
+        self.max_batch_size = max_batch_size
+        self.max_waiting = max_waiting
+        self.prefilling: list[RequestState] = []
+        self.joining: list[RequestState] = []
+        self._lock = threading.Lock()
+        self._waiting: deque[RequestState] = deque()
+        self._active: set[RequestState] = set()
+
+    # ------------------------------------------------------------------ any thread
+
+    def enqueue(self, state: RequestState, raise_if_down: Callable[[], None]) -> None:
+        with self._lock:
+            raise_if_down()
+            if len(self._waiting) >= self.max_waiting:
+                raise UpstreamUnavailableError(
+                    "The model is overloaded: too many requests are waiting. Please retry."
+                )
+            self._waiting.append(state)
+            self._active.add(state)
+
+    def find(self, request_id: str) -> list[RequestState]:
+        with self._lock:
+            return [s for s in self._active if s.request_id == request_id]
+
+    def forget(self, state: RequestState) -> None:
+        """Out of the active set; its KV is released by ``drop_done`` (same step)."""
+        with self._lock:
+            self._active.discard(state)
+
+    @property
+    def num_running(self) -> int:
+        """Requests holding a slot. Safe from any thread: it counts admitted requests that are
+        not finished (the active set less the waiting ones, under the lock), so it never dips
+        while the loop moves a request from prefill to the decode batch."""
+        with self._lock:
+            return len(self._active) - len(self._waiting)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    # ------------------------------------------------------------------ the loop thread
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self.prefilling or self.joining or self.backend.rows)
+
+    def in_flight(self) -> list[RequestState]:
+        """Every admitted request: prefilling, joining, or a decode row."""
+        return self.prefilling + self.joining + list(self.backend.rows)
+
+    def admit(self) -> None:
+        with self._lock:
+            while self._waiting and self._slots_in_use() < self.max_batch_size:
+                state = self._waiting.popleft()
+                state.status = RequestStatus.PREFILLING
+                self.prefilling.append(state)
+
+    def prefilled(self, state: RequestState) -> None:
+        """A prompt is read: the request joins the decode batch at the next decode step
+        (queued before it leaves the prefill list, so ``num_running`` never dips meanwhile),
+        or, if it ended at its first token, gives its slot back now."""
+        if not state.is_done:
+            state.status = RequestStatus.DECODING
+            self.joining.append(state)
+        else:
+            self.backend.release([state])
+        self.prefilling.remove(state)
+
+    def take_joining(self) -> list[RequestState]:
+        """The requests that join the decode batch now (an ended one gives its slot back)."""
+        joining = [s for s in self.joining if not s.is_done]
+        self.backend.release([s for s in self.joining if s.is_done])
+        self.joining = []
+        return joining
+
+    def reap_aborted(self) -> list[RequestState]:
+        """End aborted requests wherever they are and free their slots; returns them."""
+        with self._lock:
+            aborted = [s for s in self._waiting if s.abort_requested]
+            for state in aborted:
+                self._waiting.remove(state)
+        aborted += [s for s in self.in_flight() if s.abort_requested]
+        aborted = [s for s in aborted if not s.is_done]
+        for state in aborted:
+            state.status = RequestStatus.ABORTED
+            self.forget(state)
+        if aborted:
+            self.drop_done()
+        return aborted
+
+    def drop_done(self) -> None:
+        done = [s for s in self.in_flight() if s.is_done]
+        self.prefilling = [s for s in self.prefilling if not s.is_done]
+        self.joining = [s for s in self.joining if not s.is_done]
+        self.backend.release(done)
+
+    def clear(self, include_waiting: bool) -> list[RequestState]:
+        """Empty the loop's lists (and the waiting queue if asked); returns the requests that
+        were there, for the caller to fail before it resets the backend."""
+        waiting: list[RequestState] = []
+        if include_waiting:
+            with self._lock:
+                waiting = list(self._waiting)
+                self._waiting.clear()
+        states = waiting + self.in_flight()
+        self.prefilling, self.joining = [], []
+        return states
+
+    def _slots_in_use(self) -> int:
+        return len(self.prefilling) + len(self.joining) + len(self.backend)

@@ -1,0 +1,47 @@
+"""The engine's counters, fed from one place, and the snapshot metrics read (``EngineStats``).
+
+The step loop is the only writer of ``EngineCounters`` (one thread), so plain integers do;
+``EngineStats`` is a copy taken by whoever reports metrics, on any thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineCounters:
+    """Totals since start, written by the step loop only."""
+
+    steps: int = 0
+    decode_steps: int = 0
+    prefill_tokens: int = 0
+    peak_decode_batch: int = 0
+    requests_finished: int = 0
+    requests_aborted: int = 0
+    requests_failed: int = 0
+    draft_tokens: int = 0  # speculative tokens proposed, and of those accepted
+    accepted_draft_tokens: int = 0
+
+    def decode_batch(self, rows: int) -> None:
+        self.decode_steps += 1
+        self.peak_decode_batch = max(self.peak_decode_batch, rows)
+
+
+@dataclass
+class EngineStats(EngineCounters):
+    """A snapshot for metrics: the counters, plus the queue and cache state at that moment."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_prefilling: int = 0
+    num_decoding: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_hit_tokens: int = 0
+    prefix_cache_bytes: int = 0
+    backend: str = "hf"
+
+    @property
+    def draft_acceptance(self) -> float:
+        return self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else 0.0
