@@ -181,23 +181,20 @@ def in_process_sender(loaded, runner: str, cpu_time: bool = False) -> Send:
     hardly change (wall-clock time there measures mostly the load)."""
     from serve_app.api.decisions import DecisionRequest
     from serve_app.engine.engine_config import EngineConfig
-    from serve_app.engine.runner.backend import configured_runner
     from serve_app.engine.scoring import LikelihoodScorer
+    from serve_app.serving.billing import BilledCall, RequestContext, UsageMeter
     from serve_app.serving.decisions import DecisionService
 
-    options = EngineConfig(runner=runner)
     service = DecisionService(
-        LikelihoodScorer(
-            loaded,
-            context_length=32768,
-            runner=configured_runner(loaded, options, "decision scorer", scoring=True),
-        )
+        LikelihoodScorer.for_model(loaded, EngineConfig(runner=runner), 32768)
     )
+    context = RequestContext(grant=None, model="bench", endpoint="decisions", cache_salt="bench")
 
     async def send(body: dict) -> tuple[float, dict]:
         clock = time.process_time if cpu_time else time.perf_counter
         start = clock()
-        answer = await service.decide(DecisionRequest.model_validate(body))
+        call = BilledCall(context, UsageMeter())
+        answer = await service.decide(DecisionRequest.model_validate(body), call)
         return clock() - start, answer.usage.model_dump()
 
     return send

@@ -10,11 +10,13 @@ then cache hits) and off (state run 10 times: the cost without any sharing).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import time
 from collections.abc import Callable
 
+from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import load_model
 from serve_app.engine.scoring import DecisionQuestion, LikelihoodScorer, ScoringResult
 
@@ -86,6 +88,10 @@ def seconds(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEFAULT_MODEL)
@@ -95,21 +101,21 @@ def main() -> None:
 
     loaded = load_model(args.model, threads=args.threads)
     state, questions = make_state(), make_questions()
-    cached = LikelihoodScorer(loaded, context_length=32768)
-    uncached = LikelihoodScorer(loaded, context_length=32768, prefix_cache_bytes=0)
-    probe = uncached.score(state, questions[:1], cache_salt="bench")
+    cached = LikelihoodScorer.for_model(loaded, EngineConfig(), 32768)
+    uncached = LikelihoodScorer.for_model(loaded, EngineConfig(prefix_cache_mb=0), 32768)
+    probe = run(uncached.score(state, questions[:1], cache_salt="bench"))
     print(f"model {args.model}, threads {args.threads}, {args.repeats} rounds")
     print(f"1-question prompt: {probe.input_tokens} tokens")
-    uncached.score(state, questions, cache_salt="bench")  # warm-up
+    run(uncached.score(state, questions, cache_salt="bench"))  # warm-up
 
     def one_call(scorer: LikelihoodScorer, qs: list[DecisionQuestion]) -> ScoringResult:
-        scorer.prefix_cache.clear()  # cold: the state is run in every measured call
-        return scorer.score(state, qs, cache_salt="bench")
+        scorer.engine.prefix_cache.clear()  # cold: the state is run in every measured call
+        return run(scorer.score(state, qs, cache_salt="bench"))
 
     def separate_calls(scorer: LikelihoodScorer) -> None:
-        scorer.prefix_cache.clear()
+        scorer.engine.prefix_cache.clear()
         for q in questions:
-            scorer.score(state, [q], cache_salt="bench")
+            run(scorer.score(state, [q], cache_salt="bench"))
 
     cases: list[tuple[str, Callable[[], object]]] = [
         ("1 question, 1 call", lambda: one_call(uncached, questions[:1])),
@@ -118,7 +124,7 @@ def main() -> None:
         ("10 questions, 10 calls, no prefix cache", lambda: separate_calls(uncached)),
         (
             "10 questions, 1 call, warm prefix",
-            lambda: cached.score(state, questions, cache_salt="bench"),
+            lambda: run(cached.score(state, questions, cache_salt="bench")),
         ),
     ]
     # Rounds interleave the cases, so load from other processes hits them alike; the

@@ -25,13 +25,13 @@ question kinds to calibrate on the content-free state (``--calibrate noul,choice
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 from collections import defaultdict
 from typing import Any
 
 from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import load_model
-from serve_app.engine.runner.backend import configured_runner
 from serve_app.engine.scoring import (
     DecisionQuestion,
     LikelihoodScorer,
@@ -40,6 +40,10 @@ from serve_app.engine.scoring import (
 )
 
 Pair = tuple[str, Any, str, Any, str]  # kind, true state, true claim, false state, false claim
+
+
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
 
 
 def _same_claim(kind: str, claim: str, true_state: Any, false_state: Any) -> Pair:
@@ -441,8 +445,8 @@ def probe_noul(scorer: LikelihoodScorer, pairs: list[Pair]) -> list[Result]:
     """p(true) for every claim, each asked alone about its state as a caller would."""
     results = []
     for kind, state, claim, truth in claims(pairs):
-        outcome = scorer.score(
-            state, [DecisionQuestion("q", "noul", claim)], cache_salt="bench"
+        outcome = run(
+            scorer.score(state, [DecisionQuestion("q", "noul", claim)], cache_salt="bench")
         ).outcomes["q"]
         results.append((kind, outcome.probabilities["true"], truth))
     return results
@@ -463,7 +467,7 @@ def compare_calibration(scorer: LikelihoodScorer, pairs: list[Pair]) -> None:
         DecisionQuestion(f"c{i}", "noul", claim) for i, (_, _, claim, _) in enumerate(rows)
     ]
     for label, null in NULL_STATES.items():
-        priors = scorer.score(null, questions, cache_salt="bench").outcomes
+        priors = run(scorer.score(null, questions, cache_salt="bench")).outcomes
         fixed = []
         for i, (kind, p, truth) in enumerate(raw):
             answer = QuestionOutcome("q", "noul", {"true": p, "false": 1.0 - p})
@@ -498,7 +502,7 @@ def probe_choice_and_score(scorer: LikelihoodScorer) -> None:
     top = 0
     for state, question, labels, right in CHOICES:
         q = DecisionQuestion("q", "choice", question, labels)
-        outcome = scorer.score(state, [q], cache_salt="bench").outcomes["q"]
+        outcome = run(scorer.score(state, [q], cache_salt="bench")).outcomes["q"]
         top += outcome.best == right
         print(f"choice {right:>9}: top {outcome.best:>9} p={outcome.probabilities[right]:.2f}")
     print(f"choice: right label on top {top}/{len(CHOICES)}")
@@ -506,7 +510,8 @@ def probe_choice_and_score(scorer: LikelihoodScorer) -> None:
     for question, levels, states in LADDERS:
         q = DecisionQuestion("q", "score", question, levels)
         scores = [
-            scorer.score(s, [q], cache_salt="bench").outcomes["q"].expected_level for s in states
+            run(scorer.score(s, [q], cache_salt="bench")).outcomes["q"].expected_level
+            for s in states
         ]
         increasing += all(a < b for a, b in zip(scores, scores[1:], strict=False))
         print(f"score '{question}': " + " ".join(f"{s:.2f}" for s in scores))
@@ -542,10 +547,9 @@ def main() -> None:
     options = EngineConfig(
         runner=args.runner, weights=args.weights, prompt_weights=args.prompt_weights
     )
-    runner = configured_runner(loaded, options, "decision scorer", scoring=True)
-    scorer = LikelihoodScorer(loaded, context_length=4096, calibrate=kinds, runner=runner)
+    scorer = LikelihoodScorer.for_model(loaded, options, 4096, calibrate=kinds)
     started = time.perf_counter()
-    weights = "HF forward" if runner is None else f"runner, {runner.decode_weights} weights"
+    weights = f"{scorer.engine.stats().backend}, {args.weights} weights"
     print(f"model {args.model} ({weights}), {len(pairs)} pairs, calibrating {list(kinds)}")
     if args.calibration:
         compare_calibration(scorer, pairs)

@@ -8,7 +8,6 @@ from typing import Any
 from deployments.common import replica_cpus, usage_recorder
 from serve_app.api.decisions import DecisionRequest, DecisionResponse
 from serve_app.config import AppConfig
-from serve_app.engine.runner.backend import configured_runner
 from serve_app.engine.scoring import LikelihoodScorer
 from serve_app.engine.scoring.budget import DecisionBudget
 from serve_app.serving.billing import RequestContext
@@ -20,21 +19,22 @@ class DecisionScorer:
     def __init__(self, config: AppConfig, auth: Any = None) -> None:
         model = config.model(config.roles.decisions)
         loaded = load_configured_model(config, model, cpus=replica_cpus())
-        self.decisions = DecisionService(
-            LikelihoodScorer(
-                loaded,
-                context_length=model.context_length,
-                budget=DecisionBudget(
-                    max_scored_tokens=config.limits.decision_max_scored_tokens,
-                    max_input_bytes=config.limits.decision_max_input_bytes,
-                ),
-                prefix_cache_bytes=config.engine.prefix_cache_bytes,
-                # The generating deployments' runner settings: scoring reads prompts on the
-                # same weights as they do.
-                runner=configured_runner(loaded, config.engine, "decision scorer", scoring=True),
-            )
+        budget = DecisionBudget(
+            max_scored_tokens=config.limits.decision_max_scored_tokens,
+            max_input_bytes=config.limits.decision_max_input_bytes,
         )
+        # The generating deployments' engine settings: scoring reads prompts on the same
+        # weights as they do, through the same engine code.
+        scorer = LikelihoodScorer.for_model(
+            loaded, config.engine, model.context_length, budget=budget
+        )
+        self.engine = scorer.engine
+        self.decisions = DecisionService(scorer)
         self.usage = usage_recorder(auth, config.limits.decision_timeout_s)
+
+    def check_health(self) -> None:
+        """Serve's health check: a replica whose engine loop died gets replaced."""
+        self.engine.check_health()
 
     async def decide(self, body: DecisionRequest, context: RequestContext) -> DecisionResponse:
         return await self.usage.run(context, partial(self.decisions.decide, body))

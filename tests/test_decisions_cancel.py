@@ -15,7 +15,6 @@ import pytest
 from serve_app.api.decisions import DecisionRequest
 from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import LoadedModel, load_model
-from serve_app.engine.runner.backend import configured_runner
 from serve_app.engine.scoring import DecisionBudget, DecisionQuestion, LikelihoodScorer
 from serve_app.errors import UnprocessableRequestError
 from serve_app.serving.billing import (
@@ -52,13 +51,14 @@ def small_body() -> DecisionRequest:
 
 @pytest.mark.parametrize("runner", ["hf", "auto"])  # the HF forward, the engine's runner
 def test_cancelled_request_frees_the_scorer_within_a_second(tiny: LoadedModel, runner: str) -> None:
-    scorer = LikelihoodScorer(
+    scorer = LikelihoodScorer.for_model(
         tiny,
-        context_length=8192,
+        EngineConfig(runner=runner),
+        8192,
         pack_tokens=1,  # one question per forward pass
         budget=DecisionBudget(max_scored_tokens=10**7, max_input_bytes=10**7),
-        runner=configured_runner(tiny, EngineConfig(runner=runner), "scorer", scoring=True),
     )
+    engine = scorer.engine
     service = DecisionService(scorer)
     rows: list[tuple[int, int, int]] = []
 
@@ -70,7 +70,7 @@ def test_cancelled_request_frees_the_scorer_within_a_second(tiny: LoadedModel, r
 
     async def scenario() -> tuple[float, float]:
         heavy = asyncio.create_task(recorder.run(context, partial(service.decide, heavy_body())))
-        while scorer.in_flight is None or not scorer.in_flight.input_tokens:
+        while not engine.stats().scored_tokens:
             assert not heavy.done(), heavy.exception()  # it runs, and has run the state
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)
@@ -79,7 +79,7 @@ def test_cancelled_request_frees_the_scorer_within_a_second(tiny: LoadedModel, r
         cancelled_at = time.perf_counter()
         with pytest.raises(asyncio.CancelledError):
             await heavy
-        while scorer.busy:
+        while engine.num_running or engine.num_waiting:
             await asyncio.sleep(0.005)
         freed = time.perf_counter() - cancelled_at
         answer = await service.decide(small_body(), BilledCall(context, UsageMeter()))
@@ -97,24 +97,26 @@ def test_cancelled_request_frees_the_scorer_within_a_second(tiny: LoadedModel, r
 
 
 def test_scored_token_budget_is_checked_before_any_forward(tiny: LoadedModel) -> None:
-    scorer = LikelihoodScorer(
-        tiny, context_length=8192, budget=DecisionBudget(max_scored_tokens=500)
+    scorer = LikelihoodScorer.for_model(
+        tiny, EngineConfig(), 8192, budget=DecisionBudget(max_scored_tokens=500)
     )
     questions = [DecisionQuestion("q", "choice", "Pick one.", LABELS)]
     with pytest.raises(UnprocessableRequestError) as caught:
-        scorer.score("state", questions, cache_salt="test")
+        asyncio.run(scorer.score("state", questions, cache_salt="test"))
     assert "max_scored_tokens" in caught.value.message and "500" in caught.value.message
-    assert len(scorer.prefix_cache) == 0  # refused before the state ran
+    assert scorer.engine.stats().prefill_tokens == 0  # refused before the state ran
 
 
 def test_input_bytes_are_checked_before_tokenisation(tiny: LoadedModel) -> None:
-    scorer = LikelihoodScorer(
-        tiny, context_length=8192, budget=DecisionBudget(max_input_bytes=10_000)
+    scorer = LikelihoodScorer.for_model(
+        tiny, EngineConfig(), 8192, budget=DecisionBudget(max_input_bytes=10_000)
     )
     started = time.perf_counter()
     with pytest.raises(UnprocessableRequestError) as caught:
-        scorer.score(
-            "x" * 3_000_000, [DecisionQuestion("q", "noul", "It is long.")], cache_salt="test"
+        asyncio.run(
+            scorer.score(
+                "x" * 3_000_000, [DecisionQuestion("q", "noul", "It is long.")], cache_salt="test"
+            )
         )
     assert "max_input_bytes" in caught.value.message and "10000" in caught.value.message
     assert time.perf_counter() - started < 0.5  # 3 MB of tokenisation would take seconds

@@ -6,6 +6,7 @@ shared-prefix path equals a plain reference (one full forward pass per prompt / 
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 from pathlib import Path
@@ -24,6 +25,7 @@ from serve_app.engine.scoring import (
     calibrated,
 )
 from serve_app.errors import ContextLengthExceededError, UnprocessableRequestError
+from tests.conftest import engine_config
 
 EMBEDDED_DIR = Path(os.path.expanduser("~/.cache/serve-app/models/qwen2.5-coder-0.5b"))
 
@@ -35,9 +37,18 @@ def tiny() -> LoadedModel:
     return load_model("tiny", threads=1)
 
 
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
+def make_scorer(loaded: LoadedModel, context_length: int, **options: Any) -> LikelihoodScorer:
+    """A scorer on its own scoring engine, on the HF model (the reference numbers)."""
+    return LikelihoodScorer.for_model(loaded, engine_config(runner="hf"), context_length, **options)
+
+
 @pytest.fixture()
 def scorer(tiny: LoadedModel) -> LikelihoodScorer:
-    return LikelihoodScorer(tiny, context_length=4096)
+    return make_scorer(tiny, 4096)
 
 
 def mixed_questions() -> list[DecisionQuestion]:
@@ -76,7 +87,7 @@ def reference_log_scores(
     """Unnormalised log-likelihood per option (optionally for a few options only)."""
     import torch
 
-    model = scorer.model
+    model = scorer.engine.loaded.model
     options, answers, user = question_parts(scorer, q)
     ids = full_prompt(scorer, state, user)
     keep = [i for i, o in enumerate(options) if only is None or o in only]
@@ -169,7 +180,7 @@ def test_split_tokenization_equals_full(scorer: LikelihoodScorer) -> None:
 
 def test_probabilities_cover_options_and_sum_to_one(scorer: LikelihoodScorer) -> None:
     questions = mixed_questions()
-    result = scorer.score(STATE, questions, cache_salt="test")
+    result = run(scorer.score(STATE, questions, cache_salt="test"))
     assert list(result.outcomes) == [q.name for q in questions]
     expected_keys = {
         "admin": ["true", "false"],
@@ -190,7 +201,7 @@ def test_probabilities_cover_options_and_sum_to_one(scorer: LikelihoodScorer) ->
 
 def test_paths_are_the_intended_ones(scorer: LikelihoodScorer) -> None:
     """Sanity for the tests below: the mixed set exercises both scoring paths."""
-    result = scorer.score(STATE, mixed_questions(), cache_salt="test")
+    result = run(scorer.score(STATE, mixed_questions(), cache_salt="test"))
     # One read each for the single-distribution questions; the slow choice reads its trie.
     slow = build_trie(question_parts(scorer, mixed_questions()[2])[1], scorer.end_id)
     assert result.output_tokens == 3 + len(slow.reads)
@@ -203,7 +214,7 @@ def test_paths_are_the_intended_ones(scorer: LikelihoodScorer) -> None:
 
 def test_batched_shared_prefix_matches_reference(scorer: LikelihoodScorer) -> None:
     questions = mixed_questions()
-    result = scorer.score(STATE, questions, cache_salt="test")
+    result = run(scorer.score(STATE, questions, cache_salt="test"))
     for q in questions:
         assert_close(result.outcomes[q.name].probabilities, reference(scorer, STATE, q))
     # The state was run once, not once per question.
@@ -213,18 +224,18 @@ def test_batched_shared_prefix_matches_reference(scorer: LikelihoodScorer) -> No
 
 def test_single_question_matches_reference(scorer: LikelihoodScorer) -> None:
     q = DecisionQuestion("only", "noul", "Ada has 3 open tickets.")
-    result = scorer.score("a plain string state", [q], cache_salt="test")
+    result = run(scorer.score("a plain string state", [q], cache_salt="test"))
     want = reference(scorer, "a plain string state", q)
     assert_close(result.outcomes["only"].probabilities, want)
 
 
 def test_255_labels_with_shared_first_tokens(tiny: LoadedModel) -> None:
     # A small pack size forces several forward passes.
-    scorer = LikelihoodScorer(tiny, context_length=8192, pack_tokens=64)
+    scorer = make_scorer(tiny, 8192, pack_tokens=64)
     labels = {f"opt{i}": None for i in range(250)} | {c: None for c in "ABCDE"}
     q = DecisionQuestion("many", "choice", "Pick one.", labels)
-    result = scorer.score(
-        {"x": 1}, [q, DecisionQuestion("other", "noul", "x is 1")], cache_salt="test"
+    result = run(
+        scorer.score({"x": 1}, [q, DecisionQuestion("other", "noul", "x is 1")], cache_salt="test")
     )
     probabilities = result.outcomes["many"].probabilities
     assert list(probabilities) == list(labels) and len(probabilities) == 255
@@ -239,18 +250,18 @@ def test_255_labels_with_shared_first_tokens(tiny: LoadedModel) -> None:
 
 def test_ten_questions_give_ten_outcomes(scorer: LikelihoodScorer) -> None:
     questions = [DecisionQuestion(f"q{i}", "noul", f"Statement number {i}.") for i in range(10)]
-    result = scorer.score(STATE, questions, cache_salt="test")
+    result = run(scorer.score(STATE, questions, cache_salt="test"))
     assert list(result.outcomes) == [f"q{i}" for i in range(10)]
     assert result.output_tokens == 10
 
 
 def test_calibration_runs_and_bills_the_content_free_pass(tiny: LoadedModel) -> None:
     questions = [DecisionQuestion(f"q{i}", "noul", f"Statement number {i}.") for i in range(3)]
-    raw = LikelihoodScorer(tiny, context_length=4096).score(STATE, questions, cache_salt="test")
-    scorer = LikelihoodScorer(tiny, context_length=4096, calibrate=("noul",))
-    result = scorer.score(STATE, questions, cache_salt="test")
-    null = LikelihoodScorer(tiny, context_length=4096).score(
-        prompts.CONTENT_FREE_STATE, questions, cache_salt="test"
+    raw = run(make_scorer(tiny, 4096).score(STATE, questions, cache_salt="test"))
+    scorer = make_scorer(tiny, 4096, calibrate=("noul",))
+    result = run(scorer.score(STATE, questions, cache_salt="test"))
+    null = run(
+        make_scorer(tiny, 4096).score(prompts.CONTENT_FREE_STATE, questions, cache_salt="test")
     )
     # Billed: the content-free prompt and its question rows as a second request would be,
     # its system turn served from the cache the state's pass just filled.
@@ -263,48 +274,50 @@ def test_calibration_runs_and_bills_the_content_free_pass(tiny: LoadedModel) -> 
 
 
 def test_calibrated_scores_match_the_reference(tiny: LoadedModel) -> None:
-    scorer = LikelihoodScorer(tiny, context_length=4096, calibrate=("noul", "choice", "score"))
+    scorer = make_scorer(tiny, 4096, calibrate=("noul", "choice", "score"))
     questions = mixed_questions()
-    result = scorer.score(STATE, questions, cache_salt="test")
+    result = run(scorer.score(STATE, questions, cache_salt="test"))
     for q in questions:
         assert_close(result.outcomes[q.name].probabilities, reference(scorer, STATE, q))
 
 
 def test_prefix_cache_reuses_state(tiny: LoadedModel) -> None:
-    scorer = LikelihoodScorer(tiny, context_length=4096)
+    scorer = make_scorer(tiny, 4096)
     questions = mixed_questions()[:2]
-    first = scorer.score(STATE, questions, cache_salt="test")
-    second = scorer.score(STATE, questions, cache_salt="test")
+    first = run(scorer.score(STATE, questions, cache_salt="test"))
+    second = run(scorer.score(STATE, questions, cache_salt="test"))
     assert first.cached_tokens == 0 and second.cached_tokens > 0
     # A cache hit saves work, not billing: the state is charged whether run or reused.
     assert second.input_tokens == first.input_tokens
     for name in first.outcomes:
         assert_close(second.outcomes[name].probabilities, first.outcomes[name].probabilities, 1e-5)
     # Another state still reuses the fixed system turn, but not the state itself.
-    other = scorer.score({"other": 1}, questions, cache_salt="test")
+    other = run(scorer.score({"other": 1}, questions, cache_salt="test"))
     assert 0 < other.cached_tokens < second.cached_tokens
-    uncached = LikelihoodScorer(tiny, context_length=4096)
-    fresh = uncached.score({"other": 1}, questions, cache_salt="test")
+    uncached = make_scorer(tiny, 4096)
+    fresh = run(uncached.score({"other": 1}, questions, cache_salt="test"))
     for name in fresh.outcomes:
         assert_close(other.outcomes[name].probabilities, fresh.outcomes[name].probabilities, 1e-4)
 
 
 def test_prefix_cache_is_partitioned_by_salt(tiny: LoadedModel) -> None:
     """Another account (salt) never hits the state one account cached."""
-    scorer = LikelihoodScorer(tiny, context_length=4096)
+    scorer = make_scorer(tiny, 4096)
     questions = mixed_questions()[:2]
-    scorer.score(STATE, questions, cache_salt="account-a")
-    other = scorer.score(STATE, questions, cache_salt="account-b")
+    run(scorer.score(STATE, questions, cache_salt="account-a"))
+    other = run(scorer.score(STATE, questions, cache_salt="account-b"))
     assert other.cached_tokens == 0
-    again = scorer.score(STATE, questions, cache_salt="account-a")
+    again = run(scorer.score(STATE, questions, cache_salt="account-a"))
     assert again.cached_tokens > 0
 
 
 def test_context_length_exceeded(tiny: LoadedModel) -> None:
-    scorer = LikelihoodScorer(tiny, context_length=64)
+    scorer = make_scorer(tiny, 64)
     with pytest.raises(ContextLengthExceededError) as caught:
-        scorer.score(
-            "word " * 200, [DecisionQuestion("q", "noul", "Is it long?")], cache_salt="test"
+        run(
+            scorer.score(
+                "word " * 200, [DecisionQuestion("q", "noul", "Is it long?")], cache_salt="test"
+            )
         )
     assert caught.value.param == "state"
     assert caught.value.code == "context_length_exceeded"
@@ -325,7 +338,7 @@ def test_invalid_questions_are_unprocessable(
     scorer: LikelihoodScorer, question: DecisionQuestion
 ) -> None:
     with pytest.raises(UnprocessableRequestError):
-        scorer.score(STATE, [question], cache_salt="test")
+        run(scorer.score(STATE, [question], cache_salt="test"))
 
 
 # ------------------------------------------------------------------ behaviour (embedded)
@@ -335,20 +348,22 @@ def test_invalid_questions_are_unprocessable(
 def embedded() -> LikelihoodScorer:
     if not (EMBEDDED_DIR / "config.json").exists():
         pytest.skip(f"embedded model not converted yet ({EMBEDDED_DIR})")
-    return LikelihoodScorer(load_model(str(EMBEDDED_DIR), threads=2), context_length=32768)
+    return make_scorer(load_model(str(EMBEDDED_DIR), threads=2), 32768)
 
 
 @pytest.mark.embedded
 def test_embedded_noul_follows_the_state(embedded: LikelihoodScorer) -> None:
     state = {"city": "Paris", "country": "France", "temperature_celsius": 31}
-    result = embedded.score(
-        state,
-        [
-            DecisionQuestion("in_france", "noul", "The city is in France."),
-            DecisionQuestion("in_japan", "noul", "The city is in Japan."),
-            DecisionQuestion("hot", "noul", "It is hot.", {"true": "above 25 degrees Celsius"}),
-        ],
-        cache_salt="test",
+    result = run(
+        embedded.score(
+            state,
+            [
+                DecisionQuestion("in_france", "noul", "The city is in France."),
+                DecisionQuestion("in_japan", "noul", "The city is in Japan."),
+                DecisionQuestion("hot", "noul", "It is hot.", {"true": "above 25 degrees Celsius"}),
+            ],
+            cache_salt="test",
+        )
     )
     p = {name: o.probabilities["true"] for name, o in result.outcomes.items()}
     assert p["in_france"] > 0.5 > p["in_japan"], p
@@ -360,19 +375,23 @@ def test_embedded_choice_and_score(embedded: LikelihoodScorer) -> None:
     review = "Absolutely terrible. The product broke after one day and support ignored me."
     labels = {"positive": "the customer is happy", "negative": "the customer is unhappy"}
     scale = ["very negative", "negative", "neutral", "positive", "very positive"]
-    result = embedded.score(
-        review,
-        [
-            DecisionQuestion("sentiment", "choice", "Classify the review's sentiment.", labels),
-            DecisionQuestion("rating", "score", "Rate the review's sentiment.", scale),
-        ],
-        cache_salt="test",
+    result = run(
+        embedded.score(
+            review,
+            [
+                DecisionQuestion("sentiment", "choice", "Classify the review's sentiment.", labels),
+                DecisionQuestion("rating", "score", "Rate the review's sentiment.", scale),
+            ],
+            cache_salt="test",
+        )
     )
     assert result.outcomes["sentiment"].best == "negative", result.outcomes["sentiment"]
-    happy = embedded.score(
-        "Wonderful! Best purchase of my life, it works perfectly and arrived early.",
-        [DecisionQuestion("rating", "score", "Rate the review's sentiment.", scale)],
-        cache_salt="test",
+    happy = run(
+        embedded.score(
+            "Wonderful! Best purchase of my life, it works perfectly and arrived early.",
+            [DecisionQuestion("rating", "score", "Rate the review's sentiment.", scale)],
+            cache_salt="test",
+        )
     )
     low, high = result.outcomes["rating"].expected_level, happy.outcomes["rating"].expected_level
     # The 0.5B model pulls every score towards the middle of the scale; the order holds.

@@ -1,14 +1,16 @@
 """The decision scorer on the engine's runner: the same probabilities as on the HF model.
 
-Both scorers are built the way ``deployments/scorer.py`` builds them: the generating
-deployments' engine options (``runner: auto`` or ``hf``) through ``configured_runner``, with
-dense weights. Weights are redrawn with std 0.3 (as in test_runner) so that answers depend on
-the prompt and a wrong position, mask or KV column shows up in the probabilities.
+Both scorers are built the way ``deployments/scorer.py`` builds them: a scoring engine on the
+generating deployments' engine options (``runner: auto`` or ``hf``), with dense weights.
+Weights are redrawn with std 0.3 (as in test_runner) so that answers depend on the prompt and
+a wrong position, mask or KV column shows up in the probabilities.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from typing import Any
 
 import pytest
 import torch
@@ -36,16 +38,15 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
     return dataclasses.replace(lm)
 
 
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
 def scorer(loaded: LoadedModel, runner: str, **kwargs) -> LikelihoodScorer:
     """As the scorer deployment builds it from ``config.engine``."""
     # int4 decode weights: prompts stay dense (prompt_weights auto), so the scorer runs dense.
     options = EngineConfig(runner=runner, weights="int4")
-    return LikelihoodScorer(
-        loaded,
-        context_length=16384,
-        runner=configured_runner(loaded, options, "decision scorer", scoring=True),
-        **kwargs,
-    )
+    return LikelihoodScorer.for_model(loaded, options, 16384, **kwargs)
 
 
 def questions() -> list[DecisionQuestion]:
@@ -92,10 +93,9 @@ def test_scorer_on_int8_prompts_stays_near_the_dense_answers(loaded: LoadedModel
     """int8 prompt weights (what ``auto`` picks on AVX2): every probability near the HF
     scorer's, usage identical, and a prefix-cache hit answers as the cold run did."""
     options = EngineConfig(runner="auto", weights="int8", prompt_weights="decode")
-    runner = configured_runner(loaded, options, "decision scorer", scoring=True)
-    quantized = LikelihoodScorer(loaded, context_length=16384, runner=runner)
-    want = scorer(loaded, "hf").score(STATE, questions(), cache_salt="test")
-    cold = quantized.score(STATE, questions(), cache_salt="test")
+    quantized = LikelihoodScorer.for_model(loaded, options, 16384)
+    want = run(scorer(loaded, "hf").score(STATE, questions(), cache_salt="test"))
+    cold = run(quantized.score(STATE, questions(), cache_salt="test"))
     assert (cold.input_tokens, cold.output_tokens) == (want.input_tokens, want.output_tokens)
     worst = max(
         abs(cold.outcomes[name].probabilities[option] - p)
@@ -104,7 +104,7 @@ def test_scorer_on_int8_prompts_stays_near_the_dense_answers(loaded: LoadedModel
     )
     assert worst < INT8_TOLERANCE, worst  # measured 0.10; 0.50 with position 0's KV x1.5
     assert all(cold.outcomes[name].best == outcome.best for name, outcome in want.outcomes.items())
-    warm = quantized.score(STATE, questions(), cache_salt="test")
+    warm = run(quantized.score(STATE, questions(), cache_salt="test"))
     assert warm.cached_tokens > 0
     assert_same(warm, cold)
 
@@ -118,8 +118,8 @@ def test_runner_scorer_matches_hf_scorer(loaded: LoadedModel, pack_tokens: int) 
     runner = scorer(loaded, "auto", pack_tokens=pack_tokens)
     worst, cached = 0.0, []
     for state in (STATE, STATE, {"log": "line " * 800}):
-        want = hf.score(state, questions(), cache_salt="a")
-        got = runner.score(state, questions(), cache_salt="a")
+        want = run(hf.score(state, questions(), cache_salt="a"))
+        got = run(runner.score(state, questions(), cache_salt="a"))
         worst = max(worst, assert_same(got, want))
         usage = (got.input_tokens, got.output_tokens, got.cached_tokens)
         assert usage == (want.input_tokens, want.output_tokens, want.cached_tokens)
@@ -133,14 +133,14 @@ def test_prefix_cache_entries_are_shared_between_the_two_forwards(loaded: Loaded
     cache is the runner's slot, copied out): the copy is not the live slot that later rows
     overwrite."""
     runner = scorer(loaded, "auto")
-    cold = scorer(loaded, "hf").score(STATE, questions(), cache_salt="test")
-    runner.score(
-        STATE, questions()[:1], cache_salt="test"
+    cold = run(scorer(loaded, "hf").score(STATE, questions(), cache_salt="test"))
+    run(
+        runner.score(STATE, questions()[:1], cache_salt="test")
     )  # caches the state, then overwrites the slot's rows
-    runner.score(
-        {"other": 1}, questions()[:2], cache_salt="test"
+    run(
+        runner.score({"other": 1}, questions()[:2], cache_salt="test")
     )  # and another state over the same slot
-    warm = runner.score(STATE, questions(), cache_salt="test")
+    warm = run(runner.score(STATE, questions(), cache_salt="test"))
     assert warm.cached_tokens > 0
     assert_same(warm, cold)
 

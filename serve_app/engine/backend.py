@@ -8,7 +8,12 @@ The step loop drives a backend through these calls, never through a model direct
 - ``join(states)``: move prefilled requests into the decode batch (``rows``);
 - ``decode(drafts)``: one forward for every row, its last token then its draft tokens;
   logits ``[1 + len(draft), V]`` per row (drafts stay empty unless ``supports_speculation``);
+- ``score(state, row, check)``: a tree row (``engine.tree``) on top of a prefilled request's
+  KV, in one forward; the log-probabilities of the row's reads (a scoring request's pass);
 - ``release(states)`` frees ended requests' KV; ``reset()`` frees everything after a failure.
+
+``check`` (prefill and score) runs between decoder layers where the backend can, and raises
+``RequestAborted`` for an aborted request: a long chunk stops within one layer's work.
 
 Two implementations: ``runner.backend.RunnerBackend`` (the engine's own Qwen2 forward over a
 static slot KV cache, quantized decode weights) and ``hf_backend.HFBackend`` (the HF model, the
@@ -19,13 +24,14 @@ imported only when the HF backend is chosen.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
 
 from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.prefix_cache import KV
+from serve_app.engine.tree import Row
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +46,9 @@ class ModelBackend(Protocol):
 
     def begin(self, state: Any, kv: KV | None) -> None: ...
 
-    def prefill(self, state: Any, start: int, end: int) -> torch.Tensor: ...
+    def prefill(
+        self, state: Any, start: int, end: int, check: Callable[[], None] | None = None
+    ) -> torch.Tensor: ...
 
     def prompt_kv(self, state: Any) -> KV: ...
 
@@ -48,23 +56,31 @@ class ModelBackend(Protocol):
 
     def decode(self, drafts: Sequence[Sequence[int]]) -> list[torch.Tensor]: ...
 
+    def score(self, state: Any, row: Row, check: Callable[[], None]) -> list[float]: ...
+
     def release(self, states: Sequence[Any]) -> None: ...
 
     def reset(self) -> None: ...
 
 
-def make_backend(loaded: Any, config: EngineConfig, context_length: int) -> ModelBackend:
-    """The runner when ``config.runner`` allows it and it supports the model, else HF."""
+def make_backend(
+    loaded: Any, config: EngineConfig, max_columns: int, scoring: bool = False
+) -> ModelBackend:
+    """The runner when ``config.runner`` allows it and it supports the model, else HF.
+    ``max_columns``: the most KV positions one request holds. ``scoring``: for an engine that
+    only scores (``configured_runner``: prompts' weights, activations rounded twice)."""
     from serve_app.engine.runner.backend import RunnerBackend, configured_runner
 
-    runner = configured_runner(loaded, config, "engine backend")
+    purpose = "scoring backend" if scoring else "engine backend"
+    runner = configured_runner(loaded, config, purpose, scoring=scoring)
     if runner is None:
         from serve_app.engine.hf_backend import HFBackend
 
         return HFBackend(loaded.model, loaded.device)
     logger.info(
-        "engine backend: runner (%s decode weights, prompts on %s weights)",
+        "%s: runner (%s decode weights, prompts on %s weights)",
+        purpose,
         runner.decode_weights,
         "decode" if runner.quantized_prompts else "dense",
     )
-    return RunnerBackend(runner, config.max_batch_size, context_length)
+    return RunnerBackend(runner, config.max_batch_size, max_columns)

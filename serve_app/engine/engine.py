@@ -20,6 +20,12 @@ One step (``_step``):
    (``runner/speculation.py``);
 4. drop finished and aborted requests, freeing their slots for the next step.
 
+Scoring requests (``score``: decisions) are prefill-only: their prefix is read in step 2 like
+any prompt (chunked, through the prefix cache of their account), then each step runs one of
+their passes (a tree row on top of the prefix, ``engine.tree``) and streams its
+log-probabilities; nothing is sampled. Aborts are checked between decoder layers of a prompt
+chunk or a pass (``RequestAborted``), so a long one stops within one layer's work.
+
 Prompts are prefilled one request per forward, not padded together: chunks already keep the
 CPU busy, and padding prompts of different lengths would waste the very compute prefill is
 bound by.
@@ -35,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import torch
@@ -46,12 +52,32 @@ from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import LoadedModel
 from serve_app.engine.output import OutputProcessor
 from serve_app.engine.prefix_cache import PrefixCache
-from serve_app.engine.protocol import Engine, GenerationChunk, GenerationRequest
-from serve_app.engine.requests import STREAM_END, RequestState, StreamEnd, new_request_state
+from serve_app.engine.protocol import (
+    Engine,
+    GenerationChunk,
+    GenerationRequest,
+    ScoringChunk,
+    ScoringRequest,
+)
+from serve_app.engine.requests import (
+    STREAM_END,
+    RequestAborted,
+    RequestState,
+    ScoringState,
+    State,
+    StreamEnd,
+    new_request_state,
+)
 from serve_app.engine.runner.speculation import propose_draft
 from serve_app.engine.scheduler import Scheduler
 from serve_app.engine.stats import EngineCounters, EngineStats
-from serve_app.errors import ServerError, ServiceError, UpstreamUnavailableError
+from serve_app.errors import (
+    ContextLengthExceededError,
+    InvalidRequestError,
+    ServerError,
+    ServiceError,
+    UpstreamUnavailableError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +89,9 @@ class LLMEngine(Engine):
     """Serves many generation requests at once on one model (see the module docstring).
 
     ``context_length``: prompt + max_tokens limit (the model's ``ModelConfig.context_length``);
-    None: the model's ``max_position_embeddings``.
+    None: the model's ``max_position_embeddings``. ``scoring``: an engine that only scores
+    (the runner reads prompts as the scorer needs; see ``configured_runner``), whose passes may
+    take up to ``score_columns`` KV positions past the context.
     """
 
     def __init__(
@@ -71,6 +99,9 @@ class LLMEngine(Engine):
         loaded: LoadedModel,
         config: EngineConfig | None = None,
         context_length: int | None = None,
+        *,
+        scoring: bool = False,
+        score_columns: int = 0,
     ) -> None:
         self.loaded = loaded
         self.config = config or EngineConfig()
@@ -81,7 +112,8 @@ class LLMEngine(Engine):
         self.token_texts = TokenTexts.for_tokenizer(self.tokenizer)
         self.prefix_cache = PrefixCache(self.config.prefix_cache_bytes)
         self.counters = EngineCounters()
-        self.backend = make_backend(loaded, self.config, self.context_length)
+        self.max_columns = self.context_length + score_columns
+        self.backend = make_backend(loaded, self.config, self.max_columns, scoring)
         self.scheduler = Scheduler(
             self.backend, self.config.max_batch_size, self.config.max_waiting
         )
@@ -108,6 +140,29 @@ class LLMEngine(Engine):
         (``abort(request_id)``), the stream just ends, without a finishing chunk.
         """
         state = self._new_state(request, context_param, asyncio.get_running_loop())
+        async for chunk in self._stream(state, lambda chunk: chunk.finish_reason is not None):
+            yield chunk
+
+    async def score(self, request: ScoringRequest) -> AsyncIterator[ScoringChunk]:
+        """Stream one chunk per pass of a scoring request (the last has ``done`` set).
+
+        Raises ``InvalidRequestError`` for an empty prefix or pass list and
+        ``ContextLengthExceededError`` (param ``state``) when the prefix and its widest pass
+        do not fit, before anything runs; otherwise as ``generate``.
+        """
+        self._raise_if_down()
+        if not request.prefix_token_ids or not request.passes:
+            raise InvalidRequestError("A scoring request needs a prefix and passes.")
+        widest = max(len(row) for row in request.passes)
+        if len(request.prefix_token_ids) + widest > self.max_columns:
+            raise ContextLengthExceededError.for_limit(self.context_length, "state")
+        state = ScoringState(request, asyncio.Queue(), asyncio.get_running_loop())
+        async for chunk in self._stream(state, lambda chunk: chunk.done):
+            yield chunk
+
+    async def _stream(self, state: State, is_last: Callable[[Any], bool]) -> AsyncIterator[Any]:
+        """Queue ``state`` and yield what the loop hands back until ``is_last(item)``.
+        Closing or cancelling the generator aborts the request."""
         self.scheduler.enqueue(state, self._raise_if_down)
         self._wakeup.set()
         ended = False
@@ -121,9 +176,8 @@ class LLMEngine(Engine):
                     ended = True
                     if isinstance(item, ServiceError):
                         raise item
-                    raise ServerError(f"generation failed: {item!r}") from item
-                if item.finish_reason is not None:
-                    ended = True
+                    raise ServerError(f"the request failed: {item!r}") from item
+                ended = is_last(item)
                 yield item
                 if ended:
                     return
@@ -232,6 +286,7 @@ class LLMEngine(Engine):
             state.push(STREAM_END)
         self.scheduler.admit()
         self._prefill_step()
+        self._score_step()
         self._decode_step()
         self.scheduler.drop_done()
         self.counters.steps += 1
@@ -243,11 +298,13 @@ class LLMEngine(Engine):
                 break
             try:
                 budget -= self._prefill_chunk(state, budget)
+            except RequestAborted:  # ended at the next step's reap
+                continue
             except Exception as e:
                 logger.exception("prefill failed for request %s", state.request_id)
                 self.output.fail(state, e)
 
-    def _prefill_chunk(self, state: RequestState, budget: int) -> int:
+    def _prefill_chunk(self, state: State, budget: int) -> int:
         """Read up to ``budget`` more prompt tokens of one request; returns how many."""
         prompt = state.prompt_ids
         if state.kv is None:
@@ -255,8 +312,11 @@ class LLMEngine(Engine):
             self.backend.begin(state, kv)
             state.num_computed = state.cached_tokens = cached
         start = state.num_computed
+        if start == len(prompt):  # a scoring prefix wholly in the cache: nothing to read
+            self._finish_prefill(state, None)
+            return 0
         end = min(len(prompt), start + budget)
-        logits = self.backend.prefill(state, start, end)
+        logits = self.backend.prefill(state, start, end, self._abort_check(state))
         state.num_computed = end
         self.counters.prefill_tokens += end - start
         if end == len(prompt):
@@ -265,18 +325,51 @@ class LLMEngine(Engine):
 
     # The prefix cache's key is the account's salt and the prompt's token ids (one account's
     # prompt is never a hit for another: see prefix_cache); these two are the only callers.
-    def _cache_lookup(self, state: RequestState) -> tuple[int, Any]:
-        return self.prefix_cache.lookup(state.prompt_ids, state.request.cache_salt)
+    def _cache_lookup(self, state: State) -> tuple[int, Any]:
+        return self.prefix_cache.lookup(state.lookup_ids, state.request.cache_salt)
 
-    def _cache_insert(self, state: RequestState) -> None:
+    def _cache_insert(self, state: State) -> None:
         kv = self.backend.prompt_kv(state)
         self.prefix_cache.insert(state.prompt_ids, kv, state.request.cache_salt)
 
-    def _finish_prefill(self, state: RequestState, logits: torch.Tensor) -> None:
-        """Cache the prompt's KV, sample the first token, and queue the request to join."""
+    def _finish_prefill(self, state: State, logits: torch.Tensor | None) -> None:
+        """Cache the prompt's KV; sample the first token of a generation, and move the
+        request on (to the decode batch, or to its scoring passes)."""
         self._cache_insert(state)
-        self.output.on_token(state, state.sampler(logits, state.history))
+        if isinstance(state, RequestState):
+            self.output.on_token(state, state.sampler(logits, state.history))
         self.scheduler.prefilled(state)
+
+    def _score_step(self) -> None:
+        """One pass of every scoring request whose prefix is read."""
+        for state in list(self.scheduler.scoring):
+            row = state.request.passes[state.next_pass]
+            try:
+                log_probs = self.backend.score(state, row, self._abort_check(state))
+            except RequestAborted:  # ended at the next step's reap
+                continue
+            except Exception as e:
+                logger.exception("scoring failed for request %s", state.request_id)
+                self.output.fail(state, e)
+                continue
+            state.next_pass += 1
+            state.pass_tokens += len(row)
+            self.counters.scored_tokens += len(row)
+            chunk = state.chunk(log_probs)
+            if chunk.done:
+                self.output.complete(state, chunk)
+            else:
+                self.output.push(state, chunk)
+
+    def _abort_check(self, state: State) -> Callable[[], None]:
+        """Run between decoder layers: an aborted request (or a stopping engine) stops its
+        forward there."""
+
+        def check() -> None:
+            if state.abort_requested or self._stopping:
+                raise RequestAborted(state.request_id)
+
+        return check
 
     def _decode_step(self) -> None:
         joining = self.scheduler.take_joining()

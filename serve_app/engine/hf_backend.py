@@ -15,7 +15,7 @@ others paying for its length.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from serve_app.engine.prefix_cache import KV
+from serve_app.engine.tree import Row, read_log_probs, tree_mask
 
 
 def cache_from_kv(kv: KV) -> DynamicCache:
@@ -161,8 +162,11 @@ class HFBackend:
     def begin(self, state: Any, kv: KV | None) -> None:
         state.kv = cache_from_kv(kv) if kv is not None else DynamicCache()
 
-    def prefill(self, state: Any, start: int, end: int) -> torch.Tensor:
-        """Read prompt positions ``start..end``; returns the last one's logits ``[V]``."""
+    def prefill(
+        self, state: Any, start: int, end: int, check: Callable[[], None] | None = None
+    ) -> torch.Tensor:
+        """Read prompt positions ``start..end``; returns the last one's logits ``[V]``
+        (``check`` runs between steps only: the HF forward has no hook for it here)."""
         out = self.model(
             input_ids=torch.tensor(
                 [state.prompt_ids[start:end]], dtype=torch.long, device=self.device
@@ -185,6 +189,25 @@ class HFBackend:
     def decode(self, drafts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """Logits ``[1, V]`` per row (drafts must be empty: no speculation here)."""
         return list(self.batch.forward(self.model).unsqueeze(1))
+
+    def score(self, state: Any, row: Row, check: Callable[[], None]) -> list[float]:
+        """The row on top of the request's prefix cache, through a fresh ``DynamicCache``
+        over the prefix tensors (the forward appends to that one; the prefix stays)."""
+        offset = state.num_computed
+        kv = kv_from_cache(state.kv)
+        positions = (torch.tensor(row.depths) + offset).unsqueeze(0)
+        mask = tree_mask([row], offset, len(row))
+        if self.model.config._attn_implementation != "sdpa":  # eager adds the mask to scores
+            mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+        out = self.model.base_model(
+            input_ids=torch.tensor([row.tokens], device=self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            past_key_values=DynamicCache(ddp_cache_data=list(kv), config=self.model.config),
+            use_cache=True,
+        )
+        head = self.model.get_output_embeddings()
+        return read_log_probs(out.last_hidden_state[0], row.reads, head)
 
     def release(self, states: Sequence[Any]) -> None:
         self.batch.remove(states)

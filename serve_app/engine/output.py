@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from serve_app.engine.protocol import GenerationChunk
-from serve_app.engine.requests import RequestState, RequestStatus
+from serve_app.engine.protocol import GenerationChunk, ScoringChunk
+from serve_app.engine.requests import RequestState, RequestStatus, State
 from serve_app.engine.stats import EngineCounters
 
 
@@ -21,7 +21,7 @@ class OutputProcessor:
         self,
         eos_token_ids: frozenset[int],
         counters: EngineCounters,
-        forget: Callable[[RequestState], None],
+        forget: Callable[[State], None],
     ) -> None:
         self.eos_token_ids = eos_token_ids
         self.counters = counters
@@ -52,13 +52,17 @@ class OutputProcessor:
             self.push(state, state.chunk(text))
 
     def finish(self, state: RequestState, text: str, reason: str) -> None:
-        state.status = RequestStatus.FINISHED
         state.finish_reason = reason
+        self.complete(state, state.chunk(text, reason))
+
+    def complete(self, state: State, last: GenerationChunk | ScoringChunk) -> None:
+        """A request's last item: it is finished, and its slot is counted free."""
+        state.status = RequestStatus.FINISHED
         self.counters.requests_finished += 1
-        self.push(state, state.chunk(text, reason))
+        self.push(state, last)
         self.forget(state)
 
-    def fail(self, state: RequestState, error: BaseException) -> None:
+    def fail(self, state: State, error: BaseException) -> None:
         if state.is_done:
             return
         state.status = RequestStatus.FINISHED
@@ -66,7 +70,7 @@ class OutputProcessor:
         state.push(error)
         self.forget(state)
 
-    def push(self, state: RequestState, chunk: GenerationChunk) -> None:
+    def push(self, state: State, chunk: GenerationChunk | ScoringChunk) -> None:
         if not state.push(chunk):  # the caller's event loop is gone
             state.abort_requested = True
 

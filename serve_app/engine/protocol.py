@@ -90,6 +90,33 @@ class GenerationRequest:
     role: str = ""
 
 
+@dataclass
+class ScoringRequest:
+    """A prefill-only request: ``prefix_token_ids`` read once (through the prefix cache of
+    ``cache_salt``, as any prompt), then each of ``passes`` (``engine.tree.Row``: tokens laid
+    out as a tree on top of the prefix) run in one forward and read at its ``reads``.
+    Nothing is sampled; the answer is the log-probabilities read."""
+
+    request_id: str
+    prefix_token_ids: list[int]
+    passes: list[Any]
+    cache_salt: str
+
+
+@dataclass
+class ScoringChunk:
+    """One pass of a scoring request done: its reads' log-probabilities (float64 values in
+    the row's ``reads`` order). Counts are running totals: ``prompt_tokens`` the prefix (read
+    or taken from the cache, ``cached_tokens`` of them from the cache) plus every pass's
+    tokens run so far. The last chunk has ``done`` set."""
+
+    pass_index: int
+    log_probs: list[float]
+    prompt_tokens: int
+    cached_tokens: int
+    done: bool
+
+
 class Engine(abc.ABC):
     """A text generator that serves many requests at once (continuous batching)."""
 

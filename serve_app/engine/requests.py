@@ -19,7 +19,12 @@ from serve_app.engine.constraints import (
     attach_constraint,
     constraint_for_response_format,
 )
-from serve_app.engine.protocol import GenerationChunk, GenerationRequest
+from serve_app.engine.protocol import (
+    GenerationChunk,
+    GenerationRequest,
+    ScoringChunk,
+    ScoringRequest,
+)
 from serve_app.engine.sampling import Sampler, TokenHistory
 from serve_app.engine.text import IncrementalDetokenizer, StopMatcher
 from serve_app.errors import ContextLengthExceededError, InvalidRequestError
@@ -40,8 +45,24 @@ class StreamEnd:
 STREAM_END = StreamEnd()
 
 
+class CallerQueue:
+    """The way out of the step loop: items go to the caller's own asyncio queue, on the
+    caller's event loop (``queue`` and ``loop`` are fields of the state classes)."""
+
+    queue: asyncio.Queue[Any]
+    loop: asyncio.AbstractEventLoop
+
+    def push(self, item: GenerationChunk | ScoringChunk | BaseException | StreamEnd) -> bool:
+        """Hand an item to the caller's event loop; False when that loop is gone."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the caller's loop was closed: nobody is listening any more
+            return False
+        return True
+
+
 @dataclass(eq=False)
-class RequestState:
+class RequestState(CallerQueue):
     """Everything the step loop needs to advance one request and stream its output.
 
     ``kv`` is the request's own ``DynamicCache`` (batch 1) while it is prefilling; once it joins
@@ -71,6 +92,12 @@ class RequestState:
 
     @property
     def prompt_ids(self) -> list[int]:
+        return self.request.prompt_token_ids
+
+    @property
+    def lookup_ids(self) -> list[int]:
+        """What the prefix cache is asked for: the prompt (a hit keeps its last token back,
+        whose logits give the first output token)."""
         return self.request.prompt_token_ids
 
     @property
@@ -108,13 +135,59 @@ class RequestState:
             token_ids=new_tokens,
         )
 
-    def push(self, item: GenerationChunk | BaseException | StreamEnd) -> bool:
-        """Hand an item to the caller's event loop; False when that loop is gone."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the caller's loop was closed: nobody is listening any more
-            return False
-        return True
+
+class RequestAborted(Exception):
+    """Raised inside a forward pass (between decoder layers) when its request was aborted, so
+    a long prompt chunk or scoring pass stops within one layer's work."""
+
+
+@dataclass(eq=False)
+class ScoringState(CallerQueue):
+    """A scoring request in flight: its prefix is read like a prompt (``num_computed``,
+    ``kv``, the prefix cache), then one pass per step runs on top of it (``next_pass``)."""
+
+    request: ScoringRequest
+    queue: asyncio.Queue[Any]
+    loop: asyncio.AbstractEventLoop
+    status: RequestStatus = RequestStatus.WAITING
+    kv: Any = None
+    num_computed: int = 0
+    cached_tokens: int = 0
+    abort_requested: bool = False
+    next_pass: int = 0
+    pass_tokens: int = 0  # tokens of the passes run so far
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.request.prefix_token_ids
+
+    @property
+    def lookup_ids(self) -> list[int]:
+        """A sentinel after the prefix: a hit may cover the whole prefix (nothing is sampled
+        from its last position, so none is kept back)."""
+        return [*self.request.prefix_token_ids, -1]
+
+    @property
+    def is_done(self) -> bool:
+        return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)
+
+    def chunk(self, log_probs: list[float]) -> ScoringChunk:
+        """The chunk of the pass just run (``next_pass`` already moved past it)."""
+        return ScoringChunk(
+            pass_index=self.next_pass - 1,
+            log_probs=log_probs,
+            prompt_tokens=len(self.prompt_ids) + self.pass_tokens,
+            cached_tokens=self.cached_tokens,
+            done=self.next_pass == len(self.request.passes),
+        )
+
+
+# Whatever the step loop holds: a generation or a scoring request.
+State = RequestState | ScoringState
 
 
 def new_request_state(

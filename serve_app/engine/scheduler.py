@@ -7,7 +7,8 @@ A request moves WAITING -> PREFILLING -> (joining) -> DECODING -> FINISHED/ABORT
 - ``admit`` (the loop) gives waiting requests a slot, first come first served, while fewer than
   ``max_batch_size`` hold one;
 - a request whose prompt is read joins the decode batch at the next decode step
-  (``take_joining``); the backend owns the decode rows (``backend.rows``);
+  (``take_joining``); the backend owns the decode rows (``backend.rows``). A scoring request
+  (prefill-only) goes to ``scoring`` instead, where it runs one pass per step in its slot;
 - ``reap_aborted`` ends requests whose caller left, wherever they are, and ``drop_done`` frees
   the slots of every ended request in the same step.
 
@@ -22,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 
 from serve_app.engine.backend import ModelBackend
-from serve_app.engine.requests import RequestState, RequestStatus
+from serve_app.engine.requests import RequestState, RequestStatus, ScoringState, State
 from serve_app.errors import UpstreamUnavailableError
 
 
@@ -31,15 +32,16 @@ class Scheduler:
         self.backend = backend
         self.max_batch_size = max_batch_size
         self.max_waiting = max_waiting
-        self.prefilling: list[RequestState] = []
+        self.prefilling: list[State] = []
         self.joining: list[RequestState] = []
+        self.scoring: list[ScoringState] = []
         self._lock = threading.Lock()
-        self._waiting: deque[RequestState] = deque()
-        self._active: set[RequestState] = set()
+        self._waiting: deque[State] = deque()
+        self._active: set[State] = set()
 
     # ------------------------------------------------------------------ any thread
 
-    def enqueue(self, state: RequestState, raise_if_down: Callable[[], None]) -> None:
+    def enqueue(self, state: State, raise_if_down: Callable[[], None]) -> None:
         with self._lock:
             raise_if_down()
             if len(self._waiting) >= self.max_waiting:
@@ -49,11 +51,11 @@ class Scheduler:
             self._waiting.append(state)
             self._active.add(state)
 
-    def find(self, request_id: str) -> list[RequestState]:
+    def find(self, request_id: str) -> list[State]:
         with self._lock:
             return [s for s in self._active if s.request_id == request_id]
 
-    def forget(self, state: RequestState) -> None:
+    def forget(self, state: State) -> None:
         """Out of the active set; its KV is released by ``drop_done`` (same step)."""
         with self._lock:
             self._active.discard(state)
@@ -73,11 +75,11 @@ class Scheduler:
     # ------------------------------------------------------------------ the loop thread
 
     def has_work(self) -> bool:
-        return bool(self._waiting or self.prefilling or self.joining or self.backend.rows)
+        return bool(self._waiting or self.in_flight())
 
-    def in_flight(self) -> list[RequestState]:
-        """Every admitted request: prefilling, joining, or a decode row."""
-        return self.prefilling + self.joining + list(self.backend.rows)
+    def in_flight(self) -> list[State]:
+        """Every admitted request: prefilling, joining, a decode row, or scoring."""
+        return [*self.prefilling, *self.joining, *self.backend.rows, *self.scoring]
 
     def admit(self) -> None:
         with self._lock:
@@ -86,11 +88,14 @@ class Scheduler:
                 state.status = RequestStatus.PREFILLING
                 self.prefilling.append(state)
 
-    def prefilled(self, state: RequestState) -> None:
+    def prefilled(self, state: State) -> None:
         """A prompt is read: the request joins the decode batch at the next decode step
         (queued before it leaves the prefill list, so ``num_running`` never dips meanwhile),
-        or, if it ended at its first token, gives its slot back now."""
-        if not state.is_done:
+        or, if it ended at its first token, gives its slot back now. A scoring request keeps
+        its slot and runs its passes."""
+        if isinstance(state, ScoringState):
+            self.scoring.append(state)
+        elif not state.is_done:
             state.status = RequestStatus.DECODING
             self.joining.append(state)
         else:
@@ -104,7 +109,7 @@ class Scheduler:
         self.joining = []
         return joining
 
-    def reap_aborted(self) -> list[RequestState]:
+    def reap_aborted(self) -> list[State]:
         """End aborted requests wherever they are and free their slots; returns them."""
         with self._lock:
             aborted = [s for s in self._waiting if s.abort_requested]
@@ -123,19 +128,20 @@ class Scheduler:
         done = [s for s in self.in_flight() if s.is_done]
         self.prefilling = [s for s in self.prefilling if not s.is_done]
         self.joining = [s for s in self.joining if not s.is_done]
+        self.scoring = [s for s in self.scoring if not s.is_done]
         self.backend.release(done)
 
-    def clear(self, include_waiting: bool) -> list[RequestState]:
+    def clear(self, include_waiting: bool) -> list[State]:
         """Empty the loop's lists (and the waiting queue if asked); returns the requests that
         were there, for the caller to fail before it resets the backend."""
-        waiting: list[RequestState] = []
+        waiting: list[State] = []
         if include_waiting:
             with self._lock:
                 waiting = list(self._waiting)
                 self._waiting.clear()
         states = waiting + self.in_flight()
-        self.prefilling, self.joining = [], []
+        self.prefilling, self.joining, self.scoring = [], [], []
         return states
 
     def _slots_in_use(self) -> int:
-        return len(self.prefilling) + len(self.joining) + len(self.backend)
+        return len(self.prefilling) + len(self.joining) + len(self.backend) + len(self.scoring)

@@ -16,6 +16,7 @@ class EngineCounters:
     steps: int = 0
     decode_steps: int = 0
     prefill_tokens: int = 0
+    scored_tokens: int = 0  # tokens of scoring passes (decisions' questions and options)
     peak_decode_batch: int = 0
     requests_finished: int = 0
     requests_aborted: int = 0

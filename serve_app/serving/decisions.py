@@ -7,9 +7,6 @@ given (the largest probability): the simplest honest definition.
 
 from __future__ import annotations
 
-import asyncio
-import threading
-
 from serve_app.api.decisions import (
     ChoiceAnswer,
     DecisionRequest,
@@ -24,7 +21,7 @@ from serve_app.engine.scoring import (
     DecisionQuestion,
     LikelihoodScorer,
     QuestionOutcome,
-    ScoringCancelled,
+    WorkDone,
 )
 from serve_app.serving.billing import BilledCall
 
@@ -34,33 +31,18 @@ class DecisionService:
         self.scorer = scorer
 
     async def decide(self, body: DecisionRequest, call: BilledCall) -> DecisionResponse:
-        """Score in a worker thread: torch releases the GIL, the replica keeps serving.
-
-        A thread cannot be killed, so cancellation is cooperative: when this task is cancelled
-        (Serve cancels it when the caller times out or disconnects) the scorer is told to stop
-        at its next decoder layer, which releases it for the next request within a second; the
-        work it ran until then is metered on ``call``, so the ledger bills it
-        (serve_app.serving.billing).
-        """
+        """Score on the scoring engine. When this task is cancelled (Serve cancels it when
+        the caller times out or disconnects) the engine request is aborted and stops within
+        one decoder layer's work; what ran until then is metered on ``call``, so the ledger
+        bills it (serve_app.serving.billing)."""
         questions = [_to_engine(name, question) for name, question in body.questions.items()]
-        meter = call.meter
-        cancel = threading.Event()
-        scoring = asyncio.ensure_future(
-            asyncio.to_thread(
-                self.scorer.score, body.state, questions, cancel, cache_salt=call.cache_salt
-            )
-        )
+        work = WorkDone()
         try:
-            result = await asyncio.shield(scoring)
-        except asyncio.CancelledError:
-            cancel.set()
-            (finished,) = await asyncio.gather(scoring, return_exceptions=True)
-            if isinstance(finished, ScoringCancelled):
-                meter.update(finished.work.input_tokens, finished.work.output_tokens)
-            elif not isinstance(finished, BaseException):  # done before it saw the flag
-                meter.update(finished.input_tokens, finished.output_tokens)
-            raise
-        meter.update(result.input_tokens, result.output_tokens)
+            result = await self.scorer.score(
+                body.state, questions, cache_salt=call.cache_salt, work=work
+            )
+        finally:
+            call.meter.update(work.input_tokens, work.output_tokens)
         answers = {
             name: _to_answer(question, result.outcomes[name])
             for name, question in body.questions.items()

@@ -13,7 +13,7 @@ makes every move a plain copy, even when the destination is a prefilling request
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.prefix_cache import KV
 from serve_app.engine.runner.kv import MIN_CAPACITY
 from serve_app.engine.runner.qwen2 import Qwen2Runner
+from serve_app.engine.tree import Row, read_log_probs, tree_mask
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +30,10 @@ logger = logging.getLogger(__name__)
 class RunnerBackend:
     supports_speculation = True
 
-    def __init__(self, runner: Qwen2Runner, max_batch: int, context_length: int) -> None:
+    def __init__(self, runner: Qwen2Runner, max_batch: int, max_columns: int) -> None:
         self.runner = runner
         self.spare = max_batch
-        self.cache = runner.new_cache(max_batch + 1, MIN_CAPACITY, context_length)
+        self.cache = runner.new_cache(max_batch + 1, MIN_CAPACITY, max_columns)
         self.owner: list[Any] = [None] * (max_batch + 1)
         self.rows: list[Any] = []
 
@@ -52,9 +53,27 @@ class RunnerBackend:
         if kv is not None:
             self.cache.load(slot, kv)
 
-    def prefill(self, state: Any, start: int, end: int) -> torch.Tensor:
+    def prefill(
+        self, state: Any, start: int, end: int, check: Callable[[], None] | None = None
+    ) -> torch.Tensor:
         tokens = state.prompt_ids[start:end]
-        return self.runner.forward(self.cache, state.kv, [tokens], [start], decode=False)[0]
+        forward = self.runner.forward
+        return forward(self.cache, state.kv, [tokens], [start], decode=False, check=check)[0]
+
+    def score(self, state: Any, row: Row, check: Callable[[], None]) -> list[float]:
+        """The row written after the prefix in the request's own slot (each pass overwrites
+        the last one's columns; the prefix's stay)."""
+        offset = state.num_computed
+        self.cache.ensure(offset + len(row))
+        mask = tree_mask([row], offset, len(row))[0, 0]
+        positions = torch.tensor(row.depths) + offset
+        runner = self.runner
+        hidden = runner.forward_tree(
+            self.cache, state.kv, offset, row.tokens, positions, mask, check
+        )
+        return read_log_probs(
+            hidden, row.reads, lambda h: runner.lm_head(h, runner.quantized_prompts)
+        )
 
     def prompt_kv(self, state: Any) -> KV:
         return self.cache.read(state.kv, state.num_computed)

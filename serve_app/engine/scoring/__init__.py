@@ -1,6 +1,6 @@
 """Decision scoring: option likelihoods on a shared state prefix (see ``scorer``)."""
 
-from serve_app.engine.scoring.budget import DecisionBudget, ScoringCancelled, WorkDone
+from serve_app.engine.scoring.budget import DecisionBudget, WorkDone
 from serve_app.engine.scoring.questions import (
     DecisionQuestion,
     QuestionKind,
@@ -24,7 +24,6 @@ __all__ = [
     "OptionTrie",
     "QuestionKind",
     "QuestionOutcome",
-    "ScoringCancelled",
     "ScoringResult",
     "WorkDone",
     "build_trie",

@@ -9,16 +9,14 @@ limit allows. Two limits keep one request from holding the scorer for minutes:
   every question's own tokens and every option-trie node), counted before any forward pass,
   whatever the prefix cache holds, so the answer does not depend on what ran before.
 
-Beyond either, the scorer answers 422 naming the limit and its value. Cancellation: the
-caller passes a ``threading.Event``; the scorer checks it before every decoder layer (a hook),
-so a timed-out request stops within one layer's work and releases the scorer.
+Beyond either, the scorer answers 422 naming the limit and its value. Cancellation is the
+engine's: a cancelled caller aborts its scoring request, which stops within one decoder
+layer's work (``LLMEngine.score``).
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from typing import Any
 
 from serve_app.errors import UnprocessableRequestError
 
@@ -62,35 +60,3 @@ class WorkDone:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
-
-
-class ScoringCancelled(Exception):
-    """The caller gave up (timeout, disconnect); ``work`` is what ran before the stop."""
-
-    def __init__(self, work: WorkDone) -> None:
-        super().__init__("decision scoring cancelled")
-        self.work = work
-
-
-class CancelHooks:
-    """Raise at the next decoder layer once the current thread's request is cancelled.
-
-    The hook reads a thread-local event, so a model shared with other threads is unaffected.
-    Models without a ``layers`` list are checked only between forward passes.
-    """
-
-    def __init__(self, base_model: Any) -> None:
-        self._local = threading.local()
-        for layer in getattr(base_model, "layers", []):
-            layer.register_forward_pre_hook(self._check)
-
-    def watch(self, event: threading.Event | None, work: WorkDone) -> None:
-        self._local.event, self._local.work = event, work
-
-    def check(self) -> None:
-        event = getattr(self._local, "event", None)
-        if event is not None and event.is_set():
-            raise ScoringCancelled(self._local.work)
-
-    def _check(self, module: Any, args: Any) -> None:
-        self.check()

@@ -7,50 +7,43 @@ likely the model is to give each option and renormalises over the options.
 How a request runs:
 
 1. Every prompt is ``head + state + question + tail`` (``prompts.chat_frame``): the fixed
-   system turn and the state form a prefix shared by all questions, run once (or taken from
+   system turn and the state form a prefix shared by all questions, read once (or taken from
    the prefix cache, where a repeated state or at least the system turn is found).
 2. Each question's own tokens, followed by its options' token trie (``trie.py``), form one
    row; rows are packed side by side into one sequence per forward pass (up to
-   ``pack_tokens``) on top of the batch-1 prefix KV, with a tree attention mask: no prefix
-   copy per question, no padding. Options whose first tokens are pairwise distinct are told
+   ``pack_tokens``) on top of the prefix KV, with a tree attention mask: no prefix copy per
+   question, no padding. Options whose first tokens are pairwise distinct are told
    apart by one next-token distribution (no trie nodes to run); otherwise each option is its
    tokens plus the end-of-turn token (so that a label that is a prefix of another does not
    take its mass), and shared prefixes are run and read once.
 3. Option log-likelihoods are renormalised over the request's options in float64.
 
-Only hidden states at the positions read go through the LM head: full-vocabulary logits for
-every position would cost ``batch x length x 150k`` floats. This assumes the usual decoder
-layout (``model.base_model`` then ``get_output_embeddings()``, no logit soft-capping), which
-holds for Qwen2 and Llama-style models.
+The model work is the engine's: the prefix and the packed passes go to ``LLMEngine.score`` as
+one scoring request (same scheduler, KV, prefix cache, cancellation and backends as
+generation), which reads the log-probabilities at each row's reads. This module only plans the
+questions (texts, tries, rows, budgets) and does the answer math.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
-import threading
+import uuid
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from serve_app.engine.engine import LLMEngine
+from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import LoadedModel
-from serve_app.engine.prefix_cache import PrefixCache
 from serve_app.engine.prompts import decisions as prompts
 from serve_app.engine.prompts.chat_encoding import encode_untrusted
-from serve_app.engine.scoring.budget import CancelHooks, DecisionBudget, WorkDone
-from serve_app.engine.scoring.passes import HFPass, RunnerPass
+from serve_app.engine.protocol import ScoringRequest
+from serve_app.engine.scoring.budget import DecisionBudget, WorkDone
 from serve_app.engine.scoring.questions import DecisionQuestion, QuestionOutcome, ScoringResult
-from serve_app.engine.scoring.trie import (
-    Answers,
-    OptionTrie,
-    Row,
-    build_trie,
-    make_row,
-    pack,
-)
+from serve_app.engine.scoring.trie import Answers, OptionTrie, build_trie, make_row
+from serve_app.engine.tree import Row, pack
 from serve_app.errors import ContextLengthExceededError, UnprocessableRequestError
-
-if TYPE_CHECKING:
-    from serve_app.engine.runner.qwen2 import Qwen2Runner
 
 MAX_CHOICE_LABELS = 255
 MAX_SCORE_LEVELS = 10
@@ -58,8 +51,6 @@ MAX_SCORE_LEVELS = 10
 # Per side, every casing/spacing of the answer words; only single-token ones are used.
 _NOUL_CASES = (str.lower, str.capitalize, str.upper)
 _NOUL_SPACES = ("", " ")
-
-KV = list[tuple[Any, Any]]  # per layer: (keys, values), each [batch, kv_heads, length, head_dim]
 
 
 @dataclass
@@ -75,8 +66,19 @@ class _Plan:
     single_read: bool = False
 
 
+@dataclass
+class _Group:
+    """Questions scored on one prefix: the plans, packed into rows (``chunks``: the plan
+    indices of each packed row), one scoring request to the engine."""
+
+    prefix: list[int]
+    plans: list[_Plan]
+    chunks: list[list[int]] | None = None
+    packed: list[Row] | None = None
+
+
 class LikelihoodScorer:
-    """Scores decision questions on one loaded model. Synchronous; one request at a time.
+    """Scores decision questions on one model's scoring engine; many requests at once.
 
     ``calibrate``: the question kinds answered with contextual calibration (``calibrated``).
     None by default: on the embedded model it moved the noul probe by one claim of 60 and a
@@ -86,85 +88,72 @@ class LikelihoodScorer:
 
     def __init__(
         self,
-        loaded: LoadedModel,
+        engine: LLMEngine,
         *,
-        context_length: int,
-        prefix_cache_bytes: int = 1 << 30,
         pack_tokens: int = 2048,
         calibrate: Collection[str] = (),
         budget: DecisionBudget | None = None,
-        runner: Qwen2Runner | None = None,
     ) -> None:
-        """``runner``: the engine's runner for this model (``configured_runner``, dense
-        weights), as the generating deployments use it; None: the HF model's forward."""
-        self.loaded = loaded
-        self.model = loaded.model
-        self.tokenizer = loaded.tokenizer
-        self.device = loaded.device
-        self.context_length = context_length
+        """``engine``: a scoring engine (``for_model`` builds one)."""
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.context_length = engine.context_length
         self.pack_tokens = pack_tokens
         self.budget = budget or DecisionBudget()
         self.calibrate = frozenset(calibrate)
-        self.prefix_cache = PrefixCache(prefix_cache_bytes)
-        self._lock = threading.Lock()
-        self._in_flight: WorkDone | None = None
-        self._hooks = CancelHooks(self.model.base_model)  # the HF forward's layers
-        self._pass: HFPass | RunnerPass = (
-            HFPass(self.model, self.device, _pad_id(self.tokenizer, loaded.eos_token_ids))
-            if runner is None
-            else RunnerPass(
-                runner,
-                context_length + self.budget.max_scored_tokens,
-                self._hooks.check,
-            )
-        )
-        self._head = self._pass.head
-        self.end_id = _end_of_turn_id(self.tokenizer, loaded.eos_token_ids)
+        self.end_id = _end_of_turn_id(self.tokenizer, engine.loaded.eos_token_ids)
         self.frame = prompts.chat_frame(self.tokenizer)
         self.noul_answers = self._noul_variants()
 
-    @property
-    def busy(self) -> bool:
-        """Whether a request holds the scorer right now."""
-        return self._lock.locked()
-
-    @property
-    def in_flight(self) -> WorkDone | None:
-        """The work done so far by the request holding the scorer (None when idle)."""
-        return self._in_flight
+    @classmethod
+    def for_model(
+        cls,
+        loaded: LoadedModel,
+        config: EngineConfig,
+        context_length: int,
+        *,
+        budget: DecisionBudget | None = None,
+        **options: Any,
+    ) -> LikelihoodScorer:
+        """A scorer on its own scoring engine for ``loaded``: prompts read on the weights
+        ``config`` gives the generating engines, and room past the context for the passes
+        the scored-token budget allows."""
+        budget = budget or DecisionBudget()
+        engine = LLMEngine(
+            loaded,
+            config,
+            context_length,
+            scoring=True,
+            score_columns=budget.max_scored_tokens,
+        )
+        return cls(engine, budget=budget, **options)
 
     # ------------------------------------------------------------------ public
 
-    def score(
+    async def score(
         self,
         state: Any,
         questions: Sequence[DecisionQuestion],
-        cancel: threading.Event | None = None,
         *,
         cache_salt: str,
+        work: WorkDone | None = None,
     ) -> ScoringResult:
         """Probabilities for every question about ``state`` (see the module docstring).
 
-        Raises ``ScoringCancelled`` (with the work done so far) soon after ``cancel`` is set.
         ``cache_salt``: the prefix-cache partition (the account's; see ``prefix_cache``).
+        ``work`` (the caller's) is kept up to date while the request runs, so a cancelled one
+        is billed what it ran. Planning (tokenising up to 255 labels a question) runs on a
+        worker thread; the model work in the engine.
         """
-        import torch
-
         if not questions:
             raise UnprocessableRequestError("At least one question is required.", param="questions")
-        state_text = prompts.state_block(state)
-        plans = [self._question_text(q) for q in questions]
-        self.budget.check_input_bytes(_text_bytes(state_text, plans), self.context_length)
-        work = WorkDone()
-        with self._lock, torch.inference_mode():
-            self._hooks.watch(cancel, work)
-            self._in_flight = work
-            try:
-                outcomes = self._answer(state_text, plans, work, cache_salt)
-            finally:
-                self._hooks.watch(None, work)
-                self._in_flight = None
-                self._pass.release()
+        work = work if work is not None else WorkDone()
+        groups = await asyncio.to_thread(self._plan, state, questions)
+        reads = [await self._run(group, cache_salt, work) for group in groups]
+        outcomes = self._outcomes(groups[0], reads[0], work)
+        if len(groups) > 1:  # the content-free state of calibrated questions
+            for name, prior in self._outcomes(groups[1], reads[1], work).items():
+                outcomes[name] = calibrated(outcomes[name], prior)
         return ScoringResult(
             outcomes={q.name: outcomes[q.name] for q in questions},
             input_tokens=work.input_tokens,
@@ -235,107 +224,74 @@ class LikelihoodScorer:
             sides.append([[t] for t in sorted(seen)] or [self.encode(words[0])])
         return sides
 
-    def _check_size(self, passes: list[tuple[list[int], list[_Plan]]]) -> None:
-        """Context first (the contract's error for a long state), then the work budget over
-        every pass (the state's and the content-free one), before any of them runs."""
-        for prefix, plans in passes:
-            deepest = max(max(plan.row.depths) for plan in plans)
-            if len(prefix) + deepest + 2 > self.context_length:
-                raise ContextLengthExceededError.for_limit(self.context_length, param="state")
-        self.budget.check_scored_tokens(
-            sum(len(prefix) + sum(len(plan.row) for plan in plans) for prefix, plans in passes)
-        )
-
-    def _answer(
-        self, state_text: str, plans: list[_Plan], work: WorkDone, salt: str
-    ) -> dict[str, QuestionOutcome]:
-        """Every question scored on the state; the kinds in ``calibrate`` also on the
-        content-free state, and their answer divided by that prior (``calibrated``)."""
-        prefix = self.frame.head + self.encode(state_text)
+    def _plan(self, state: Any, questions: Sequence[DecisionQuestion]) -> list[_Group]:
+        """The request's groups: every question on the state; the kinds in ``calibrate``
+        also on the content-free state (their answer is divided by that prior). Budgets are
+        checked here, before any model work."""
+        state_text = prompts.state_block(state)
+        plans = [self._question_text(q) for q in questions]
+        self.budget.check_input_bytes(_text_bytes(state_text, plans), self.context_length)
         for plan in plans:
-            self._hooks.check()  # 255 labels take a while to tokenise under load
             self._tokenize(plan)
-        passes = [(prefix, plans)]
+        groups = [_Group(self.frame.head + self.encode(state_text), plans)]
         priors = [plan for plan in plans if plan.question.kind in self.calibrate]
         if priors:
             null_state = prompts.state_block(prompts.CONTENT_FREE_STATE)
-            passes.append((self.frame.head + self.encode(null_state), priors))
-        self._check_size(passes)
-        outcomes = self._score_plans(prefix, plans, work, salt)
-        if priors:
-            for name, prior in self._score_plans(passes[1][0], priors, work, salt).items():
-                outcomes[name] = calibrated(outcomes[name], prior)
-        return outcomes
+            groups.append(_Group(self.frame.head + self.encode(null_state), priors))
+        self._check_size(groups)
+        for group in groups:
+            rows = [plan.row for plan in group.plans]
+            group.chunks = list(self._chunks([len(row) for row in rows]))
+            group.packed = [pack([rows[i] for i in chunk]) for chunk in group.chunks]
+        return groups
 
-    # ------------------------------------------------------------------ running
+    def _check_size(self, groups: list[_Group]) -> None:
+        """Context first (the contract's error for a long state), then the work budget over
+        every group (the state's and the content-free one), before any of them runs."""
+        for group in groups:
+            deepest = max(max(plan.row.depths) for plan in group.plans)
+            if len(group.prefix) + deepest + 2 > self.context_length:
+                raise ContextLengthExceededError.for_limit(self.context_length, param="state")
+        self.budget.check_scored_tokens(
+            sum(len(group.prefix) + sum(len(plan.row) for plan in group.plans) for group in groups)
+        )
 
-    def _score_plans(
-        self, prefix: list[int], plans: list[_Plan], work: WorkDone, salt: str
+    async def _run(self, group: _Group, salt: str, work: WorkDone) -> list[list[float]]:
+        """The group's passes through the engine; each packed row's reads, in order. The
+        prefix is billed whether read now or taken from the cache (as a prompt is)."""
+        request = ScoringRequest(uuid.uuid4().hex, group.prefix, group.packed, salt)
+        work.input_tokens += len(group.prefix)
+        reads: list[list[float]] = []
+        async for chunk in self.engine.score(request):
+            if chunk.pass_index == 0:
+                work.cached_tokens += chunk.cached_tokens
+            work.input_tokens += len(group.packed[chunk.pass_index])
+            reads.append(chunk.log_probs)
+        return reads
+
+    def _outcomes(
+        self, group: _Group, reads: list[list[float]], work: WorkDone
     ) -> dict[str, QuestionOutcome]:
-        """Tokenised plans run on top of ``prefix``; their options' probabilities."""
-        rows = [plan.row for plan in plans]
-        prefix_kv = self._prefix_kv(prefix, work, salt)
-        reads: dict[int, list[float]] = {}
-        for chunk in self._chunks([len(row) for row in rows]):
-            self._hooks.check()
-            packed = pack([rows[i] for i in chunk])
-            hidden = self._pass.forward([packed], prefix_kv, len(prefix))
-            work.input_tokens += len(packed)
-            values = self._read(hidden, [packed])[0]
+        """Each question's options' probabilities from its row's reads."""
+        per_plan: dict[int, list[float]] = {}
+        for chunk, values in zip(group.chunks, reads, strict=True):
             for i in chunk:
-                reads[i], values = values[: len(rows[i].reads)], values[len(rows[i].reads) :]
+                count = len(group.plans[i].row.reads)
+                per_plan[i], values = values[:count], values[count:]
         outcomes = {}
-        for i, plan in enumerate(plans):
+        for i, plan in enumerate(group.plans):
             work.output_tokens += 1 if plan.single_read else len(plan.trie.reads)
             scores = [
-                _logsumexp([sum(reads[i][r] for r in path) for path in alts])
+                _logsumexp([sum(per_plan[i][r] for r in path) for path in alts])
                 for alts in plan.trie.paths
             ]
             name = plan.question.name
             outcomes[name] = QuestionOutcome(name, plan.question.kind, _normalise(plan, scores))
         return outcomes
 
-    def _prefix_kv(self, prefix: list[int], work: WorkDone, salt: str) -> KV:
-        """KV cache of the shared prefix (batch 1): the longest part the prefix cache already
-        holds (the fixed system turn at least, the whole state when it repeats), and the rest
-        run once on top of it. The one place this scorer touches the prefix cache."""
-        # A sentinel last token lets the lookup return the whole prefix (it keeps one back).
-        cached_len, cached = self.prefix_cache.lookup([*prefix, -1], salt)
-        work.cached_tokens += cached_len
-        work.input_tokens += len(prefix)  # billed whether run now or taken from the cache
-        kv = self._pass.prefix(prefix, cached_len, cached)
-        if cached_len < len(prefix):
-            self.prefix_cache.insert(prefix, kv, salt)
-        return list(kv)
-
-    def _read(self, hidden: Any, rows: list[Row], chunk: int = 256) -> list[list[float]]:
-        """log P(target | position) for every row's reads; the LM head runs once per position."""
-        import torch
-
-        where: dict[tuple[int, int], int] = {}
-        picks, targets = [], []
-        for b, row in enumerate(rows):
-            for index, target in row.reads:
-                picks.append(where.setdefault((b, index), len(where)))
-                targets.append(target)
-        states = hidden[[b for b, _ in where], [i for _, i in where]]
-        pick, target = torch.tensor(picks), torch.tensor(targets)
-        values = torch.empty(len(picks), dtype=torch.float64)
-        for start in range(0, states.shape[0], chunk):
-            logits = self._head(states[start : start + chunk]).float().cpu()
-            lse = logits.logsumexp(dim=-1)
-            mine = ((pick >= start) & (pick < start + chunk)).nonzero().squeeze(1)
-            local = pick[mine] - start
-            values[mine] = (logits[local, target[mine]] - lse[local]).double()
-        out, at = [], 0
-        for row in rows:
-            out.append(values[at : at + len(row.reads)].tolist())
-            at += len(row.reads)
-        return out
-
     def _chunks(self, lengths: list[int]) -> Iterator[list[int]]:
         """Consecutive rows packed up to ``pack_tokens`` per forward pass (a longer row runs
-        alone): bounded mask memory, and a cancel check between passes."""
+        alone): bounded mask memory, and an abort check between passes."""
         chunk: list[int] = []
         total = 0
         for i, length in enumerate(lengths):
@@ -406,14 +362,6 @@ def calibrated(outcome: QuestionOutcome, prior: QuestionOutcome) -> QuestionOutc
     return QuestionOutcome(
         outcome.name, outcome.kind, _softmax(list(outcome.probabilities), scores)
     )
-
-
-def _pad_id(tokenizer: Any, eos_ids: list[int]) -> int:
-    """Any valid id will do: padding sits after each row's real tokens and is never read."""
-    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, *eos_ids):
-        if candidate is not None:
-            return int(candidate)
-    return 0
 
 
 def _end_of_turn_id(tokenizer: Any, eos_ids: list[int]) -> int:

@@ -8,17 +8,18 @@ trie: each trie node is one token that must run through the model, and each edge
 probability read. 255 labels cost one extra token per distinct prefix, not one prompt copy per
 label.
 
-A ``Row`` lays out one question's remainder (its tokens after the shared state) followed by
-its trie's nodes, flattened. Every token attends to the shared cached prefix and to its own
-ancestors: the remainder's tokens are a chain, each trie node hangs under its parent node (or
-under the remainder's last token). Positions follow depth, so a node sees exactly the context
-it would see in a plain forward pass of its own path.
+A ``Row`` (``engine.tree``) lays out one question's remainder (its tokens after the shared
+state) followed by its trie's nodes, flattened. Every token attends to the shared cached
+prefix and to its own ancestors: the remainder's tokens are a chain, each trie node hangs
+under its parent node (or under the remainder's last token). Positions follow depth, so a
+node sees exactly the context it would see in a plain forward pass of its own path.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from serve_app.engine.tree import Row
 
 Answers = list[list[list[int]]]  # per option, alternative token sequences
 
@@ -63,19 +64,6 @@ def build_trie(answers: Answers, end_id: int | None) -> OptionTrie:
     return trie
 
 
-@dataclass
-class Row:
-    """One batch row: a remainder chain, then trie nodes, each with its parent in the row."""
-
-    tokens: list[int]
-    parents: list[int]  # index in the row, -1 = attends to the cached prefix only
-    depths: list[int]  # position after the prefix
-    reads: list[tuple[int, int]]  # (index in the row, target token)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-
 def make_row(remainder: list[int], trie: OptionTrie) -> Row:
     """The remainder followed by the trie, reads placed at their row positions."""
     n = len(remainder)
@@ -87,50 +75,3 @@ def make_row(remainder: list[int], trie: OptionTrie) -> Row:
         depths.append(depths[at] + 1)
     reads = [(n - 1 if node < 0 else n + node, target) for node, target in trie.reads]
     return Row([*remainder, *trie.tokens], parents, depths, reads)
-
-
-def tree_mask(rows: list[Row], offset: int, width: int) -> Any:
-    """[batch, 1, width, offset + width] bool mask: True where a token may attend.
-
-    Padding attends to the prefix only, so no attention row is empty (and it is never read).
-    """
-    import torch
-
-    mask = torch.zeros((len(rows), 1, width, offset + width), dtype=torch.bool)
-    mask[:, :, :, :offset] = True
-    for b, row in enumerate(rows):
-        own = mask[b, 0, :, offset:]
-        chain = _chain_length(row)
-        own[:chain, :chain] = torch.ones(chain, chain, dtype=torch.bool).tril()
-        for i in range(chain, len(row)):
-            if row.parents[i] >= 0:
-                own[i] = own[row.parents[i]]
-            own[i, i] = True
-    return mask
-
-
-def pack(rows: list[Row]) -> Row:
-    """Several rows as one: each keeps its own ancestors, none sees another's tokens.
-
-    One packed row on top of a batch-1 prefix needs no copy of the prefix KV per question
-    (a batch of B rows expands it B times) and no padding.
-    """
-    tokens: list[int] = []
-    parents: list[int] = []
-    depths: list[int] = []
-    reads: list[tuple[int, int]] = []
-    for row in rows:
-        offset = len(tokens)
-        tokens += row.tokens
-        parents += [p + offset if p >= 0 else -1 for p in row.parents]
-        depths += row.depths
-        reads += [(i + offset, target) for i, target in row.reads]
-    return Row(tokens, parents, depths, reads)
-
-
-def _chain_length(row: Row) -> int:
-    """How many leading tokens form a plain causal chain (the remainder)."""
-    n = 0
-    while n < len(row) and row.parents[n] == n - 1:
-        n += 1
-    return n
