@@ -45,12 +45,23 @@ class StreamEnd:
 STREAM_END = StreamEnd()
 
 
-class CallerQueue:
-    """The way out of the step loop: items go to the caller's own asyncio queue, on the
-    caller's event loop (``queue`` and ``loop`` are fields of the state classes)."""
+class InFlight:
+    """What every request the step loop holds has (fields of the state classes): its
+    ``request``, ``status``, and the way out of the loop: items go to the caller's own
+    asyncio ``queue``, on the caller's event ``loop``."""
 
+    request: Any
+    status: RequestStatus
     queue: asyncio.Queue[Any]
     loop: asyncio.AbstractEventLoop
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def is_done(self) -> bool:
+        return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)
 
     def push(self, item: GenerationChunk | ScoringChunk | BaseException | StreamEnd) -> bool:
         """Hand an item to the caller's event loop; False when that loop is gone."""
@@ -62,7 +73,7 @@ class CallerQueue:
 
 
 @dataclass(eq=False)
-class RequestState(CallerQueue):
+class RequestState(InFlight):
     """Everything the step loop needs to advance one request and stream its output.
 
     ``kv`` is the request's own ``DynamicCache`` (batch 1) while it is prefilling; once it joins
@@ -85,10 +96,6 @@ class RequestState(CallerQueue):
     abort_requested: bool = False
     finish_reason: str | None = None
     tokens_sent: int = 0  # output tokens already handed out in a chunk's ``token_ids``
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -117,10 +124,6 @@ class RequestState(CallerQueue):
         """The token to feed at the next decode step (sampled, not yet in the KV cache)."""
         return self.history.output_ids[-1]
 
-    @property
-    def is_done(self) -> bool:
-        return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)
-
     def chunk(self, text: str, finish_reason: str | None = None) -> GenerationChunk:
         """A chunk with this request's running usage counts and its tokens not yet sent."""
         output = self.history.output_ids
@@ -142,7 +145,7 @@ class RequestAborted(Exception):
 
 
 @dataclass(eq=False)
-class ScoringState(CallerQueue):
+class ScoringState(InFlight):
     """A scoring request in flight: its prefix is read like a prompt (``num_computed``,
     ``kv``, the prefix cache), then one pass per step runs on top of it (``next_pass``)."""
 
@@ -158,10 +161,6 @@ class ScoringState(CallerQueue):
     pass_tokens: int = 0  # tokens of the passes run so far
 
     @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
     def prompt_ids(self) -> list[int]:
         return self.request.prefix_token_ids
 
@@ -170,10 +169,6 @@ class ScoringState(CallerQueue):
         """A sentinel after the prefix: a hit may cover the whole prefix (nothing is sampled
         from its last position, so none is kept back)."""
         return [*self.request.prefix_token_ids, -1]
-
-    @property
-    def is_done(self) -> bool:
-        return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)
 
     def chunk(self, log_probs: list[float]) -> ScoringChunk:
         """The chunk of the pass just run (``next_pass`` already moved past it)."""
