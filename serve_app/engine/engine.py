@@ -151,12 +151,14 @@ class LLMEngine(Engine):
         do not fit, before anything runs; otherwise as ``generate``.
         """
         self._raise_if_down()
-        if not request.prefix_token_ids or not request.passes:
+        if not request.prompt_token_ids or not request.passes:
             raise InvalidRequestError("A scoring request needs a prefix and passes.")
         widest = max(len(row) for row in request.passes)
-        if len(request.prefix_token_ids) + widest > self.max_columns:
+        if len(request.prompt_token_ids) + widest > self.max_columns:
             raise ContextLengthExceededError.for_limit(self.context_length, "state")
-        state = ScoringState(request, asyncio.Queue(), asyncio.get_running_loop())
+        state = ScoringState(
+            request=request, queue=asyncio.Queue(), loop=asyncio.get_running_loop()
+        )
         async for chunk in self._stream(state, lambda chunk: chunk.done):
             yield chunk
 

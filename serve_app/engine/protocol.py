@@ -92,13 +92,14 @@ class GenerationRequest:
 
 @dataclass
 class ScoringRequest:
-    """A prefill-only request: ``prefix_token_ids`` read once (through the prefix cache of
+    """A prefill-only request: its prompt (``prompt_token_ids``, the prefix every pass shares)
+    read once (through the prefix cache of
     ``cache_salt``, as any prompt), then each of ``passes`` (``engine.tree.Row``: tokens laid
     out as a tree on top of the prefix) run in one forward and read at its ``reads``.
     Nothing is sampled; the answer is the log-probabilities read."""
 
     request_id: str
-    prefix_token_ids: list[int]
+    prompt_token_ids: list[int]
     passes: list[Any]
     cache_salt: str
 

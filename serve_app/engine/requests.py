@@ -45,15 +45,22 @@ class StreamEnd:
 STREAM_END = StreamEnd()
 
 
+@dataclass(eq=False, kw_only=True)
 class InFlight:
-    """What every request the step loop holds has (fields of the state classes): its
-    ``request``, ``status``, and the way out of the loop: items go to the caller's own
-    asyncio ``queue``, on the caller's event ``loop``."""
+    """What every request the step loop holds has (its ``request`` is the subclass's): a
+    ``status``; its KV (``kv``: a slot or a cache, per backend) and ``num_computed``, the
+    tokens whose keys/values are in it, i.e. the position of the next token fed to the model
+    (``cached_tokens`` of them from the prefix cache); and the way out of the loop: items go
+    to the caller's own asyncio ``queue``, on the caller's event ``loop``. Another thread only
+    ever sets ``abort_requested`` (a GIL-atomic store)."""
 
-    request: Any
-    status: RequestStatus
     queue: asyncio.Queue[Any]
     loop: asyncio.AbstractEventLoop
+    status: RequestStatus = RequestStatus.WAITING
+    kv: Any = None
+    num_computed: int = 0
+    cached_tokens: int = 0
+    abort_requested: bool = False
 
     @property
     def request_id(self) -> str:
@@ -62,40 +69,6 @@ class InFlight:
     @property
     def is_done(self) -> bool:
         return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)
-
-    def push(self, item: GenerationChunk | ScoringChunk | BaseException | StreamEnd) -> bool:
-        """Hand an item to the caller's event loop; False when that loop is gone."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the caller's loop was closed: nobody is listening any more
-            return False
-        return True
-
-
-@dataclass(eq=False)
-class RequestState(InFlight):
-    """Everything the step loop needs to advance one request and stream its output.
-
-    ``kv`` is the request's own ``DynamicCache`` (batch 1) while it is prefilling; once it joins
-    the decode batch its KV lives in the batch's tensors (one row) and ``kv`` is ``None``.
-    ``num_computed`` counts the tokens whose keys/values are in the cache, i.e. the position
-    of the next token fed to the model.
-    """
-
-    request: GenerationRequest
-    history: TokenHistory
-    sampler: Sampler
-    detokenizer: IncrementalDetokenizer
-    stop_matcher: StopMatcher
-    queue: asyncio.Queue[Any]
-    loop: asyncio.AbstractEventLoop
-    status: RequestStatus = RequestStatus.WAITING
-    kv: Any = None
-    num_computed: int = 0
-    cached_tokens: int = 0
-    abort_requested: bool = False
-    finish_reason: str | None = None
-    tokens_sent: int = 0  # output tokens already handed out in a chunk's ``token_ids``
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -106,6 +79,28 @@ class RequestState(InFlight):
         """What the prefix cache is asked for: the prompt (a hit keeps its last token back,
         whose logits give the first output token)."""
         return self.request.prompt_token_ids
+
+    def push(self, item: GenerationChunk | ScoringChunk | BaseException | StreamEnd) -> bool:
+        """Hand an item to the caller's event loop; False when that loop is gone."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the caller's loop was closed: nobody is listening any more
+            return False
+        return True
+
+
+@dataclass(eq=False, kw_only=True)
+class RequestState(InFlight):
+    """A generation request in flight: its sampler, detokenizer and stop matcher, and the
+    tokens so far (``history``)."""
+
+    request: GenerationRequest
+    history: TokenHistory
+    sampler: Sampler
+    detokenizer: IncrementalDetokenizer
+    stop_matcher: StopMatcher
+    finish_reason: str | None = None
+    tokens_sent: int = 0  # output tokens already handed out in a chunk's ``token_ids``
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -144,31 +139,20 @@ class RequestAborted(Exception):
     a long prompt chunk or scoring pass stops within one layer's work."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class ScoringState(InFlight):
     """A scoring request in flight: its prefix is read like a prompt (``num_computed``,
     ``kv``, the prefix cache), then one pass per step runs on top of it (``next_pass``)."""
 
     request: ScoringRequest
-    queue: asyncio.Queue[Any]
-    loop: asyncio.AbstractEventLoop
-    status: RequestStatus = RequestStatus.WAITING
-    kv: Any = None
-    num_computed: int = 0
-    cached_tokens: int = 0
-    abort_requested: bool = False
     next_pass: int = 0
     pass_tokens: int = 0  # tokens of the passes run so far
-
-    @property
-    def prompt_ids(self) -> list[int]:
-        return self.request.prefix_token_ids
 
     @property
     def lookup_ids(self) -> list[int]:
         """A sentinel after the prefix: a hit may cover the whole prefix (nothing is sampled
         from its last position, so none is kept back)."""
-        return [*self.request.prefix_token_ids, -1]
+        return [*self.request.prompt_token_ids, -1]
 
     def chunk(self, log_probs: list[float]) -> ScoringChunk:
         """The chunk of the pass just run (``next_pass`` already moved past it)."""
