@@ -46,6 +46,7 @@ from serve_app.engine.tree import Row, pack
 from serve_app.errors import ContextLengthExceededError, UnprocessableRequestError
 
 MAX_CHOICE_LABELS = 255
+SCORING_SLOTS = 1
 MAX_SCORE_LEVELS = 10
 
 # Per side, every casing/spacing of the answer words; only single-token ones are used.
@@ -117,11 +118,13 @@ class LikelihoodScorer:
     ) -> LikelihoodScorer:
         """A scorer on its own scoring engine for ``loaded``: prompts read on the weights
         ``config`` gives the generating engines, and room past the context for the passes
-        the scored-token budget allows."""
+        the scored-token budget allows. One request holds a slot at a time (others wait):
+        the runner's slots all grow to the longest one's length, and a decision's state may
+        fill the context, so more slots would multiply the KV memory of one long state."""
         budget = budget or DecisionBudget()
         engine = LLMEngine(
             loaded,
-            config,
+            config.model_copy(update={"max_batch_size": SCORING_SLOTS}),
             context_length,
             scoring=True,
             score_columns=budget.max_scored_tokens,
