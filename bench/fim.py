@@ -16,7 +16,7 @@ llama.cpp: with ``--llama-url`` the same workload also goes to a running ``llama
 the embedded model's own GGUF with the same threads (``/work/shared/tools/build-llama-server``
 builds it; e.g. ``llama-server -m model.gguf -t 1 -c 32768 -np 8 --port 8090``), and the table
 gets its column and the service / llama.cpp ratios (for times, below 1 is better; for tok/s,
-above). README's "Benchmarks" section has the whole side-by-side recipe.
+above). docs/benchmarks.md has the whole side-by-side recipe.
 """
 
 from __future__ import annotations

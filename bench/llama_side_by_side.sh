@@ -1,5 +1,5 @@
 #!/bin/bash
-# The local graph and llama.cpp's server side by side, in one run (README "Benchmarks"):
+# The local graph and llama.cpp's server side by side, in one run (docs/benchmarks.md):
 # `serve run configs/local.yaml` (on $PORT, its own Ray temp dir and auth store) and
 # `llama-server` on the embedded model's own GGUF with the FIM replica's thread count (1) and
 # nice level (Ray runs replicas at nice 15), then bench.fim with both columns, bench.edit and

@@ -1,7 +1,8 @@
 """``bench.memory`` measures a real process tree: a child that maps a file it shares with us.
 
-README's memory figures come from this script, so its tree walk and its "alone" correction
-(shared pages counted once, not once per mapper) are checked on real processes.
+The memory figures in README.md and docs/operations.md come from this script, so its tree
+walk and its "alone" correction (shared pages counted once, not once per mapper) are checked
+on real processes.
 """
 
 from __future__ import annotations

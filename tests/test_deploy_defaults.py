@@ -112,7 +112,7 @@ def test_docs_setting_is_validated(docs):
 
 def test_replicas_without_a_model_never_load_torch():
     """Ray imports a deployment's module in its replica: the router's and the auth service's
-    leave torch and transformers out (~150 MB of each process; README "Memory")."""
+    leave torch and transformers out (~150 MB of each process; docs/operations.md, "Memory")."""
     code = (
         "import sys, deployments.router, deployments.auth;"
         "print([m for m in ('torch', 'transformers') if m in sys.modules])"
