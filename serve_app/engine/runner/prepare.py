@@ -4,7 +4,7 @@ Which weights run where is decided here, at run time, from what the CPU computes
 
 - prefill chunks (``prompt_weights``): ``auto`` reads prompts on the decode weights where
   those are int8 (per-row int8 reads a prompt ~1.5x faster than fp32 GEMM on AVX2, with the
-  same measured quality: README "Engine v2"), the prompt's first token on dense weights
+  same measured quality: docs/benchmarks.md), the prompt's first token on dense weights
   (``Qwen2Runner.first_token``); elsewhere ``dense``: the HF parameters as they are (fp32) on
   CPUs without bf16 compute, a bf16 copy where the CPU has AVX512-BF16 or AMX (~2x faster GEMM
   there), and a chunk of at most ``small_prefill_tokens`` tokens after position 0 on the
