@@ -3,7 +3,7 @@
 Why two forms of the same matrix: a decode step multiplies a few rows by every weight, so it is
 bound by the bytes of weights read; int4 reads 1/8 of fp32. A prefill chunk multiplies hundreds
 of rows, so it is bound by compute, where torch's int4 CPU kernel is slower than a dense GEMM.
-Measured on this AVX2 box, one thread, Qwen2.5-0.5B shapes (docs/benchmarks.md; the runs are in git history): the 24 layers'
+Measured on this AVX2 box, one thread, Qwen2.5-0.5B shapes (git history): the 24 layers'
 linears cost ~100 ms per decode step in fp32 and ~60 ms in int4; a 256-row chunk costs 2.6 s
 in fp32 and 10 s through the int4 kernel.
 
@@ -25,7 +25,7 @@ GB per replica (the 0.5B's: no difference), for the same numbers and step time.
 
 On AVX2 fbgemm's kernel is made for this ISA (VPMADDUBSW), where torch's int4 kernel converts
 to bf16 in software: measured on this box, one thread, the 0.5B's decode linears take ~32 ms per
-step in int8, ~80 ms in int4 and ~125 ms in fp32 (docs/benchmarks.md; the runs are in git history). It reads twice int4's
+step in int8, ~80 ms in int4 and ~125 ms in fp32 (git history). It reads twice int4's
 bytes, so int4 is kept for CPUs with native bf16. fbgemm's packed form is opaque and private to
 the process, so the int8 values are saved once (``prepare``) and packed by each replica at start.
 
@@ -112,7 +112,7 @@ def int8_linear(
 ) -> torch.Tensor:
     """``x @ W.T + bias`` through fbgemm with per-row activation scales (see the module doc):
     the result of a row does not depend on the other rows. The small ops around the kernel
-    cost ~10% of a 0.5B decode step on AVX2 (docs/benchmarks.md; the runs are in git history).
+    cost ~10% of a 0.5B decode step on AVX2 (git history).
 
     ``precise``: a second call over what the first call's activation rounding dropped, so the
     activations carry ~14 bits instead of 7 (the weights stay int8), at twice the kernel time.
