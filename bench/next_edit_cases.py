@@ -10,7 +10,7 @@ hunks gives one case: the hunks before the first one that lies near the one befo
 expected edit; the file with the history applied is the current file. The editable region is
 the expected hunk's old lines with ``CONTEXT`` lines either side, the cursor at the start of
 the first changed line's code (where the user would be about to type). Recently viewed
-snippets are the first hunk of up to two other files of the same commit, after the commit.
+snippets are the first hunk of another file of the same commit, after the commit.
 
 Nothing is chosen by hand: the filters below (sizes, whitespace-only changes) are the only
 selection, and every case names its repository and commit.
@@ -31,8 +31,8 @@ CONTEXT = 2  # unchanged lines either side of the expected change in the region
 MAX_FILE_LINES = 700
 MAX_CHANGE_LINES = 8  # old or new lines of the expected hunk
 MAX_HISTORY_LINES = 30  # lines of one history hunk, old plus new
-MAX_HISTORY = 6  # hunks, as Continue sends at most 6 diffs
-WINDOW = 40  # lines of the file kept either side of the region (an excerpt, as Zed sends)
+MAX_HISTORY = 3  # hunks (Continue sends up to 6 diffs; 3 keeps a CPU run short)
+WINDOW = 20  # lines of the file kept either side of the region (an excerpt, as Zed sends)
 
 
 @dataclass(frozen=True)
@@ -165,18 +165,18 @@ def build_case(
 
 
 def snippets_of(repo: Path, commit: str, paths: list[str]) -> list[tuple[str, str]]:
-    """The first changed lines of up to two other files, as they are after the commit, with 5
-    lines either side: what the user looked at while making the commit."""
+    """The first changed lines of another file, as they are after the commit, with 3 lines
+    either side: what the user looked at while making the commit."""
     found = []
-    for path in paths[:2]:
+    for path in paths[:1]:
         old, new = show(repo, f"{commit}^", path), show(repo, commit, path)
         if old is None or new is None:
             continue
         new_lines = new.split("\n")
         hunks = hunks_of(old.split("\n"), new_lines)
         if hunks:
-            start = max(0, hunks[0].b_start - 5)
-            found.append((path, "\n".join(new_lines[start : hunks[0].b_end + 5])))
+            start = max(0, hunks[0].b_start - 3)
+            found.append((path, "\n".join(new_lines[start : hunks[0].b_end + 3])))
     return found
 
 

@@ -11,10 +11,13 @@ every other line kept.
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import AUTH, EMBEDDED_ID, TINY_ID
+from serve_app.engine.prompts.edit import PROMPT_STYLES, parse_edit_prompt, rejected_edit
+from tests.conftest import AUTH, EMBEDDED_ID, TEST_KEY, TINY_ID, tiny_config
 from tests.fixtures.edit_clients import (
     CLIENTS,
     CLOSE,
@@ -95,6 +98,38 @@ def test_each_client_request_is_accepted_and_its_answer_parses(client, name: str
     assert CURSOR not in region and "<|" not in region
     # Whatever the tiny model wrote, the fence is the plain one every client cuts.
     assert answer["choices"][0]["message"]["content"] == f"```\n{region}\n```"
+
+
+@pytest.fixture(scope="module", params=[style for style in PROMPT_STYLES if style != "chat"])
+def style_client(request, tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """The in-process app on the tiny model with another next-edit prompt style configured."""
+    from fastapi.testclient import TestClient
+
+    from serve_app.testing import local_router_app
+
+    config = tiny_config(tiny_source, tmp_path_factory.mktemp(f"style-{request.param}"))
+    model = config.models[0].model_copy(update={"edit_prompt": request.param})
+    config = config.model_copy(update={"models": [model]})
+    os.environ["SERVE_APP_API_KEY"] = TEST_KEY  # the key the local account is bootstrapped with
+    with TestClient(local_router_app(config), raise_server_exceptions=False) as client:
+        yield client
+
+
+@pytest.mark.parametrize("name", list(CLIENTS))
+def test_every_prompt_style_answers_each_client_an_edit_or_no_change(
+    style_client, name: str
+) -> None:
+    """Whatever the random model writes in any prompt style, each client reads a region back,
+    and that region passes the service's checks (an edit, or the region unchanged)."""
+    build, extract = CLIENTS[name]
+    call = build(RENAME, TINY_ID)
+    call = dataclasses.replace(call, body={**call.body, "max_tokens": 64})
+    answer = post(style_client, call)
+    region = extract(answer)
+    assert region is not None
+    assert answer["choices"][0]["message"]["content"] == f"```\n{region}\n```"
+    prompt = parse_edit_prompt(call.body["messages"][0]["content"])
+    assert rejected_edit(region, prompt) is None
 
 
 def test_zeds_request_with_its_hard_coded_model_id_works_unchanged(client) -> None:
