@@ -141,9 +141,11 @@ class Case:
     expected: str
 
 
-def load_cases(path: Path, limit: int | None) -> list[Case]:
+def load_cases(path: Path, limit: int | None, every: int = 1) -> list[Case]:
+    """The cases (every ``every``-th of them, the first ``limit``); Continue's shape for even
+    ones, Zed's for odd ones (by position in the file)."""
     cases = []
-    for index, raw in enumerate(json.loads(path.read_text())[:limit]):
+    for index, raw in list(enumerate(json.loads(path.read_text())))[::every][:limit]:
         scenario = Scenario(
             path=raw["path"],
             file=raw["file"],
@@ -234,12 +236,19 @@ class _Counting(Counter):
         self[reason] += 1
 
 
-async def answer(service: Any, call: ClientCall, fields: dict, read: Callable) -> tuple:
+async def answer(service: Any, call: ClientCall, fields: dict, read: Callable, salt: str) -> tuple:
+    """One request as the deployment serves it, in the prefix-cache partition ``salt`` (one
+    per variant, as one per account: a variant never reads another's cached prompts)."""
     from serve_app.api.edit import EditCompletionRequest
+    from serve_app.serving.billing import RequestContext, UsageRecorder
+
+    async def unbilled(*_: Any) -> None:
+        return None
 
     body = EditCompletionRequest.model_validate({**call.body, **fields})
+    context = RequestContext(grant=None, model=MODEL_ID, endpoint="edit", cache_salt=salt)
     start = time.perf_counter()
-    completion = await service.complete(body)
+    completion = await UsageRecorder(unbilled, 600).run(context, lambda: service.complete(body))
     seconds = time.perf_counter() - start
     region = read(completion.model_dump())
     usage = completion.usage
@@ -250,7 +259,7 @@ async def answer(service: Any, call: ClientCall, fields: dict, read: Callable) -
 async def run(args: argparse.Namespace) -> tuple[dict[str, Tally], list[dict]]:
     from serve_app.engine.prompts.edit import parse_edit_prompt, rejected_edit
 
-    cases = load_cases(args.data, args.cases)
+    cases = load_cases(args.data, args.cases, args.every)
     rejected = {name: _Counting() for name in VARIANTS}
     engine, services = start_services(args, rejected)
     tallies = {name: Tally(rejected=rejected[name]) for name in services}
@@ -263,10 +272,10 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, Tally], list[dict]]:
             expected_rejected[rejected_edit(case.expected, prompt) or "kept"] += 1
             for name, service in services.items():
                 fields = VARIANTS[name][1]
-                region, cold, tokens = await answer(service, call, fields, read)
+                region, cold, tokens = await answer(service, call, fields, read, name)
                 warm = warm_tokens = None
                 if name in args.repeat_for:
-                    _, warm, warm_tokens = await answer(service, repeat, fields, read)
+                    _, warm, warm_tokens = await answer(service, repeat, fields, read, name)
                 score(tallies[name], case, call.old_region, region, cold, warm)
                 entry = {"case": case.name, "variant": name, "answer": region, "tokens": tokens}
                 entry |= {"repeat_tokens": warm_tokens, "cold_s": cold, "repeat_s": warm}
@@ -340,6 +349,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=CASES)
     parser.add_argument("--cases", type=int, default=None, help="the first N cases only")
+    parser.add_argument("--every", type=int, default=1, help="every K-th case only")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
     parser.add_argument(

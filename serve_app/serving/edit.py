@@ -57,7 +57,7 @@ class EditService:
         )
         budget = answer_budget(prompt, self.client.tokenizer)
         params = dataclasses.replace(
-            params, stop=answer_stops(messages), max_tokens=min(params.max_tokens, budget)
+            params, stop=answer_stops(prompt, messages), max_tokens=min(params.max_tokens, budget)
         )
         request: GenerationRequest = self.client.request(
             prompt_ids, params, "messages", role="edit"

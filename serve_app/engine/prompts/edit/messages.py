@@ -218,9 +218,16 @@ def answer_budget(prompt: EditPrompt, tokenizer: Any) -> int:
     return 2 * len(region) + ANSWER_ROOM
 
 
-def answer_stops(messages: list[dict[str, str]]) -> tuple[str, ...]:
-    """A prefilled fenced answer ends at its closing fence; the others at the model's end."""
-    return PREFILLED_STOPS if answer_prefix(messages) else ()
+def answer_stops(prompt: EditPrompt, messages: list[dict[str, str]]) -> tuple[str, ...]:
+    """Where an answer ends, besides the model's end token: a prefilled fenced answer at its
+    closing fence; a FIM answer where it starts writing the file's next line of code (the
+    hole is filled, and the model goes on through the suffix it was shown)."""
+    if answer_prefix(messages):
+        return PREFILLED_STOPS
+    if messages[0]["role"] in (MARKER, TEXT):
+        after = next((line for line in prompt.file_after.split("\n") if line.strip()), None)
+        return ("\n" + after,) if after else ()
+    return ()
 
 
 def _shown_snippet(snippet: Snippet) -> str:
