@@ -208,7 +208,7 @@ class Tally:
     rejected: Counter = dataclasses.field(default_factory=Counter)
 
 
-def start_services(args: argparse.Namespace, rejected: dict[str, Counter]) -> tuple[Any, dict]:
+def start_services(args: argparse.Namespace, rejected: dict[str, Any]) -> tuple[Any, dict]:
     """One engine on the embedded model (as configs/local.yaml runs it), one edit service per
     variant on it, each counting its rejections in ``rejected[variant]``."""
     from serve_app.config import AppConfig, EngineOptions, ModelConfig, Roles
@@ -224,16 +224,11 @@ def start_services(args: argparse.Namespace, rejected: dict[str, Counter]) -> tu
     engine = start_engine(config, model)
     client = EngineClient(engine, model)
     services = {
-        name: EditService(client, style=style, on_rejected=rejected[name].update_one)
+        name: EditService(client, style=style, on_rejected=rejected[name])
         for name, (style, _) in VARIANTS.items()
         if name in args.variants
     }
     return engine, services
-
-
-class _Counting(Counter):
-    def update_one(self, reason: str) -> None:
-        self[reason] += 1
 
 
 async def answer(service: Any, call: ClientCall, fields: dict, read: Callable, salt: str) -> tuple:
@@ -256,13 +251,14 @@ async def answer(service: Any, call: ClientCall, fields: dict, read: Callable, s
     return (call.old_region if region is None else region), seconds, tokens
 
 
-async def run(args: argparse.Namespace) -> tuple[dict[str, Tally], list[dict]]:
+async def run(args: argparse.Namespace) -> list[dict]:
+    """Every variant on every case, interleaved; one log entry per case and variant (also
+    appended to ``args.log`` as it comes, so a run cut short still has its figures)."""
     from serve_app.engine.prompts.edit import parse_edit_prompt, rejected_edit
 
     cases = load_cases(args.data, args.cases, args.every)
-    rejected = {name: _Counting() for name in VARIANTS}
+    rejected = {name: _LastReason() for name in VARIANTS}
     engine, services = start_services(args, rejected)
-    tallies = {name: Tally(rejected=rejected[name]) for name in services}
     log, expected_rejected = [], Counter()
     try:
         for number, case in enumerate(cases, 1):
@@ -272,36 +268,52 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, Tally], list[dict]]:
             expected_rejected[rejected_edit(case.expected, prompt) or "kept"] += 1
             for name, service in services.items():
                 fields = VARIANTS[name][1]
+                rejected[name].last = None
                 region, cold, tokens = await answer(service, call, fields, read, name)
-                warm = warm_tokens = None
-                if name in args.repeat_for:
-                    _, warm, warm_tokens = await answer(service, repeat, fields, read, name)
-                score(tallies[name], case, call.old_region, region, cold, warm)
                 entry = {"case": case.name, "variant": name, "answer": region, "tokens": tokens}
-                entry |= {"repeat_tokens": warm_tokens, "cold_s": cold, "repeat_s": warm}
+                entry |= {"rejected": rejected[name].last, "cold_s": cold}
+                if name in args.repeat_for:
+                    _, entry["repeat_s"], entry["repeat_tokens"] = await answer(
+                        service, repeat, fields, read, name
+                    )
                 log.append(entry)
                 if args.log:
                     with args.log.open("a") as out:
-                        out.write(json.dumps(log[-1]) + "\n")
+                        out.write(json.dumps(entry) + "\n")
             print(f"{number}/{len(cases)} {case.name}", flush=True)
     finally:
         engine.shutdown()
     print(f"checks on the expected edits themselves: {dict(expected_rejected)}")
-    return tallies, log
+    return log
 
 
-def score(
-    tally: Tally, case: Case, region: str, answer: str, cold: float, warm: float | None
-) -> None:
-    got, want, old = normalized(answer), normalized(case.expected), normalized(region)
-    tally.answered += 1
-    tally.exact += got == want
-    tally.chrf += delta_chrf(old, want, got)
-    tally.noop += got == old
-    tally.reversal += reverses(old, want, got, case.scenario.hunks[-1])
-    tally.cold.append(cold)
-    if warm is not None:
-        tally.repeat.append(warm)
+class _LastReason:
+    """The edit service's ``on_rejected``: remembers why the last answer was no change."""
+
+    last: str | None = None
+
+    def __call__(self, reason: str) -> None:
+        self.last = reason
+
+
+def tallies_of(log: list[dict], cases: dict[str, Case]) -> dict[str, Tally]:
+    """The figures of each variant from the log of a run (or the part of it that ran)."""
+    tallies: dict[str, Tally] = {}
+    for entry in log:
+        case, tally = cases[entry["case"]], tallies.setdefault(entry["variant"], Tally())
+        got, want = normalized(entry["answer"]), normalized(case.expected)
+        old = normalized(region_of(case.scenario))
+        tally.answered += 1
+        tally.exact += got == want
+        tally.chrf += delta_chrf(old, want, got)
+        tally.noop += got == old
+        tally.reversal += reverses(old, want, got, case.scenario.hunks[-1])
+        tally.cold.append(entry["cold_s"])
+        if entry.get("repeat_s") is not None:
+            tally.repeat.append(entry["repeat_s"])
+        if entry.get("rejected"):
+            tally.rejected[entry["rejected"]] += 1
+    return tallies
 
 
 def rows(tallies: dict[str, Tally]) -> list[list[str]]:
@@ -356,12 +368,17 @@ def main() -> None:
         "--repeat-for", default=",".join(VARIANTS), help="variants timed on a repeat too"
     )
     parser.add_argument("--log", type=Path, help="append every answer here (JSON lines)")
+    parser.add_argument("--from-log", type=Path, help="no run: the figures of a logged one")
     args = parser.parse_args()
     args.variants = [name.strip() for name in args.variants.split(",")]
     args.repeat_for = [name.strip() for name in args.repeat_for.split(",")]
-    print(f"CPU: {cpu_flags()}")
-    tallies, _ = asyncio.run(run(args))
-    print(table(rows(tallies)))
+    if args.from_log:
+        log = [json.loads(line) for line in args.from_log.read_text().splitlines()]
+    else:
+        print(f"CPU: {cpu_flags()}")
+        log = asyncio.run(run(args))
+    cases = {case.name: case for case in load_cases(args.data, None)}
+    print(table(rows(tallies_of(log, cases))))
 
 
 if __name__ == "__main__":
