@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import json
 import subprocess
 import time
@@ -142,10 +143,11 @@ class Case:
 
 
 def load_cases(path: Path, limit: int | None, every: int = 1) -> list[Case]:
-    """The cases (every ``every``-th of them, the first ``limit``); Continue's shape for even
-    ones, Zed's for odd ones (by position in the file)."""
-    cases = []
-    for index, raw in list(enumerate(json.loads(path.read_text())))[::every][:limit]:
+    """The cases, taken round-robin across the repositories (so a run cut short, or every
+    ``every``-th case, still covers every language), the first ``limit`` of them. Continue's
+    shape for cases at even positions of the file, Zed's for odd ones."""
+    by_repo: dict[str, list[Case]] = {}
+    for index, raw in enumerate(json.loads(path.read_text())):
         scenario = Scenario(
             path=raw["path"],
             file=raw["file"],
@@ -157,8 +159,10 @@ def load_cases(path: Path, limit: int | None, every: int = 1) -> list[Case]:
         )
         name = f"{raw['repo']}@{raw['commit'][:8]}:{raw['path']}"
         shape = "continue" if index % 2 == 0 else "zed"
-        cases.append(Case(name, shape, scenario, raw["expected"]))
-    return cases
+        by_repo.setdefault(raw["repo"], []).append(Case(name, shape, scenario, raw["expected"]))
+    rounds = itertools.zip_longest(*by_repo.values())
+    cases = [case for round_ in rounds for case in round_ if case is not None]
+    return cases[::every][:limit]
 
 
 def region_of(scenario: Scenario) -> str:
