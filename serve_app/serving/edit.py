@@ -55,7 +55,7 @@ class EditService:
             context_length=context_length,
             style=self.style,
         )
-        budget = answer_budget(prompt, self.client.tokenizer)
+        budget = await self.client.off_loop(answer_budget, prompt, self.client.tokenizer)
         params = dataclasses.replace(
             params, stop=answer_stops(prompt, messages), max_tokens=min(params.max_tokens, budget)
         )
