@@ -12,6 +12,7 @@ from functools import partial
 from typing import Any
 
 from deployments.common import EngineDeployment, usage_recorder
+from deployments.metrics import count_edit_rejection
 from serve_app.api.apply import ApplyCompletionRequest
 from serve_app.api.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
 from serve_app.api.edit import EditCompletion, EditCompletionRequest
@@ -30,7 +31,7 @@ class EditModel(EngineDeployment):
 
     def __init__(self, config: AppConfig, auth: Any = None) -> None:
         client = self.start_engine_client(config, config.model(config.roles.edit))
-        self.editor = EditService(client)
+        self.editor = EditService(client, on_rejected=count_edit_rejection)
         self.chatter = ChatService(client)
         self.applier = ApplyService(client)
         self.usage = usage_recorder(auth, config.limits.request_timeout_s)

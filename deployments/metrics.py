@@ -23,6 +23,11 @@ class LatencyMetrics:
         metrics.inter_token_latency().observe(seconds * 1000)
 
 
+def count_edit_rejection(reason: str) -> None:
+    """Told by the edit service why it answered "no change" instead of the model's answer."""
+    metrics.edit_rejections().inc(tags={"reason": reason})
+
+
 async def report_engine_stats(engine: LLMEngine) -> None:
     """Publish queue depth, running batch, prefix-cache hits and speculation once a second.
 

@@ -26,6 +26,7 @@ from serve_app.api.models import (
 from serve_app.auth.store import default_data_dir, resolve_auth_db
 from serve_app.engine.embedded import EMBEDDED_MODELS, embedded_name
 from serve_app.engine.engine_config import EngineConfig
+from serve_app.engine.prompts.edit.messages import EditPromptStyle
 
 DEFAULT_MODEL_ID = "qwen2.5-coder-0.5b"
 
@@ -95,6 +96,11 @@ class ModelConfig(StrictConfig):
             "Other ids a request may name this model by, for clients that hard-code one (Zed "
             "sends mercury-coder); answers and listings carry ``id``."
         ),
+    )
+    edit_prompt: EditPromptStyle = Field(
+        default="chat",
+        description="How next-edit requests are put to this model (docs/next_edit.md has "
+        "each style's figures from bench/next_edit.py).",
     )
 
     @model_validator(mode="after")

@@ -95,3 +95,13 @@ def speculative_tokens() -> metrics.Counter:
         description="Prompt-lookup draft tokens, by outcome (drafted/accepted).",
         tag_keys=("outcome",),
     )
+
+
+@cache
+def edit_rejections() -> metrics.Counter:
+    return metrics.Counter(
+        "serve_app_edit_rejections",
+        description="Next-edit answers replaced by 'no change' before they were sent, by "
+        "reason (serve_app/engine/prompts/edit/checks.py).",
+        tag_keys=("reason",),
+    )

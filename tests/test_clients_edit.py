@@ -11,41 +11,25 @@ every other line kept.
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Callable
-from dataclasses import dataclass
+import os
+from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import AUTH, EMBEDDED_ID, TEST_KEY, TINY_ID
-
-CURSOR = "<|cursor|>"
-OPEN, CLOSE = "<|code_to_edit|>", "<|/code_to_edit|>"
-EDIT_PATH = "/v1/edit/completions"
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """What the editor knows: a file, the cursor, the editable lines, recent context."""
-
-    path: str
-    file: str
-    cursor: tuple[int, int]  # (line, column), 0-based
-    first_line: int  # editable lines, inclusive
-    last_line: int
-    snippets: tuple[tuple[str, str], ...]
-    hunks: tuple[str, ...]  # the recent edits to ``path``, oldest first, as unified hunks
-
-    @property
-    def lines(self) -> list[str]:
-        return self.file.split("\n")
-
-    def lines_with_cursor(self) -> list[str]:
-        lines = self.lines
-        row, column = self.cursor
-        lines[row] = lines[row][:column] + CURSOR + lines[row][column:]
-        return lines
-
+from serve_app.engine.prompts.edit import PROMPT_STYLES, parse_edit_prompt, rejected_edit
+from tests.conftest import AUTH, EMBEDDED_ID, TEST_KEY, TINY_ID, tiny_config
+from tests.fixtures.edit_clients import (
+    CLIENTS,
+    CLOSE,
+    CURSOR,
+    EDIT_PATH,
+    OPEN,
+    ClientCall,
+    Scenario,
+    continue_call,
+    zed_call,
+    zed_extract,
+)
 
 # The user renamed ``total`` to ``subtotal`` in the two lines above the cursor; the next edit
 # renames the three uses left in the editable lines.
@@ -90,188 +74,6 @@ RENAMED_LINES = [
 ]
 
 
-# --- how each client builds its request ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ClientCall:
-    headers: dict[str, str]
-    body: dict
-    old_region: str  # what the client will replace with the text it extracts
-
-
-def _continue_snippets(scenario: Scenario) -> str:
-    return "\n".join(
-        f"<|recently_viewed_code_snippet|>\ncode_snippet_file_path: {path}\n{code}\n"
-        "<|/recently_viewed_code_snippet|>"
-        for path, code in scenario.snippets
-    )
-
-
-def _continue_file(scenario: Scenario) -> str:
-    """The whole file, cursor inline, region tags on their own lines around the editable lines."""
-    lines = scenario.lines_with_cursor()
-    first, last = scenario.first_line, scenario.last_line
-    return "\n".join([*lines[:first], OPEN, *lines[first : last + 1], CLOSE, *lines[last + 1 :]])
-
-
-def _bare_diffs(scenario: Scenario) -> list[str]:
-    """Continue's diffs: jsdiff patches with the Index and === lines cut off."""
-    return [f"--- {scenario.path}\n+++ {scenario.path}\n{hunk}" for hunk in scenario.hunks]
-
-
-def _continue_layout(scenario: Scenario, diff_separator: str) -> str:
-    return (
-        f"<|recently_viewed_code_snippets|>\n{_continue_snippets(scenario)}\n"
-        "<|/recently_viewed_code_snippets|>\n\n"
-        f"<|current_file_content|>\ncurrent_file_path: {scenario.path.rsplit('/', 1)[-1]}\n"
-        f"{_continue_file(scenario)}\n<|/current_file_content|>\n\n"
-        f"<|edit_diff_history|>\n{diff_separator.join(_bare_diffs(scenario))}\n"
-        "<|/edit_diff_history|>\n"
-    )
-
-
-def _continue_region(scenario: Scenario) -> str:
-    return "\n".join(scenario.lines[scenario.first_line : scenario.last_line + 1])
-
-
-def continue_call(scenario: Scenario, model: str) -> ClientCall:
-    headers = {
-        "Content-Type": "application/json",
-        "Accept": "application/json",
-        "Authorization": f"Bearer {TEST_KEY}",
-    }
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": _continue_layout(scenario, "\n")}],
-        "max_tokens": 4096,
-        "temperature": 0.01,
-        "stream": False,
-    }
-    return ClientCall(headers, body, _continue_region(scenario))
-
-
-def kilo_call(scenario: Scenario, model: str) -> ClientCall:
-    """Continue's layout, diffs joined by a blank line, the public service's marker appended."""
-    content = _continue_layout(scenario, "\n\n") + "\n\n<|!@#IS_NEXT_EDIT!@#|>"
-    body = {"model": model, "max_tokens": 512, "messages": [{"role": "user", "content": content}]}
-    return ClientCall(
-        {**AUTH, "Content-Type": "application/json"}, body, _continue_region(scenario)
-    )
-
-
-def _zed_editable(scenario: Scenario) -> tuple[int, int, int]:
-    """Offsets of Zed's editable range (row starts to the last row's end, newline excluded)
-    and of the cursor, in the file (Zed's context excerpt here is the whole file)."""
-    lines = scenario.lines
-    starts = [sum(len(line) + 1 for line in lines[:row]) for row in range(len(lines))]
-    row, column = scenario.cursor
-    last = scenario.last_line - 1  # Zed's range ends at a line with text, not the empty last one
-    return starts[scenario.first_line], starts[last] + len(lines[last]), starts[row] + column
-
-
-def zed_call(scenario: Scenario, model: str) -> ClientCall:
-    start, end, cursor = _zed_editable(scenario)
-    text = scenario.file
-    snippets = "".join(
-        f"<|recently_viewed_code_snippet|>\ncode_snippet_file_path: {path}\n{code}"
-        "<|/recently_viewed_code_snippet|>\n"
-        for path, code in scenario.snippets
-    )
-    events = "".join(
-        ("// User accepted prediction:\n" if index else "")
-        + f"--- a/project/{scenario.path}\n+++ b/project/{scenario.path}\n{hunk}\n"
-        for index, hunk in enumerate(scenario.hunks)
-    )
-    content = (
-        f"<|recently_viewed_code_snippets|>\n{snippets}<|/recently_viewed_code_snippets|>\n"
-        f"<|current_file_content|>\ncurrent_file_path: project/{scenario.path}\n"
-        f"{text[:start]}{OPEN}\n{text[start:cursor]}{CURSOR}{text[cursor:end]}{CLOSE}\n"
-        f"{text[end:]}<|/current_file_content|>\n"
-        f"<|edit_diff_history|>\n{events}<|/edit_diff_history|>\n"
-    )
-    headers = {**AUTH, "Content-Type": "application/json", "Connection": "keep-alive"}
-    body = {"model": model, "messages": [{"role": "user", "content": content}], "stream": False}
-    return ClientCall(headers, body, text[start:end])
-
-
-def proxyai_call(scenario: Scenario, model: str) -> ClientCall:
-    """ProxyAI's prompt layout is not in clients.md: the spec's documented order is used
-    (snippets, history, file), git-style diffs separated by blank lines."""
-    history = "\n\n".join(
-        f"--- a/{scenario.path}\n+++ b/{scenario.path}\n{hunk}" for hunk in scenario.hunks
-    )
-    content = (
-        f"<|recently_viewed_code_snippets|>\n{_continue_snippets(scenario)}\n"
-        "<|/recently_viewed_code_snippets|>\n"
-        f"<|edit_diff_history|>\n{history}\n<|/edit_diff_history|>\n"
-        f"<|current_file_content|>\ncurrent_file_path: {scenario.path}\n"
-        f"{_continue_file(scenario)}\n<|/current_file_content|>"
-    )
-    body = {"model": model, "messages": [{"role": "user", "content": content}]}
-    return ClientCall(
-        {**AUTH, "Content-Type": "application/json"}, body, _continue_region(scenario)
-    )
-
-
-# --- how each client reads the answer ------------------------------------------------------------
-
-
-def _js_slice(text: str, start: int, end: int) -> str:
-    """JavaScript's String.slice: a negative end counts from the end."""
-    return text[start : end if end >= 0 else len(text) + end]
-
-
-def continue_extract(answer: dict) -> str:
-    """Continue: the text between the first "```\\n" and the last "\\n```" (cutting 3 and 1
-    characters when the fence is missing, as indexOf/lastIndexOf give -1)."""
-    content = answer["choices"][0]["message"]["content"]
-    return _js_slice(content, content.find("```\n") + 4, content.rfind("\n```"))
-
-
-def zed_extract(answer: dict) -> str | None:
-    """Zed: strict fields, an id it can send back, the fence cut exactly; None means no edit."""
-    assert {"id", "object", "created", "model", "choices", "usage"} <= set(answer)
-    assert answer["id"].startswith("cmpl-")
-    assert isinstance(answer["created"], int) and isinstance(answer["model"], str)
-    choice = answer["choices"][0]
-    assert {"index", "message", "finish_reason"} <= set(choice)
-    assert choice["message"]["role"] == "assistant"
-    for field in ("prompt_tokens", "completion_tokens", "total_tokens"):
-        assert isinstance(answer["usage"][field], int)
-    content = choice["message"]["content"]
-    assert content.startswith("```\n") and content.endswith("\n```"), content
-    region = content.removeprefix("```\n").removesuffix("\n```")
-    return None if region == "None" else region
-
-
-def kilo_extract(answer: dict) -> str | None:
-    """Kilo Code: from the first ``` (a language tag allowed) to the next ```; no closing fence
-    drops the suggestion; stray region tags at the edges are stripped. Dropping the newline
-    before the closing fence is inferred (the fence sits on its own line)."""
-    content = answer["choices"][0]["message"]["content"]
-    match = re.search(r"```[^\n]*\n(.*?)```", content, re.DOTALL)
-    if match is None:
-        return None
-    region = match.group(1).removesuffix("\n")
-    return region.removeprefix(OPEN + "\n").removesuffix("\n" + CLOSE)
-
-
-def proxyai_extract(answer: dict) -> str | None:
-    """ProxyAI: the code of the fenced block."""
-    content = answer["choices"][0]["message"]["content"]
-    match = re.search(r"```[\w+-]*\n(.*?)\n```", content, re.DOTALL)
-    return match.group(1) if match else None
-
-
-CLIENTS: dict[str, tuple[Callable[[Scenario, str], ClientCall], Callable[[dict], str | None]]] = {
-    "continue": (continue_call, continue_extract),
-    "zed": (zed_call, zed_extract),
-    "kilo": (kilo_call, kilo_extract),
-    "proxyai": (proxyai_call, proxyai_extract),
-}
-
-
 def post(client, call: ClientCall) -> dict:
     response = client.post(EDIT_PATH, json=call.body, headers=call.headers)
     assert response.status_code == 200, response.text
@@ -296,6 +98,38 @@ def test_each_client_request_is_accepted_and_its_answer_parses(client, name: str
     assert CURSOR not in region and "<|" not in region
     # Whatever the tiny model wrote, the fence is the plain one every client cuts.
     assert answer["choices"][0]["message"]["content"] == f"```\n{region}\n```"
+
+
+@pytest.fixture(scope="module", params=[style for style in PROMPT_STYLES if style != "chat"])
+def style_client(request, tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """The in-process app on the tiny model with another next-edit prompt style configured."""
+    from fastapi.testclient import TestClient
+
+    from serve_app.testing import local_router_app
+
+    config = tiny_config(tiny_source, tmp_path_factory.mktemp(f"style-{request.param}"))
+    model = config.models[0].model_copy(update={"edit_prompt": request.param})
+    config = config.model_copy(update={"models": [model]})
+    os.environ["SERVE_APP_API_KEY"] = TEST_KEY  # the key the local account is bootstrapped with
+    with TestClient(local_router_app(config), raise_server_exceptions=False) as client:
+        yield client
+
+
+@pytest.mark.parametrize("name", list(CLIENTS))
+def test_every_prompt_style_answers_each_client_an_edit_or_no_change(
+    style_client, name: str
+) -> None:
+    """Whatever the random model writes in any prompt style, each client reads a region back,
+    and that region passes the service's checks (an edit, or the region unchanged)."""
+    build, extract = CLIENTS[name]
+    call = build(RENAME, TINY_ID)
+    call = dataclasses.replace(call, body={**call.body, "max_tokens": 64})
+    answer = post(style_client, call)
+    region = extract(answer)
+    assert region is not None
+    assert answer["choices"][0]["message"]["content"] == f"```\n{region}\n```"
+    prompt = parse_edit_prompt(call.body["messages"][0]["content"])
+    assert rejected_edit(region, prompt) is None
 
 
 def test_zeds_request_with_its_hard_coded_model_id_works_unchanged(client) -> None:

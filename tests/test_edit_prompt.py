@@ -19,8 +19,10 @@ from serve_app.engine.prompts.edit import (
     fence_region,
     fit_to_context,
     parse_edit_prompt,
+    read_answer,
     recent_renames,
     region_without_cursor,
+    rejected_edit,
     render_edit_prompt,
     split_diffs,
 )
@@ -647,3 +649,86 @@ def test_extract_never_returns_a_tag_or_the_cursor(completion: str) -> None:
     text, _ = extract_edited_region(completion, EXAMPLE)
     assert CURSOR not in text
     assert not re.search(r"<\|/?\w+\|>", text)
+
+
+# --- checking the answer before it is sent ------------------------------------------------------
+
+
+def lines(*texts: str) -> str:
+    return "\n".join(texts)
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        # the rename, written as a diff into the code
+        (
+            lines("-        if total < 0:", "+        if subtotal < 0:", *RENAMED.split("\n")[1:]),
+            "diff_markers",
+        ),
+        (lines("@@ -36,3 +36,3 @@", RENAMED), "diff_markers"),
+        # a level of indentation lost on every line, the edited ones too
+        ("\n".join(line[4:] for line in RENAMED.split("\n")), "indent_shift"),
+        ("\n".join(line[4:] for line in REGION.split("\n")), "indent_shift"),
+        # the first line only: the rest of the region, its last line too, is gone
+        ("        if subtotal < 0:", "dropped_lines"),
+        # the lines the history added above the region, instead of the region
+        (ABOVE, "history_copy"),
+        # whitespace only
+        (REGION.replace("total = 0.0", "total  =  0.0"), "reformat_only"),
+    ],
+    ids=[
+        "diff-lines",
+        "hunk-header",
+        "indent-edited",
+        "indent-copied",
+        "dropped",
+        "history",
+        "reformat",
+    ],
+)
+def test_answers_that_are_not_edits_are_rejected(answer: str, reason: str) -> None:
+    assert rejected_edit(answer, EXAMPLE) == reason
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        REGION,  # no change is an answer
+        RENAMED,  # the edit
+        "        return add_tax(total)",  # the if-block deleted, the lines after it kept
+        lines(
+            "        if total < 0:",
+            "            total = 0.0",
+            "        total = round(total, 2)",
+            "        return add_tax(total)",
+        ),  # a line added
+        # the region wrapped in a block: the first line stays where it was
+        lines("        if code:", "    " + REGION.replace("\n", "\n    ")),
+        # a line the history removed, put back here: a moved line, not a copy
+        lines("        total = sum(item.price * item.quantity for item in self.items)", REGION),
+    ],
+    ids=["unchanged", "renamed", "deleted-block", "added-line", "wrapped", "moved-line"],
+)
+def test_edits_pass_the_checks(answer: str) -> None:
+    assert rejected_edit(answer, EXAMPLE) is None
+
+
+def test_a_minus_line_that_is_code_is_not_a_diff_marker() -> None:
+    prompt = parse_edit_prompt(content(region=f"\n    x = {CURSOR}a\n    -b\n"))
+    assert rejected_edit("    x = a\n    -b\n-c", prompt) is None
+
+
+def test_read_answer_says_why_it_answers_no_change() -> None:
+    fenced = f"```python\n{RENAMED}\n```"
+    assert read_answer(fenced, EXAMPLE, "stop") == (RENAMED, None)
+    # max_tokens hit after the block closed (prose after it): the block is whole
+    assert read_answer(fenced + "\nThe variable", EXAMPLE, "length") == (RENAMED, None)
+    # hit inside the block: the region's tail would be lost
+    assert read_answer(fenced[:-4], EXAMPLE, "length") == (REGION, "cut_off")
+    assert read_answer("I cannot help.", EXAMPLE, "stop") == (REGION, "unusable")
+    assert read_answer(f"```\n{ABOVE}\n{RENAMED}\n```", EXAMPLE, "stop") == (RENAMED, None)
+    assert read_answer("```\n        if subtotal < 0:\n```", EXAMPLE, "stop") == (
+        REGION,
+        "dropped_lines",
+    )

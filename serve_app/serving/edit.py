@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Callable
 
 from serve_app.api.common import new_id, now
 from serve_app.api.edit import AssistantMessage, EditChoice, EditCompletion, EditCompletionRequest
 from serve_app.engine.prompts.edit import (
-    extract_edited_region,
+    EditPromptStyle,
+    EditRejection,
+    answer_budget,
+    answer_prefix,
+    answer_stops,
     fence_region,
     fit_to_context,
     parse_edit_prompt,
+    read_answer,
 )
 from serve_app.engine.protocol import GenerationRequest
 from serve_app.serving.billing import BilledCall
@@ -20,8 +27,18 @@ logger = logging.getLogger(__name__)
 
 
 class EditService:
-    def __init__(self, client: EngineClient) -> None:
+    """``style``: the prompt style (default: the model's ``edit_prompt``); ``on_rejected`` is
+    told why an answer was replaced by "no change" (the deployment counts it in metrics)."""
+
+    def __init__(
+        self,
+        client: EngineClient,
+        style: EditPromptStyle | None = None,
+        on_rejected: Callable[[EditRejection], None] | None = None,
+    ) -> None:
         self.client = client
+        self.style: EditPromptStyle = style or client.model.edit_prompt
+        self.on_rejected = on_rejected or (lambda reason: None)
 
     async def complete(self, body: EditCompletionRequest, call: BilledCall) -> EditCompletion:
         # Text that cannot fit the context is refused unread; the rest is parsed and tokenised
@@ -31,20 +48,26 @@ class EditService:
         prompt = await self.client.off_loop(parse_edit_prompt, body.content)
         params = body.to_sampling_params()
         context_length = self.client.model.context_length
-        _, prompt_ids = await self.client.off_loop(
+        messages, prompt_ids = await self.client.off_loop(
             fit_to_context,
             prompt,
             self.client.tokenizer,
             max_prompt_tokens=context_length - params.max_tokens,
             context_length=context_length,
+            style=self.style,
+        )
+        budget = await self.client.off_loop(answer_budget, prompt, self.client.tokenizer)
+        params = dataclasses.replace(
+            params, stop=answer_stops(prompt, messages), max_tokens=min(params.max_tokens, budget)
         )
         request: GenerationRequest = self.client.request(
             call, prompt_ids, params, "messages", role="edit"
         )
         raw, last = await self.client.complete(call, request)
-        region, usable = extract_edited_region(raw, prompt)
-        if not usable:
-            logger.info("edit model returned nothing usable; answering the region unchanged")
+        region, rejected = read_answer(answer_prefix(messages) + raw, prompt, last.finish_reason)
+        if rejected is not None:
+            logger.info("edit answer not an edit (%s); answering the region unchanged", rejected)
+            self.on_rejected(rejected)
         return EditCompletion(
             # Zed sends the id back as feedback and checks that it starts with "cmpl-".
             id=new_id("cmpl"),

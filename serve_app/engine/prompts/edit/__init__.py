@@ -1,8 +1,19 @@
 """Next-edit prompts: parse the tagged user message (``parse``), build the instruct model's
 chat messages and fit them to its context (``messages``), read the answer back (``extract``)."""
 
-from serve_app.engine.prompts.edit.extract import extract_edited_region, fence_region
-from serve_app.engine.prompts.edit.messages import build_messages, fit_to_context, recent_renames
+from serve_app.engine.prompts.edit.checks import EditRejection, rejected_edit
+from serve_app.engine.prompts.edit.extract import extract_edited_region, fence_region, read_answer
+from serve_app.engine.prompts.edit.messages import (
+    PROMPT_STYLES,
+    EditPromptStyle,
+    answer_budget,
+    answer_prefix,
+    answer_stops,
+    build_messages,
+    encode_edit_prompt,
+    fit_to_context,
+    recent_renames,
+)
 from serve_app.engine.prompts.edit.parse import (
     CURSOR,
     EditPrompt,
@@ -15,15 +26,24 @@ from serve_app.engine.prompts.edit.parse import (
 
 __all__ = [
     "CURSOR",
+    "PROMPT_STYLES",
     "EditPrompt",
+    "EditRejection",
+    "EditPromptStyle",
+    "answer_budget",
+    "answer_prefix",
+    "answer_stops",
     "Snippet",
     "build_messages",
+    "encode_edit_prompt",
     "extract_edited_region",
     "fence_region",
     "fit_to_context",
     "parse_edit_prompt",
+    "read_answer",
     "recent_renames",
     "region_without_cursor",
+    "rejected_edit",
     "render_edit_prompt",
     "split_diffs",
 ]

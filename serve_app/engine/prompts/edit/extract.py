@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from serve_app.engine.prompts.edit.checks import EditRejection, rejected_edit
 from serve_app.engine.prompts.edit.parse import EditPrompt, region_without_cursor
 
 # Special-token-like tags: <|cursor|>, <|im_end|>, <|code_to_edit|>, ...
@@ -126,3 +127,20 @@ def fence_region(region: str) -> str:
     """The answer every client parses: the region in a plain fence, no language tag. Zed and
     Continue cut exactly "```\\n" off the front and "\\n```" off the end."""
     return f"```\n{region}\n```"
+
+
+def read_answer(
+    text: str, prompt: EditPrompt, finish_reason: str | None
+) -> tuple[str, EditRejection | None]:
+    """The region to send for the model's ``text``, and why it is the region unchanged when
+    the model's answer was not an edit (``checks``). An answer cut off by max_tokens before
+    its code block closed would drop the region's tail; one with nothing usable, or one that
+    fails a check, is "no change"."""
+    original = region_without_cursor(prompt)
+    if finish_reason == "length" and text.count("```") < 2:
+        return original, "cut_off"
+    region, usable = extract_edited_region(text, prompt)
+    if not usable:
+        return original, "unusable"
+    rejection = rejected_edit(region, prompt)
+    return (original, rejection) if rejection else (region, None)

@@ -1,23 +1,55 @@
-"""Chat messages for the instruct model that predicts the next edit, fitted to its context.
+"""Prompts for the instruct model that predicts the next edit, fitted to its context.
 
 The model sees one canonical layout built from the parsed sections, whatever order the client
-sent them in: recently viewed snippets, the file, the recent diffs, the region, the task.
+sent them in, in one of several styles (``EditPromptStyle``; which one a model gets is its
+``edit_prompt`` setting, chosen by bench/next_edit.py). Every style puts what stays the same
+while the user types first (instructions, examples, snippets, the file) and what changes with
+each keystroke last (the newest diff, the region with its cursor), so a repeat request reads
+only its changed tail past the prefix cache.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import keyword
 import re
-from typing import Any
+from typing import Any, Literal, get_args
 
-from serve_app.engine.prompts.chat_encoding import encode_chat, encode_untrusted
+from serve_app.engine.prompts.chat_encoding import encode_chat, encode_trusted, encode_untrusted
 from serve_app.engine.prompts.edit.parse import (
     CURSOR,
+    FILE,
+    FILE_PATH_PREFIX,
+    HISTORY,
+    REGION,
+    SNIPPET,
+    SNIPPET_PATH_PREFIX,
+    SNIPPETS,
     EditPrompt,
     Snippet,
+    closing,
+    opening,
     region_without_cursor,
 )
+from serve_app.engine.prompts.fim import FimFormat, fim_format_for
 from serve_app.errors import ContextLengthExceededError
+
+# chat: an instruction (system prompt, the sections as markdown, the task last);
+# tagged: the client's tagged sections as one user message, nothing added;
+# few_shot: chat, after two worked examples, the answer's fence prefilled;
+# fim: no chat at all: the region is the hole of a fill-in-the-middle prompt.
+EditPromptStyle = Literal["chat", "tagged", "few_shot", "fim"]
+PROMPT_STYLES: tuple[str, ...] = get_args(EditPromptStyle)
+
+# Roles of the pieces of a prompt that is not a chat (fim): the service's own markers, named by
+# their ``FimFormat`` field and spelled by the tokenizer's format, and text from the request.
+MARKER, TEXT = "marker", "text"
+# What a prefilled answer starts with; it ends at the closing fence.
+ANSWER_FENCE = "```\n"
+PREFILLED_STOPS = ("\n```",)
+# Tokens an answer may add beyond twice the region's (``answer_budget``).
+ANSWER_ROOM = 96
 
 SYSTEM_PROMPT = (
     "You predict a programmer's next code edit. You are shown the current file, the "
@@ -50,33 +82,152 @@ def _fenced(code: str, language: str = "") -> str:
 
 
 def build_messages(
-    prompt: EditPrompt, *, drop_snippets: int = 0, drop_diffs: int = 0
+    prompt: EditPrompt,
+    *,
+    style: EditPromptStyle = "chat",
+    drop_snippets: int = 0,
+    drop_diffs: int = 0,
 ) -> list[dict[str, str]]:
-    """System and user messages for the instruct model.
-
-    The user message shows, in this order: recently viewed snippets, the file, the recent
-    diffs, the region with its cursor, then what to do. What comes last weighs most for a 0.5B
-    model, which otherwise copies the region unchanged; so the closing line names the renames
-    the diffs made that the region still lacks (``recent_renames``), when there are any. The
-    file is shown plain: with the region marked in it, the model tended to echo the file.
+    """The prompt for ``prompt`` in ``style``: chat messages (a last ``assistant`` message is
+    the start of the answer, continued by the model), or for ``fim`` the pieces of a plain
+    prompt (roles ``MARKER`` and ``TEXT``); ``encode_edit_prompt`` turns either into ids.
 
     ``drop_snippets``/``drop_diffs`` leave out that many of the oldest snippets/diffs (used by
     ``fit_to_context``). Empty sections are left out, to keep the prompt short.
     """
-    language = fence_language(prompt.file_path)
-    parts = []
-    snippets = prompt.snippets[drop_snippets:]
-    if snippets:
-        parts.append("Recently viewed code:\n" + "\n".join(map(_shown_snippet, snippets)))
-    parts.append(f"File {prompt.file_path}:\n{_fenced(prompt.file_text, language)}")
-    diffs = prompt.diffs[drop_diffs:]
-    if diffs:
-        parts.append("Recent edits, oldest first:\n" + _fenced("\n".join(diffs), "diff"))
-    parts.append(f"Region:\n{_fenced(prompt.region, language)}\n{_task(prompt, diffs)}")
+    shown = dataclasses.replace(
+        prompt, snippets=prompt.snippets[drop_snippets:], diffs=prompt.diffs[drop_diffs:]
+    )
+    if style == "fim":
+        return _fim_pieces(shown)
+    if style == "tagged":
+        return [{"role": "user", "content": _tagged(shown)}]
+    if style == "few_shot":
+        return [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            *_EXAMPLE_TURNS,
+            {"role": "user", "content": _instruction(shown)},
+            {"role": "assistant", "content": ANSWER_FENCE},
+        ]
     return [
         {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": "\n\n".join(parts)},
+        {"role": "user", "content": _instruction(shown)},
     ]
+
+
+def _instruction(prompt: EditPrompt) -> str:
+    """The user message of the chat styles: snippets, the file, the diffs, the region with its
+    cursor, then what to do. What comes last weighs most for a 0.5B model, which otherwise
+    copies the region unchanged; so the closing line names the renames the diffs made that the
+    region still lacks (``recent_renames``), when there are any. The file is shown plain: with
+    the region marked in it, the model tended to echo the file."""
+    language = fence_language(prompt.file_path)
+    parts = []
+    if prompt.snippets:
+        parts.append("Recently viewed code:\n" + "\n".join(map(_shown_snippet, prompt.snippets)))
+    parts.append(f"File {prompt.file_path}:\n{_fenced(prompt.file_text, language)}")
+    if prompt.diffs:
+        parts.append("Recent edits, oldest first:\n" + _fenced("\n".join(prompt.diffs), "diff"))
+    parts.append(f"Region:\n{_fenced(prompt.region, language)}\n{_task(prompt, prompt.diffs)}")
+    return "\n\n".join(parts)
+
+
+def _tagged(prompt: EditPrompt) -> str:
+    """The sections as the clients tag them, in the order Continue and Zed send them (snippets,
+    file, history: the history changes most often, so it comes last)."""
+    snippets = "".join(
+        f"{opening(SNIPPET)}\n{SNIPPET_PATH_PREFIX} {snippet.path}\n{snippet.code}\n"
+        f"{closing(SNIPPET)}\n"
+        for snippet in prompt.snippets
+    )
+    region = f"{opening(REGION)}\n{prompt.region}\n{closing(REGION)}"
+    after = prompt.file_after.removeprefix("\n")
+    diffs = "".join(f"{diff}\n" for diff in prompt.diffs)
+    return (
+        f"{opening(SNIPPETS)}\n{snippets}{closing(SNIPPETS)}\n"
+        f"{opening(FILE)}\n{FILE_PATH_PREFIX} {prompt.file_path}\n{prompt.file_before}{region}\n"
+        f"{after}{closing(FILE)}\n"
+        f"{opening(HISTORY)}\n{diffs}{closing(HISTORY)}\n"
+    )
+
+
+def _fim_pieces(prompt: EditPrompt) -> list[dict[str, str]]:
+    """A repo-level FIM prompt whose hole is the region: each snippet as a file, the recent
+    diffs as a file, then the current file with the region cut out. The model writes the
+    region from what surrounds it and what the diffs did; it never sees the old region as
+    such, so it cannot merely copy it."""
+    pieces: list[dict[str, str]] = []
+    for snippet in prompt.snippets:
+        pieces += [_marker("file_sep"), _text(f"{snippet.path}\n{snippet.code}\n")]
+    if prompt.diffs:
+        pieces += [_marker("file_sep"), _text("recent_edits.diff\n" + "\n".join(prompt.diffs))]
+        pieces.append(_text("\n"))
+    return pieces + [
+        _marker("file_sep"),
+        _text(f"{prompt.file_path}\n"),
+        _marker("prefix"),
+        _text(prompt.file_before),
+        _marker("suffix"),
+        _text(prompt.file_after),
+        _marker("middle"),
+    ]
+
+
+def _marker(name: str) -> dict[str, str]:
+    return {"role": MARKER, "content": name}
+
+
+def _text(text: str) -> dict[str, str]:
+    return {"role": TEXT, "content": text}
+
+
+def encode_edit_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of what ``build_messages`` built: chat messages under the chat template (a
+    final assistant message continued, not closed), or FIM pieces with markers as the
+    tokenizer's own special tokens and all request text as plain text."""
+    if messages and messages[0]["role"] in (MARKER, TEXT):
+        fim = _fim_format(tokenizer)
+        ids: list[int] = []
+        for piece in messages:
+            if piece["role"] == MARKER:
+                ids += encode_trusted(tokenizer, getattr(fim, piece["content"]) or "")
+            else:
+                ids += encode_untrusted(tokenizer, piece["content"])
+        return ids
+    prefilled = messages[-1]["role"] == "assistant"
+    return encode_chat(tokenizer, messages, continue_final_message=prefilled)
+
+
+@functools.cache
+def _fim_format(tokenizer: Any) -> FimFormat:
+    """The tokenizer's FIM format, found once: it reads the whole vocabulary."""
+    return fim_format_for(tokenizer)
+
+
+def answer_prefix(messages: list[dict[str, str]]) -> str:
+    """The text the model's answer continues (a prefilled fence), for reading the answer."""
+    return messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
+
+
+def answer_budget(prompt: EditPrompt, tokenizer: Any) -> int:
+    """The most tokens a rewrite of the region needs: twice the region, plus room for new
+    lines. An answer is the region rewritten; past this the model is not rewriting it (it
+    repeats, or explains), and the answer would be cut off anyway (``checks``: cut_off), so
+    a request never waits for the client's max_tokens (4096 from Continue) to run out."""
+    region = encode_untrusted(tokenizer, region_without_cursor(prompt))
+    return 2 * len(region) + ANSWER_ROOM
+
+
+def answer_stops(prompt: EditPrompt, messages: list[dict[str, str]]) -> tuple[str, ...]:
+    """Where an answer ends, besides the model's end token: a prefilled fenced answer at its
+    closing fence; a FIM answer where it starts writing the file's next line of code (the
+    hole is filled, and the model goes on through the suffix it was shown)."""
+    if answer_prefix(messages):
+        return PREFILLED_STOPS
+    if messages[0]["role"] in (MARKER, TEXT):
+        after = next((line for line in prompt.file_after.split("\n") if line.strip()), None)
+        return ("\n" + after,) if after else ()
+    return ()
 
 
 def _shown_snippet(snippet: Snippet) -> str:
@@ -159,11 +310,13 @@ def fit_to_context(
     max_prompt_tokens: int,
     *,
     context_length: int | None = None,
+    style: EditPromptStyle = "chat",
 ) -> tuple[list[dict[str, str]], list[int]]:
-    """Messages and prompt token ids that fit in ``max_prompt_tokens``: the smallest drop, in
-    ``_drop_plans`` order, that fits. The file and the region are never cut. If even dropping
-    everything does not fit, raise ``ContextLengthExceededError`` naming ``context_length``
-    (the model's, for the message; defaults to ``max_prompt_tokens``).
+    """Messages (in ``style``) and prompt token ids that fit in ``max_prompt_tokens``: the
+    smallest drop, in ``_drop_plans`` order, that fits. The file and the region are never
+    cut. If even dropping everything does not fit, raise ``ContextLengthExceededError``
+    naming ``context_length`` (the model's, for the message; defaults to
+    ``max_prompt_tokens``).
 
     The whole prompt is tokenised once; when it is too long, each snippet and diff is
     tokenised once more on its own, and the length of every plan is estimated as the whole
@@ -178,8 +331,10 @@ def fit_to_context(
     def attempt(index: int) -> tuple[list[dict[str, str]], list[int]]:
         if index not in encoded:
             drop_snippets, drop_diffs = plans[index]
-            messages = build_messages(prompt, drop_snippets=drop_snippets, drop_diffs=drop_diffs)
-            encoded[index] = messages, encode_chat(tokenizer, messages)
+            messages = build_messages(
+                prompt, style=style, drop_snippets=drop_snippets, drop_diffs=drop_diffs
+            )
+            encoded[index] = messages, encode_edit_prompt(tokenizer, messages)
         return encoded[index]
 
     def fits(index: int) -> bool:
@@ -212,3 +367,56 @@ def _estimated_first_fit(
         if full - saved <= budget:
             return index
     return len(plans) - 1
+
+
+# Two worked examples for ``few_shot``, written for it (no bench case is among them): the
+# edit carries on what the diff started, every other line of the region stays as it was.
+_EXAMPLES = (
+    (
+        EditPrompt(
+            file_path="client.py",
+            file_before=(
+                "import requests\n\n\nclass Client:\n    def __init__(self, base_url):\n"
+                "        self.base_url = base_url\n\n    def get(self, path, timeout=10):\n"
+            ),
+            region=f"        url = self.base_url + path\n        {CURSOR}return requests.get(url)",
+            file_after=(
+                "\n\n    def delete(self, path):\n        url = self.base_url + path\n"
+                "        return requests.delete(url)\n"
+            ),
+            diffs=[
+                "--- a/client.py\n+++ b/client.py\n@@ -7,3 +7,3 @@\n \n"
+                "-    def get(self, path):\n+    def get(self, path, timeout=10):\n"
+                "         url = self.base_url + path"
+            ],
+        ),
+        "        url = self.base_url + path\n        return requests.get(url, timeout=timeout)",
+    ),
+    (
+        EditPrompt(
+            file_path="src/format.ts",
+            file_before="export function formatPrice(value: number, currency: string): string {\n",
+            region=(
+                f"  const rounded = Math.round({CURSOR}amount * 100) / 100;\n"
+                "  return `${rounded.toFixed(2)} ${currency}`;"
+            ),
+            file_after="\n}\n",
+            diffs=[
+                "--- a/src/format.ts\n+++ b/src/format.ts\n@@ -1,3 +1,3 @@\n"
+                "-export function formatPrice(amount: number, currency: string): string {\n"
+                "+export function formatPrice(value: number, currency: string): string {\n"
+                "   const rounded = Math.round(amount * 100) / 100;"
+            ],
+        ),
+        "  const rounded = Math.round(value * 100) / 100;\n"
+        "  return `${rounded.toFixed(2)} ${currency}`;",
+    ),
+)
+_EXAMPLE_TURNS = [
+    turn
+    for example, answer in _EXAMPLES
+    for turn in (
+        {"role": "user", "content": _instruction(example)},
+        {"role": "assistant", "content": f"{ANSWER_FENCE}{answer}\n```"},
+    )
+]

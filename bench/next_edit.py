@@ -1,0 +1,389 @@
+"""Next-edit judged the way its editors judge it, on real edits (bench/data/next_edit_cases.json).
+
+    PYTHONPATH=$PWD .venv/bin/python -m bench.next_edit [--cases 48] [--variants a,b]
+
+Each case is a real commit of a public project (bench/next_edit_cases.py made them: the first
+hunks of a file's change are the edit history, the next hunk is the expected edit). Requests
+are built the way Continue (even cases) and Zed (odd cases) build them
+(tests/fixtures/edit_clients.py) and answered by the real edit service on the embedded model,
+in this process (no HTTP, no auth); each answer is read the way that client reads it.
+
+Every variant (a prompt style, and the decoding the request asks for) answers every case,
+interleaved, in one run. Per variant:
+
+- exact: the region equals the expected one (trailing whitespace trimmed);
+- delta chrF: Zed's edit-prediction score (character n-grams up to 6, beta 2, whitespace
+  ignored) on what changed: n-grams the edit added or removed, so copying the region scores 0;
+- no-op: the answer is the region unchanged; reversal: it undoes part of the newest diff;
+- rejected: answers the service's checks replaced by "no change", by reason;
+- latency p50/p90, cold (the first request for this file) and repeat (one more keystroke:
+  the first character of the expected edit typed, and its diff added to the history).
+
+Latency on a shared CPU is noisy; quality figures are not (greedy decoding, fixed seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import itertools
+import json
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import percentile, table
+from bench.next_edit_cases import unified_hunk
+from tests.fixtures.edit_clients import (
+    ClientCall,
+    Scenario,
+    continue_call,
+    continue_extract,
+    zed_call,
+    zed_extract,
+)
+
+CASES = Path(__file__).parent / "data" / "next_edit_cases.json"
+MODEL_ID = "qwen2.5-coder-0.5b"
+SHAPES: dict[str, tuple[Callable[[Scenario, str], ClientCall], Callable[[dict], str | None]]] = {
+    "continue": (continue_call, continue_extract),
+    "zed": (zed_call, zed_extract),
+}
+# name -> (prompt style, request fields that replace the client's). "as sent" keeps what the
+# client sends (Zed: no temperature, so the 0.2 default; Continue: 0.01; both the default
+# presence penalty of 1.0); "greedy" asks for temperature 0 and no penalty.
+GREEDY = {"temperature": 0.0, "presence_penalty": 0.0}
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat/as-sent (today)": ("chat", {}),
+    "chat/greedy": ("chat", GREEDY),
+    "tagged/greedy": ("tagged", GREEDY),
+    "few_shot/greedy": ("few_shot", GREEDY),
+    "fim/greedy": ("fim", GREEDY),
+}
+BASELINE = "chat/as-sent (today)"
+
+# --- scores -------------------------------------------------------------------------------------
+
+
+def normalized(text: str) -> str:
+    """Trailing whitespace trimmed: of every line, and blank lines at the end."""
+    return "\n".join(line.rstrip() for line in text.split("\n")).rstrip("\n")
+
+
+def _ngrams(text: str, n: int) -> Counter:
+    return Counter(text[i : i + n] for i in range(len(text) - n + 1))
+
+
+def _delta(after: Counter, before: Counter) -> Counter:
+    """The n-grams an edit added, and (marked with a leading "-") those it removed."""
+    delta: Counter = Counter()
+    for gram in set(after) | set(before):
+        change = after[gram] - before[gram]
+        if change:
+            delta[gram if change > 0 else "-" + gram] = abs(change)
+    return delta
+
+
+def delta_chrf(original: str, expected: str, actual: str, order: int = 6, beta: float = 2.0):
+    """Zed's delta chrF (0-100): chrF between the edit expected and the edit made, each as
+    the character n-grams it added or removed (whitespace ignored). An unchanged answer to a
+    real edit scores 0; the expected edit 100."""
+    texts = ["".join(text.split()) for text in (original, expected, actual)]
+    if texts[0] == texts[1] == texts[2]:
+        return 100.0
+    precision = recall = 0.0
+    for n in range(1, order + 1):
+        before, want, got = (_ngrams(text, n) for text in texts)
+        want, got = _delta(want, before), _delta(got, before)
+        if not want and not got:
+            precision, recall = precision + 1, recall + 1
+            continue
+        hits = sum((want & got).values())
+        precision += hits / sum(got.values()) if got else 0.0
+        recall += hits / sum(want.values()) if want else 0.0
+    precision, recall = precision / order, recall / order
+    if precision + recall == 0:
+        return 0.0
+    return 100 * (1 + beta**2) * precision * recall / (beta**2 * precision + recall)
+
+
+def _changed_lines(diff: str, marker: str) -> set[str]:
+    return {
+        line[1:].strip()
+        for line in diff.split("\n")
+        if line.startswith(marker) and not line.startswith(marker * 3) and line[1:].strip()
+    }
+
+
+def reverses(region: str, expected: str, answer: str, last_diff: str) -> bool:
+    """The answer undoes part of the newest diff: it brings back a line that diff removed, or
+    takes out a line that diff added (and the expected edit keeps)."""
+    region_lines = {line.strip() for line in region.split("\n")}
+    answer_lines = {line.strip() for line in answer.split("\n")}
+    expected_lines = {line.strip() for line in expected.split("\n")}
+    removed, added = _changed_lines(last_diff, "-"), _changed_lines(last_diff, "+")
+    back = (removed - region_lines - expected_lines) & answer_lines
+    gone = (added & region_lines & expected_lines) - answer_lines
+    return bool(back or gone)
+
+
+# --- cases --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    shape: str
+    scenario: Scenario
+    expected: str
+
+
+def load_cases(path: Path, limit: int | None, every: int = 1) -> list[Case]:
+    """The cases, taken round-robin across the repositories (so a run cut short, or every
+    ``every``-th case, still covers every language), the first ``limit`` of them. Continue's
+    shape for cases at even positions of the file, Zed's for odd ones."""
+    by_repo: dict[str, list[Case]] = {}
+    for index, raw in enumerate(json.loads(path.read_text())):
+        scenario = Scenario(
+            path=raw["path"],
+            file=raw["file"],
+            cursor=tuple(raw["cursor"]),
+            first_line=raw["first_line"],
+            last_line=raw["last_line"],
+            snippets=tuple(map(tuple, raw["snippets"])),
+            hunks=tuple(raw["hunks"]),
+        )
+        name = f"{raw['repo']}@{raw['commit'][:8]}:{raw['path']}"
+        shape = "continue" if index % 2 == 0 else "zed"
+        by_repo.setdefault(raw["repo"], []).append(Case(name, shape, scenario, raw["expected"]))
+    rounds = itertools.zip_longest(*by_repo.values())
+    cases = [case for round_ in rounds for case in round_ if case is not None]
+    return cases[::every][:limit]
+
+
+def region_of(scenario: Scenario) -> str:
+    return "\n".join(scenario.lines[scenario.first_line : scenario.last_line + 1])
+
+
+def one_keystroke_on(case: Case) -> Scenario:
+    """The scenario after the user typed the expected edit's first character (or deleted
+    the first character it deletes): the file, the cursor and the history move on by one."""
+    scenario = case.scenario
+    region, expected = region_of(scenario), case.expected
+    at = next(
+        (i for i, (a, b) in enumerate(zip(region, expected, strict=False)) if a != b),
+        min(len(region), len(expected)),
+    )
+    if at < len(expected) and (len(expected) >= len(region) or at >= len(region)):
+        typed, cursor_at = region[:at] + expected[at] + region[at:], at + 1
+    else:
+        typed, cursor_at = region[:at] + region[at + 1 :], at
+    lines = scenario.lines
+    new_lines = [*lines[: scenario.first_line], *typed.split("\n")]
+    new_lines += lines[scenario.last_line + 1 :]
+    before_cursor = typed[:cursor_at].split("\n")
+    cursor = (scenario.first_line + len(before_cursor) - 1, len(before_cursor[-1]))
+    hunk = unified_hunk(lines, new_lines)
+    return dataclasses.replace(
+        scenario,
+        file="\n".join(new_lines),
+        cursor=cursor,
+        last_line=scenario.last_line + typed.count("\n") - region.count("\n"),
+        hunks=(*scenario.hunks, hunk)[-6:],
+    )
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Tally:
+    exact: int = 0
+    chrf: float = 0.0
+    noop: int = 0
+    reversal: int = 0
+    answered: int = 0
+    cold: list[float] = dataclasses.field(default_factory=list)
+    repeat: list[float] = dataclasses.field(default_factory=list)
+    rejected: Counter = dataclasses.field(default_factory=Counter)
+
+
+def start_services(args: argparse.Namespace, rejected: dict[str, Any]) -> tuple[Any, dict]:
+    """One engine on the embedded model (as configs/local.yaml runs it), one edit service per
+    variant on it, each counting its rejections in ``rejected[variant]``."""
+    from serve_app.config import AppConfig, EngineOptions, ModelConfig, Roles
+    from serve_app.serving.edit import EditService
+    from serve_app.serving.generation import EngineClient, start_engine
+
+    model = ModelConfig(id=MODEL_ID, source=f"embedded:{MODEL_ID}", dtype="float32")
+    config = AppConfig(
+        models=[model],
+        roles=Roles(fim=MODEL_ID, edit=MODEL_ID, decisions=MODEL_ID),
+        engine=EngineOptions(torch_threads=args.threads, seed=0),
+    )
+    engine = start_engine(config, model)
+    client = EngineClient(engine, model)
+    services = {
+        name: EditService(client, style=style, on_rejected=rejected[name])
+        for name, (style, _) in VARIANTS.items()
+        if name in args.variants
+    }
+    return engine, services
+
+
+async def answer(service: Any, call: ClientCall, fields: dict, read: Callable, salt: str) -> tuple:
+    """One request as the deployment serves it, in the prefix-cache partition ``salt`` (one
+    per variant, as one per account: a variant never reads another's cached prompts)."""
+    from serve_app.api.edit import EditCompletionRequest
+    from serve_app.serving.billing import RequestContext, UsageRecorder
+
+    async def unbilled(*_: Any) -> None:
+        return None
+
+    body = EditCompletionRequest.model_validate({**call.body, **fields})
+    context = RequestContext(grant=None, model=MODEL_ID, endpoint="edit", cache_salt=salt)
+    start = time.perf_counter()
+    completion = await UsageRecorder(unbilled, 600).run(context, lambda: service.complete(body))
+    seconds = time.perf_counter() - start
+    region = read(completion.model_dump())
+    usage = completion.usage
+    tokens = (usage.prompt_tokens, usage.cached_input_tokens, usage.completion_tokens)
+    return (call.old_region if region is None else region), seconds, tokens
+
+
+async def run(args: argparse.Namespace) -> list[dict]:
+    """Every variant on every case, interleaved; one log entry per case and variant (also
+    appended to ``args.log`` as it comes, so a run cut short still has its figures)."""
+    from serve_app.engine.prompts.edit import parse_edit_prompt, rejected_edit
+
+    cases = load_cases(args.data, args.cases, args.every)
+    rejected = {name: _LastReason() for name in VARIANTS}
+    engine, services = start_services(args, rejected)
+    log, expected_rejected = [], Counter()
+    try:
+        for number, case in enumerate(cases, 1):
+            build, read = SHAPES[case.shape]
+            call, repeat = build(case.scenario, MODEL_ID), build(one_keystroke_on(case), MODEL_ID)
+            prompt = parse_edit_prompt(call.body["messages"][0]["content"])
+            expected_rejected[rejected_edit(case.expected, prompt) or "kept"] += 1
+            for name, service in services.items():
+                fields = VARIANTS[name][1]
+                rejected[name].last = None
+                region, cold, tokens = await answer(service, call, fields, read, name)
+                entry = {"case": case.name, "variant": name, "answer": region, "tokens": tokens}
+                entry |= {"rejected": rejected[name].last, "cold_s": cold}
+                if name in args.repeat_for:
+                    _, entry["repeat_s"], entry["repeat_tokens"] = await answer(
+                        service, repeat, fields, read, name
+                    )
+                log.append(entry)
+                if args.log:
+                    with args.log.open("a") as out:
+                        out.write(json.dumps(entry) + "\n")
+            print(f"{number}/{len(cases)} {case.name}", flush=True)
+    finally:
+        engine.shutdown()
+    print(f"checks on the expected edits themselves: {dict(expected_rejected)}")
+    return log
+
+
+class _LastReason:
+    """The edit service's ``on_rejected``: remembers why the last answer was no change."""
+
+    last: str | None = None
+
+    def __call__(self, reason: str) -> None:
+        self.last = reason
+
+
+def tallies_of(log: list[dict], cases: dict[str, Case]) -> dict[str, Tally]:
+    """The figures of each variant from the log of a run (or the part of it that ran)."""
+    tallies: dict[str, Tally] = {}
+    for entry in log:
+        case, tally = cases[entry["case"]], tallies.setdefault(entry["variant"], Tally())
+        got, want = normalized(entry["answer"]), normalized(case.expected)
+        old = normalized(region_of(case.scenario))
+        tally.answered += 1
+        tally.exact += got == want
+        tally.chrf += delta_chrf(old, want, got)
+        tally.noop += got == old
+        tally.reversal += reverses(old, want, got, case.scenario.hunks[-1])
+        tally.cold.append(entry["cold_s"])
+        if entry.get("repeat_s") is not None:
+            tally.repeat.append(entry["repeat_s"])
+        if entry.get("rejected"):
+            tally.rejected[entry["rejected"]] += 1
+    return tallies
+
+
+def rows(tallies: dict[str, Tally]) -> list[list[str]]:
+    header = ["variant", "exact", "delta chrF", "x today", "no-op", "reversal", "rejected"]
+    header += ["cold p50/p90 s", "repeat p50/p90 s"]
+    out = [header]
+    base = tallies.get(BASELINE)
+    for name, tally in tallies.items():
+        n = tally.answered
+        chrf = tally.chrf / n
+        ratio = f"{chrf / (base.chrf / base.answered):.2f}x" if base and base.chrf else "-"
+        out.append(
+            [
+                name,
+                f"{tally.exact}/{n}",
+                f"{chrf:.1f}",
+                ratio,
+                f"{tally.noop / n:.0%}",
+                f"{tally.reversal / n:.0%}",
+                ", ".join(f"{k} {v}" for k, v in sorted(tally.rejected.items())) or "-",
+                latency(tally.cold),
+                latency(tally.repeat),
+            ]
+        )
+    return out
+
+
+def latency(seconds: list[float]) -> str:
+    if not seconds:
+        return "-"
+    return f"{percentile(seconds, 50):.2f}/{percentile(seconds, 90):.2f}"
+
+
+def cpu_flags() -> str:
+    """The CPU's model and the vector flags that decide the engine's kernels."""
+    text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    flags = fields.get("Flags", "").split()
+    wanted = [f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "vnni"))]
+    name, cpus = fields.get("Model name", "?").strip(), fields.get("CPU(s)", "?").strip()
+    return f"{name}; {cpus} CPUs; {' '.join(wanted)}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=CASES)
+    parser.add_argument("--cases", type=int, default=None, help="the first N cases only")
+    parser.add_argument("--every", type=int, default=1, help="every K-th case only")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
+    parser.add_argument(
+        "--repeat-for", default=",".join(VARIANTS), help="variants timed on a repeat too"
+    )
+    parser.add_argument("--log", type=Path, help="append every answer here (JSON lines)")
+    parser.add_argument("--from-log", type=Path, help="no run: the figures of a logged one")
+    args = parser.parse_args()
+    args.variants = [name.strip() for name in args.variants.split(",")]
+    args.repeat_for = [name.strip() for name in args.repeat_for.split(",")]
+    if args.from_log:
+        log = [json.loads(line) for line in args.from_log.read_text().splitlines()]
+    else:
+        print(f"CPU: {cpu_flags()}")
+        log = asyncio.run(run(args))
+    cases = {case.name: case for case in load_cases(args.data, None)}
+    print(table(rows(tallies_of(log, cases))))
+
+
+if __name__ == "__main__":
+    main()
