@@ -146,6 +146,7 @@ class SpeculationOptions(StrictConfig):
     edit: int = Field(default=6, ge=0, le=16)
     fim: int = Field(default=2, ge=0, le=16)
     chat: int = Field(default=0, ge=0, le=16)
+    apply: int = Field(default=16, ge=0, le=16)
     max_batch: int = Field(
         default=2,
         ge=0,

@@ -1,8 +1,9 @@
-"""Apply completions: the model merges the snippet; the merge is checked before it is sent."""
+"""Apply completions: the deterministic merge where every chunk lands in one place, else the
+model (drafting from the original, role ``apply``); either answer is checked before it is sent
+(``serve_app.apply``, docs/apply.md)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 
 from serve_app.api.apply import DEFAULT_APPLY_MAX_TOKENS, ApplyCompletionRequest
@@ -15,19 +16,13 @@ from serve_app.api.chat import (
     ChatResponseMessage,
 )
 from serve_app.api.common import CompletionUsage, new_id, now
-from serve_app.engine.prompts.apply import (
-    ApplyInput,
-    clean_model_output,
-    keeps_untouched,
-    merge_snippet,
-    parse_apply_request,
-    wrap_updated,
-)
+from serve_app.apply.check import check_merge
+from serve_app.apply.placement import Plan, plan_update
+from serve_app.engine.prompts.apply import clean_model_output, parse_apply_request, wrap_updated
 from serve_app.engine.prompts.chat_encoding import encode_chat
 from serve_app.errors import MergeFailedError
+from serve_app.serving.billing import current_meter
 from serve_app.serving.generation import EngineClient, chunk_maker, usage_of
-
-logger = logging.getLogger(__name__)
 
 # The model answers in the ``` block it was prefilled with; its end is the end of the code.
 MODEL_STOPS = ("\n```",)
@@ -38,21 +33,35 @@ class ApplyService:
         self.client = client
 
     async def merge(self, body: ApplyCompletionRequest) -> tuple[str, CompletionUsage]:
-        """The answer's content and the usage of the model call; a merge that is sent is
-        always whole, so its finish reason is "stop". Text that cannot fit is refused unread;
-        parsing, tokenising and the merge check (line diffs, quadratic in the worst case) run
-        off the event loop, as chat's and edit's do."""
+        """The answer's content and its usage; a merge that is sent is always whole, so its
+        finish reason is "stop". Text that cannot fit is refused unread; parsing, placing,
+        tokenising and the check run off the event loop, as chat's and edit's do."""
         self.client.check_input_size(len(body.content), "messages")
         applied = await self.client.off_loop(parse_apply_request, body.content)
+        plan = await self.client.off_loop(plan_update, applied.original, applied.snippet)
         prompt_ids = await self.client.off_loop(
             encode_chat, self.client.tokenizer, applied.messages(), continue_final_message=True
         )
+        if plan.is_certain:
+            merged = await self.client.off_loop(_checked, plan, plan.merged())
+            return wrap_updated(merged), await self._deterministic_usage(prompt_ids, merged)
         max_tokens = self.client.default_max_tokens(prompt_ids, DEFAULT_APPLY_MAX_TOKENS)
         params = body.to_sampling_params(max_tokens, MODEL_STOPS)
-        request = self.client.request(prompt_ids, params, prompt_param="messages")
+        request = self.client.request(prompt_ids, params, prompt_param="messages", role="apply")
         text, last = await self.client.complete(request)
-        merged = await self.client.off_loop(_checked_merge, applied, text, last.finish_reason)
+        if last.finish_reason != "stop":
+            raise MergeFailedError(
+                f"{plan.problem()} The model's merge was cut off at max_tokens.", param="messages"
+            )
+        merged = await self.client.off_loop(_checked, plan, clean_model_output(text), True)
         return wrap_updated(merged), usage_of(last)
+
+    async def _deterministic_usage(self, prompt_ids: list[int], merged: str) -> CompletionUsage:
+        """A merge without the model is billed as the model's would be: the prompt it would
+        have read and the tokens of the answer (the price does not depend on the path)."""
+        answer = await self.client.off_loop(self.client.tokenizer.encode, merged)
+        current_meter().update(len(prompt_ids), len(answer))
+        return CompletionUsage.from_counts(len(prompt_ids), len(answer), 0)
 
     async def complete(self, body: ApplyCompletionRequest) -> ChatCompletion:
         content, usage = await self.merge(body)
@@ -75,14 +84,16 @@ class ApplyService:
         yield chunk([], usage)
 
 
-def _checked_merge(applied: ApplyInput, text: str, finish_reason: str | None) -> str:
-    """The model's merge if it keeps the original code, else the anchored merge. A cut-off or
-    lossy merge is never sent: clients write the answer over the whole file."""
-    merged = clean_model_output(text)
-    if finish_reason == "stop" and keeps_untouched(applied.original, applied.snippet, merged):
-        return merged
-    anchored = merge_snippet(applied.original, applied.snippet)
-    if anchored is None:
-        raise MergeFailedError(param="messages")
-    logger.info("apply: the model's merge lost code; answering the anchored merge")
-    return anchored
+def _checked(plan: Plan, merged: str, by_model: bool = False) -> str:
+    """``merged`` once it passes the check; a failure of the model's merge also says why the
+    model was asked (the chunk the anchors could not place)."""
+    try:
+        check_merge(plan, merged)
+    except MergeFailedError as failed:
+        if not by_model:
+            raise
+        raise MergeFailedError(
+            f"{plan.problem()} The model's merge failed the check: {failed.message}",
+            param="messages",
+        ) from failed
+    return merged
