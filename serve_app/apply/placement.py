@@ -11,6 +11,7 @@ when the update marks code before (after) it and nothing after (before). See doc
 
 from __future__ import annotations
 
+import bisect
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from serve_app.errors import MergeFailedError
 
 STRAY_SLACK = 3  # a lone anchor inside new code may delete at most this many extra lines
 UNIQUE_MARGIN = 0.05  # a fuzzy match is unique when the next best is this much less alike
+MAX_PLACES = 64  # copies of a chunk's anchors weighed against each other
 _CLOSING = ("}", ")", "]", "end")
 
 
@@ -160,43 +162,176 @@ class _Block:
 def _anchored(
     lines: tuple[str, ...], chunk: Chunk, low: int, key: Callable[[str], str]
 ) -> tuple[Placement, ...]:
-    """The places a chunk fits by its anchor lines under ``key``; () when it has none."""
+    """The places a chunk fits by its anchor lines under ``key``; () when it has none.
+
+    As patience diff does: the chunk's lines that occur once in the original (below ``low``)
+    and once in the chunk name the place; the other equal lines are aligned in the gaps
+    between them. With no such line, every copy of the anchors is a place, and the one whose
+    replaced lines are most like the chunk's new ones wins if it clearly does."""
     keys = [key(line) for line in lines]
     wanted = [key(line) for line in chunk.lines]
     # Only significant lines steer the alignment ("}" would pull it to the first "}"); the
-    # blocks then grow over the equal lines around them.
+    # blocks then grow over the equal lines after them.
     steering = [
         w if is_significant(line) else f"\0{i}"
         for i, (w, line) in enumerate(zip(wanted, chunk.lines, strict=True))
     ]
-    matcher = difflib.SequenceMatcher(None, keys[low:], steering, autojunk=False)
-    blocks = [
-        _grown(_Block(a + low, b, size), keys, wanted)
-        for a, b, size in matcher.get_matching_blocks()
-        if size
-    ]
-    blocks = [block for block in blocks if block is not None]
+    chain = _unique_chain(keys, steering, low)
+    if chain:
+        blocks = _without_strays(_blocks_around(keys, steering, wanted, low, chain), chunk)
+        return (_placement(lines, chunk, blocks, low),)
+    blocks = _gap_blocks(keys, steering, wanted, (low, len(keys)), (0, len(wanted)), False)
     if not blocks:
         return ()
     blocks = _without_strays(blocks, chunk)
-    if len(blocks) == 1:
-        block = blocks[0]
-        starts = _occurrences(keys, wanted[block.of : block.of + block.size], low, len(keys))
-        return tuple(
-            _placement(lines, chunk, [_Block(at, block.of, block.size)], low) for at in starts
-        )
-    first, second = blocks[0], blocks[1]
-    # difflib takes the earliest copy of the first block; the nearest one names the place.
-    nearest = _occurrences(keys, wanted[first.of : first.of + first.size], low, second.at)
-    blocks[0] = _Block(nearest[-1], first.of, first.size)
-    return (_placement(lines, chunk, blocks, low),)
+    first = blocks[0]
+    places = []
+    for start in _occurrences(keys, wanted[first.of : first.of + first.size], low, len(keys)):
+        placed = _chained(keys, wanted, [_Block(start, first.of, first.size)], blocks[1:])
+        if placed is not None:
+            places.append(_placement(lines, chunk, placed, low))
+    return _most_alike(lines, chunk, tuple(places[:MAX_PLACES]))
+
+
+def _unique_chain(keys: list[str], steering: list[str], low: int) -> list[tuple[int, int]]:
+    """(original, chunk) index pairs of lines that occur once in each, the longest run of
+    them in the same order in both."""
+    seen: dict[str, list[int]] = {}
+    for at in range(low, len(keys)):
+        seen.setdefault(keys[at], []).append(at)
+    counts: dict[str, int] = {}
+    for line in steering:
+        counts[line] = counts.get(line, 0) + 1
+    pairs = [
+        (seen[line][0], of)
+        for of, line in enumerate(steering)
+        if counts[line] == 1 and len(seen.get(line, ())) == 1
+    ]
+    # Longest increasing subsequence of the original indexes (pairs are in chunk order).
+    tails: list[int] = []
+    parent: list[int] = []
+    ends: list[int] = []
+    for index, (at, _) in enumerate(pairs):
+        slot = bisect.bisect_left([pairs[i][0] for i in ends], at)
+        parent.append(ends[slot - 1] if slot else -1)
+        if slot == len(ends):
+            ends.append(index)
+        else:
+            ends[slot] = index
+        tails = ends
+    chain, index = [], tails[-1] if tails else -1
+    while index >= 0:
+        chain.append(pairs[index])
+        index = parent[index]
+    return chain[::-1]
+
+
+def _blocks_around(
+    keys: list[str],
+    steering: list[str],
+    wanted: list[str],
+    low: int,
+    chain: list[tuple[int, int]],
+) -> list[_Block]:
+    """The chain's lines and the equal lines aligned in the gaps around them: above the
+    first, nearest to it; between two, in that span; below the last, nearest to it."""
+    blocks: list[_Block] = []
+    first_at, first_of = chain[0]
+    blocks += _gap_blocks(keys, steering, wanted, (low, first_at), (0, first_of), True)
+    for (at, of), following in zip(chain, [*chain[1:], (len(keys), len(wanted))], strict=True):
+        blocks.append(_Block(at, of, 1))
+        span = (at + 1, following[0])
+        blocks += _gap_blocks(keys, steering, wanted, span, (of + 1, following[1]), False)
+    ordered: list[_Block] = []
+    for block in sorted(blocks, key=lambda block: block.of):
+        grown = _grown(block, keys, wanted)
+        if grown is None:
+            continue
+        if ordered and grown.of < ordered[-1].of + ordered[-1].size:
+            continue  # inside the block before it, which grew over it
+        ordered.append(grown)
+    return ordered
+
+
+def _gap_blocks(
+    keys: list[str],
+    steering: list[str],
+    wanted: list[str],
+    span: tuple[int, int],
+    of_span: tuple[int, int],
+    nearest_last: bool,
+) -> list[_Block]:
+    """Blocks of equal lines between ``steering[of_span]`` and ``keys[span]``; difflib takes
+    the earliest of equal candidates, so ``nearest_last`` aligns the reversed lines."""
+    a, b = keys[span[0] : span[1]], steering[of_span[0] : of_span[1]]
+    if nearest_last:
+        a, b = a[::-1], b[::-1]
+    found = []
+    for i, j, size in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks():
+        if not size:
+            continue
+        if nearest_last:
+            block = _Block(span[1] - i - size, of_span[1] - j - size, size)
+        else:
+            block = _Block(span[0] + i, of_span[0] + j, size)
+        grown = _grown(block, keys, wanted)
+        if grown is not None:
+            found.append(grown)
+    return sorted(found, key=lambda block: block.of)
+
+
+def _chained(
+    keys: list[str], wanted: list[str], placed: list[_Block], rest: list[_Block]
+) -> list[_Block] | None:
+    """``placed`` followed by each of ``rest`` at its next copy, or None when one has none."""
+    for block in rest:
+        after = placed[-1].at + placed[-1].size
+        copies = _occurrences(keys, wanted[block.of : block.of + block.size], after, len(keys))
+        if not copies:
+            return None
+        placed = [*placed, _Block(copies[0], block.of, block.size)]
+    return placed
+
+
+def _most_alike(
+    lines: tuple[str, ...], chunk: Chunk, places: tuple[Placement, ...]
+) -> tuple[Placement, ...]:
+    """The one place whose replaced lines are clearly the most like the chunk's lines (an
+    edit there), else all of them."""
+    if len(places) < 2:
+        return places
+    scores = sorted(((_likeness(lines, chunk, place), place) for place in places), key=_first)
+    (best, place), (second, _) = scores[-1], scores[-2]
+    return (place,) if best - second >= UNIQUE_MARGIN else places
+
+
+def _first(scored: tuple[float, Placement]) -> float:
+    return scored[0]
+
+
+def _likeness(lines: tuple[str, ...], chunk: Chunk, place: Placement) -> float:
+    """How well the chunk's lines and the lines it replaces pair up (1.0: each has an equal
+    line on the other side); a span replacing lines nothing in the chunk is like scores low."""
+    own = [line for line in chunk.lines if not is_blank(line)]
+    replaced = [lines[i] for i in range(place.start, place.end) if not is_blank(lines[i])]
+    if not own or not replaced:
+        return 0.0
+    ours = sum(max(similarity(old, line) for old in replaced) for line in own)
+    theirs = sum(max(similarity(old, line) for line in own) for old in replaced)
+    return (ours + theirs) / (len(own) + len(replaced))
 
 
 def _grown(block: _Block, keys: list[str], wanted: list[str]) -> _Block | None:
-    """The block grown over the equal lines after it, then without blank lines at its edges
-    (they belong to the code around the chunk). Not grown upwards: a new function's closing
-    "}" just above an anchor is new code, not the "}" above the anchor in the original."""
+    """The block grown over the equal lines after it, and over those before it when they run
+    up to the chunk's first line (context it starts with), then without blank lines at its
+    edges (they belong to the code around the chunk). Otherwise not upwards: a new function's
+    closing "}" just above an anchor is new code, not the "}" above it in the original."""
     at, of, size = block.at, block.of, block.size
+    back = 0
+    while back < min(at, of) and keys[at - back - 1] == wanted[of - back - 1]:
+        back += 1
+    if back == of:
+        at, of, size = at - back, 0, size + back
     while (
         at + size < len(keys) and of + size < len(wanted) and keys[at + size] == wanted[of + size]
     ):
@@ -258,10 +393,9 @@ def _placement(lines: tuple[str, ...], chunk: Chunk, blocks: list[_Block], low: 
 def _edited_before(lines: tuple[str, ...], start: int, head: list[str], floor: int) -> int:
     """Extend ``start`` up over the original lines that the chunk lines just above its anchor
     are edits of, line for line, up to a blank line on either side."""
+    origin = start
     for line in reversed(head):
-        if start <= floor or is_blank(line) or is_blank(lines[start - 1]):
-            break
-        if similarity(lines[start - 1], line) < SIMILAR:
+        if start <= floor or not _is_edit(lines[start - 1], line, first=start == origin):
             break
         start -= 1
     return start
@@ -270,13 +404,20 @@ def _edited_before(lines: tuple[str, ...], start: int, head: list[str], floor: i
 def _edited_after(lines: tuple[str, ...], end: int, tail: list[str]) -> int:
     """Extend ``end`` down over the original lines that the chunk lines just below its anchor
     are edits of, line for line, up to a blank line on either side."""
+    origin = end
     for line in tail:
-        if end >= len(lines) or is_blank(line) or is_blank(lines[end]):
-            break
-        if similarity(lines[end], line) < SIMILAR:
+        if end >= len(lines) or not _is_edit(lines[end], line, first=end == origin):
             break
         end += 1
     return end
+
+
+def _is_edit(original: str, line: str, *, first: bool) -> bool:
+    """Whether ``line`` is an edit of ``original`` next to an anchor: alike, neither blank, and
+    the first of a run says something ("}" next to "}" is no edit, it is the code around)."""
+    if is_blank(line) or is_blank(original) or (first and not is_significant(line)):
+        return False
+    return similarity(original, line) >= SIMILAR
 
 
 def _new_body_end(lines: tuple[str, ...], chunk: Chunk, end: int, tail: list[str]) -> int | None:
@@ -324,7 +465,8 @@ def _at_file_edge(lines: tuple[str, ...], chunk: Chunk, low: int) -> Placement |
     if chunk.closes_file and not chunk.opens_file:
         last = code[-1] + 1
         start = _edited_before(lines, last, list(chunk.lines), floor=low)
-        gap = 0 if start < last or is_blank(lines[start - 1]) else _usual_gap(lines)
+        added = sum(1 for line in chunk.lines if not is_blank(line)) > last - start
+        gap = _usual_gap(lines) if added and start and not is_blank(lines[start - 1]) else 0
         return Placement(start, last, gap=gap)
     if chunk.opens_file and not chunk.closes_file and low == 0:
         first = code[0]
