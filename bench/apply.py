@@ -19,8 +19,8 @@ would send it: each change with unchanged lines around it (at least one that say
 Figures: exact (the answer is the expected file), lossless (a 200 that keeps, in order, every
 original line the expected file keeps), 422, silent loss (a 200 that does not), and p50/p90
 latency by file size and by path (deterministic: every chunk placed by anchors; model: the
-rest). The baseline is the same requests' model path alone: where the model path answers, its
-latency is what every apply cost before the deterministic merge.
+rest). Baseline, in a second run: ``--only-model --draft-tokens 0``, the model path without
+speculation (what every apply cost before: the model rewrote every file token by token).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import difflib
 import os
 import re
 import sysconfig
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -476,18 +477,31 @@ def run_in_process(cases: list[Case], args) -> list[Outcome]:
     """Each case through the real router app (local testing mode) on the embedded model."""
     from fastapi.testclient import TestClient
 
-    from serve_app.config import AppConfig, AuthOptions, EngineOptions, ModelConfig, Roles
+    from serve_app.config import (
+        AppConfig,
+        AuthOptions,
+        EngineOptions,
+        ModelConfig,
+        Roles,
+        SpeculationOptions,
+    )
     from serve_app.testing import local_router_app
     from tests.clients import tagged_apply, updated_code
-    from tests.conftest import AUTH
+    from tests.conftest import TEST_KEY
 
+    # The local account's key is bootstrapped from this variable, as configs/local.yaml's is.
+    key = os.environ.setdefault("SERVE_APP_API_KEY", TEST_KEY)
+    headers = {"Authorization": f"Bearer {key}"}
     model_id = args.model
     config = AppConfig(
         models=[ModelConfig(id=model_id, source=f"embedded:{model_id}")],
         roles=Roles(fim=model_id, edit=model_id, decisions=model_id),
-        engine=EngineOptions(torch_threads=args.threads),
+        engine=EngineOptions(
+            torch_threads=args.threads,
+            speculation=SpeculationOptions(apply=args.draft_tokens),
+        ),
         auth=AuthOptions(bootstrap_local_key=True, docs="open"),
-        data_dir=args.data_dir,
+        data_dir=tempfile.mkdtemp(prefix="bench-apply-"),
     )
     outcomes = []
     with TestClient(local_router_app(config), raise_server_exceptions=False) as client:
@@ -497,7 +511,7 @@ def run_in_process(cases: list[Case], args) -> list[Outcome]:
                 "messages": [{"role": "user", "content": tagged_apply(case.original, case.update)}],
             }
             start = time.perf_counter()
-            response = client.post("/v1/apply/completions", json=body, headers=AUTH)
+            response = client.post("/v1/apply/completions", json=body, headers=headers)
             seconds = time.perf_counter() - start
             answer, tokens = "", 0
             if response.status_code == 200:
@@ -600,10 +614,13 @@ def main() -> None:
     parser.add_argument("--per-bucket", type=int, default=2, help="files per language and size")
     parser.add_argument("--no-model", action="store_true", help="merge and check only, no app")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the replica")
-    parser.add_argument("--data-dir", default="/tmp/bench-apply-data")
     parser.add_argument("--limit", type=int, default=0, help="run only the first N cases")
+    parser.add_argument("--draft-tokens", type=int, default=16, help="the apply role's drafts")
+    parser.add_argument("--only-model", action="store_true", help="only the model-path cases")
     args = parser.parse_args()
     cases = build_cases(args.per_bucket)
+    if args.only_model:
+        cases = [case for case in cases if path_of(case) == "model"]
     if args.limit:
         cases = cases[: args.limit]
     files = sorted({(case.language, case.path, case.lines) for case in cases})

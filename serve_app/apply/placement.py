@@ -208,18 +208,13 @@ def _unique_chain(keys: list[str], steering: list[str], low: int) -> list[tuple[
         if counts[line] == 1 and len(seen.get(line, ())) == 1
     ]
     # Longest increasing subsequence of the original indexes (pairs are in chunk order).
-    tails: list[int] = []
     parent: list[int] = []
-    ends: list[int] = []
+    ends: list[int] = []  # ends[k]: the pair ending the best run of length k + 1 so far
     for index, (at, _) in enumerate(pairs):
         slot = bisect.bisect_left([pairs[i][0] for i in ends], at)
         parent.append(ends[slot - 1] if slot else -1)
-        if slot == len(ends):
-            ends.append(index)
-        else:
-            ends[slot] = index
-        tails = ends
-    chain, index = [], tails[-1] if tails else -1
+        ends[slot : slot + 1] = [index]
+    chain, index = [], ends[-1] if ends else -1
     while index >= 0:
         chain.append(pairs[index])
         index = parent[index]
