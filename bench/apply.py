@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.apply                 # in process: the router app, the embedded model
     .venv/bin/python -m bench.apply --no-model      # the merge and check alone, no app, no model
+    .venv/bin/python -m bench.apply --speculation   # the model path's decode, drafts off and on
 
 Files: the Python standard library of the running interpreter, JavaScript shipped inside
 installed packages (the venv's, then node's own npm) and C/C++ shipped inside installed packages
@@ -25,6 +26,7 @@ speculation (what every apply cost before: the model rewrote every file token by
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import os
 import re
@@ -531,6 +533,60 @@ def run_in_process(cases: list[Case], args) -> list[Outcome]:
     return outcomes
 
 
+def run_speculation(cases: list[Case], args) -> list[list[str]]:
+    """The model path's decode alone: the apply prompt of each whole-function rewrite on files
+    of <= 200 lines, greedy, on one in-process engine without drafts and one with the apply
+    role's drafts; output tok/s, acceptance, and whether the texts are the same."""
+    from serve_app.engine.engine import EngineConfig, LLMEngine
+    from serve_app.engine.loader import load_model
+    from serve_app.engine.prompts.apply import ApplyInput
+    from serve_app.engine.prompts.chat_encoding import encode_chat
+    from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
+
+    loaded = load_model(f"embedded:{args.model}", threads=args.threads)
+    chosen = [c for c in cases if c.kind == "change body" and c.lines <= 200][: args.spec_cases]
+    prompts = [
+        encode_chat(
+            loaded.tokenizer,
+            ApplyInput(c.original, c.update).messages(),
+            continue_final_message=True,
+        )
+        for c in chosen
+    ]
+    rows = [["apply role drafts", "requests", "output tok", "seconds", "tok/s", "acceptance"]]
+    texts: dict[int, list[str]] = {}
+    for drafts in (0, args.draft_tokens):
+        config = EngineConfig(weights="int8", draft_tokens={"apply": drafts}, draft_max_batch=2)
+        engine = LLMEngine(loaded, config)
+        tokens, seconds, texts[drafts] = 0, 0.0, []
+        try:
+            for i, ids in enumerate(prompts):
+                params = SamplingParams(max_tokens=len(ids) + 64, temperature=0.0, stop=("\n```",))
+                request = GenerationRequest(f"a{drafts}-{i}", list(ids), params, role="apply")
+                start = time.perf_counter()
+                text, last = asyncio.run(generate_text(engine, request))
+                seconds += time.perf_counter() - start
+                tokens += last.completion_tokens
+                texts[drafts].append(text)
+            stats = engine.stats()
+        finally:
+            engine.shutdown()
+        acceptance = f"{stats.draft_acceptance:.0%}" if stats.draft_tokens else "-"
+        rows.append(
+            [
+                str(drafts),
+                str(len(prompts)),
+                str(tokens),
+                f"{seconds:.1f}",
+                f"{tokens / seconds:.1f}",
+                acceptance,
+            ]
+        )
+    same = texts[0] == texts[args.draft_tokens]
+    print(f"same text with and without drafts: {same}; load {os.getloadavg()[0]:.1f}")
+    return rows
+
+
 def counts_table(outcomes: list[Outcome]) -> list[list[str]]:
     rows = [["edit", "cases", "exact", "lossless 200", "422", "silent loss", "other"]]
     kinds = list(EDITS) + ["all"]
@@ -617,6 +673,10 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="run only the first N cases")
     parser.add_argument("--draft-tokens", type=int, default=16, help="the apply role's drafts")
     parser.add_argument("--only-model", action="store_true", help="only the model-path cases")
+    parser.add_argument(
+        "--speculation", action="store_true", help="the model path's decode, drafts on/off"
+    )
+    parser.add_argument("--spec-cases", type=int, default=4)
     args = parser.parse_args()
     cases = build_cases(args.per_bucket)
     if args.only_model:
@@ -628,6 +688,9 @@ def main() -> None:
     for language, path, lines in files:
         print(f"  {language} {lines:4} lines {path}")
     print(f"cpu flags: {cpu_flags()}; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+    if args.speculation:
+        print(table(run_speculation(cases, args)))
+        return
     outcomes = run_without_model(cases) if args.no_model else run_in_process(cases, args)
     print(table(counts_table(outcomes)))
     print()

@@ -165,6 +165,24 @@ CASES = {
         JS.replace("add", "plus"),
         "function sub(a, b) {",
     ),
+    "py-several-chunks": (
+        PY,
+        "# ... existing code ...\n    def area(self):\n        return math.pi * self.radius * "
+        "self.radius\n# ... existing code ...\ndef perimeter(r):\n    return math.tau * r\n"
+        "# ... existing code ...",
+        PY.replace("self.radius ** 2", "self.radius * self.radius").replace(
+            "2 * math.pi * r", "math.tau * r"
+        ),
+        "def write(path, text):",
+    ),
+    "js-several-chunks": (
+        JS,
+        "// ... existing code ...\nfunction add(a, b) {\n  return b + a;\n}\n"
+        "// ... existing code ...\nfunction mul(a, b) {\n  return b * a;\n}\n"
+        "// ... existing code ...",
+        JS.replace("return a + b;", "return b + a;").replace("return a * b;", "return b * a;"),
+        "function sub(a, b) {",
+    ),
     "py-no-anchors": (
         PY,
         '# ... existing code ...\n\n\nif __name__ == "__main__":\n    main()',

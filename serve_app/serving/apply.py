@@ -26,6 +26,7 @@ from serve_app.serving.generation import EngineClient, chunk_maker, usage_of
 
 # The model answers in the ``` block it was prefilled with; its end is the end of the code.
 MODEL_STOPS = ("\n```",)
+ANSWER_SLACK_TOKENS = 64
 
 
 class ApplyService:
@@ -45,7 +46,10 @@ class ApplyService:
         if plan.is_certain:
             merged = await self.client.off_loop(_checked, plan, plan.merged())
             return wrap_updated(merged), await self._deterministic_usage(prompt_ids, merged)
-        max_tokens = self.client.default_max_tokens(prompt_ids, DEFAULT_APPLY_MAX_TOKENS)
+        # The merge is about as long as the original and the update, which the prompt holds: a
+        # model that loops stops there (and fails the check) instead of at the context's end.
+        cap = min(DEFAULT_APPLY_MAX_TOKENS, len(prompt_ids) + ANSWER_SLACK_TOKENS)
+        max_tokens = self.client.default_max_tokens(prompt_ids, cap)
         params = body.to_sampling_params(max_tokens, MODEL_STOPS)
         request = self.client.request(prompt_ids, params, prompt_param="messages", role="apply")
         text, last = await self.client.complete(request)
