@@ -536,12 +536,13 @@ def run_in_process(cases: list[Case], args) -> list[Outcome]:
 def run_speculation(cases: list[Case], args) -> list[list[str]]:
     """The model path's decode alone: the apply prompt of each whole-function rewrite on files
     of <= 200 lines, greedy, on one in-process engine without drafts and one with the apply
-    role's drafts; output tok/s, acceptance, and whether the texts are the same."""
+    role's drafts; decode tok/s after the first token, acceptance, and whether the texts are
+    the same."""
     from serve_app.engine.engine import EngineConfig, LLMEngine
     from serve_app.engine.loader import load_model
     from serve_app.engine.prompts.apply import ApplyInput
     from serve_app.engine.prompts.chat_encoding import encode_chat
-    from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
+    from serve_app.engine.protocol import GenerationRequest, SamplingParams
 
     loaded = load_model(f"embedded:{args.model}", threads=args.threads)
     chosen = [c for c in cases if c.kind == "change body" and c.lines <= 200][: args.spec_cases]
@@ -553,7 +554,7 @@ def run_speculation(cases: list[Case], args) -> list[list[str]]:
         )
         for c in chosen
     ]
-    rows = [["apply role drafts", "requests", "output tok", "seconds", "tok/s", "acceptance"]]
+    rows = [["apply role drafts", "requests", "decoded tok", "decode s", "tok/s", "acceptance"]]
     texts: dict[int, list[str]] = {}
     for drafts in (0, args.draft_tokens):
         config = EngineConfig(weights="int8", draft_tokens={"apply": drafts}, draft_max_batch=2)
@@ -563,10 +564,9 @@ def run_speculation(cases: list[Case], args) -> list[list[str]]:
             for i, ids in enumerate(prompts):
                 params = SamplingParams(max_tokens=len(ids) + 64, temperature=0.0, stop=("\n```",))
                 request = GenerationRequest(f"a{drafts}-{i}", list(ids), params, role="apply")
-                start = time.perf_counter()
-                text, last = asyncio.run(generate_text(engine, request))
-                seconds += time.perf_counter() - start
-                tokens += last.completion_tokens
+                text, last, decode_seconds = asyncio.run(_timed_decode(engine, request))
+                seconds += decode_seconds
+                tokens += last.completion_tokens - 1
                 texts[drafts].append(text)
             stats = engine.stats()
         finally:
@@ -585,6 +585,17 @@ def run_speculation(cases: list[Case], args) -> list[list[str]]:
     same = texts[0] == texts[args.draft_tokens]
     print(f"same text with and without drafts: {same}; load {os.getloadavg()[0]:.1f}")
     return rows
+
+
+async def _timed_decode(engine, request) -> tuple[str, object, float]:
+    """A request's text, last chunk, and seconds from its first token to its end (decode
+    alone: the prompt is read the same way with and without drafts)."""
+    parts, last, first = [], None, None
+    async for chunk in engine.generate(request):
+        first = first if first is not None else time.perf_counter()
+        parts.append(chunk.text)
+        last = chunk
+    return "".join(parts), last, time.perf_counter() - first
 
 
 def counts_table(outcomes: list[Outcome]) -> list[list[str]]:

@@ -27,6 +27,9 @@ from serve_app.serving.generation import EngineClient, chunk_maker, usage_of
 # The model answers in the ``` block it was prefilled with; its end is the end of the code.
 MODEL_STOPS = ("\n```",)
 ANSWER_SLACK_TOKENS = 64
+# The model rewrites the whole file: past this it takes minutes on a CPU replica (a 488-line
+# file ran past the 300 s request timeout in bench/apply.py), so the chunk is refused at once.
+MODEL_MAX_PROMPT_TOKENS = 4096
 
 
 class ApplyService:
@@ -46,6 +49,12 @@ class ApplyService:
         if plan.is_certain:
             merged = await self.client.off_loop(_checked, plan, plan.merged())
             return wrap_updated(merged), await self._deterministic_usage(prompt_ids, merged)
+        if len(prompt_ids) > MODEL_MAX_PROMPT_TOKENS:
+            raise MergeFailedError(
+                f"{plan.problem()} The file is too long for the model to place it "
+                f"({len(prompt_ids)} tokens; at most {MODEL_MAX_PROMPT_TOKENS}).",
+                param="messages",
+            )
         # The merge is about as long as the original and the update, which the prompt holds: a
         # model that loops stops there (and fails the check) instead of at the context's end.
         cap = min(DEFAULT_APPLY_MAX_TOKENS, len(prompt_ids) + ANSWER_SLACK_TOKENS)
