@@ -28,8 +28,9 @@ from serve_app.serving.generation import EngineClient, chunk_maker, usage_of
 MODEL_STOPS = ("\n```",)
 ANSWER_SLACK_TOKENS = 64
 # The model rewrites the whole file: past this it takes minutes on a CPU replica (a 488-line
-# file ran past the 300 s request timeout in bench/apply.py), so the chunk is refused at once.
-MODEL_MAX_PROMPT_TOKENS = 4096
+# file, 3,835 prompt tokens, ran past the 300 s request timeout in bench/apply.py on a loaded
+# 2-core box; a 344-line one, 2,418 tokens, answered in 47-72 s), so the chunk is refused.
+MODEL_MAX_PROMPT_TOKENS = 3072
 
 
 class ApplyService:
