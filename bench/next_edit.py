@@ -33,6 +33,7 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +216,8 @@ class Tally:
 def start_services(args: argparse.Namespace, rejected: dict[str, Any]) -> tuple[Any, dict]:
     """One engine on the embedded model (as configs/local.yaml runs it), one edit service per
     variant on it, each counting its rejections in ``rejected[variant]``."""
-    from serve_app.config import AppConfig, EngineOptions, ModelConfig, Roles
+    from serve_app.config import AppConfig, ModelConfig, Roles
+    from serve_app.engine.engine_config import EngineConfig
     from serve_app.serving.edit import EditService
     from serve_app.serving.generation import EngineClient, start_engine
 
@@ -223,7 +225,7 @@ def start_services(args: argparse.Namespace, rejected: dict[str, Any]) -> tuple[
     config = AppConfig(
         models=[model],
         roles=Roles(fim=MODEL_ID, edit=MODEL_ID, decisions=MODEL_ID),
-        engine=EngineOptions(torch_threads=args.threads, seed=0),
+        engine=EngineConfig(torch_threads=args.threads, seed=0),
     )
     engine = start_engine(config, model)
     client = EngineClient(engine, model)
@@ -247,7 +249,7 @@ async def answer(service: Any, call: ClientCall, fields: dict, read: Callable, s
     body = EditCompletionRequest.model_validate({**call.body, **fields})
     context = RequestContext(grant=None, model=MODEL_ID, endpoint="edit", cache_salt=salt)
     start = time.perf_counter()
-    completion = await UsageRecorder(unbilled, 600).run(context, lambda: service.complete(body))
+    completion = await UsageRecorder(unbilled, 600).run(context, partial(service.complete, body))
     seconds = time.perf_counter() - start
     region = read(completion.model_dump())
     usage = completion.usage

@@ -175,12 +175,12 @@ class MergeFailedError(
     type="invalid_request_error",
     code="merge_failed",
     message=(
-        "The update snippet could not be merged without losing code: the model's merge dropped "
-        "or changed original lines outside the snippet, and the snippet has no unchanged lines "
-        "that place it in the original. Include a few unchanged lines around each change."
+        "The update snippet could not be merged without losing code: a chunk of it could not "
+        "be placed in the original. Include a few unchanged lines around each change."
     ),
 ):
-    """Apply: neither the model's merge nor the anchored merge keeps the original code."""
+    """Apply: the update cannot be placed, or an answer failed the check (docs/apply.md);
+    raised with a message that names the chunk and what failed."""
 
 
 class RateLimitError(

@@ -150,3 +150,31 @@ def test_continue_apply_stream_carries_a_change_and_keeps_the_file(embedded_clie
     merged = continue_apply_text(response)
     expected = CIRCLE.replace("self.radius ** 2", "self.radius * self.radius")
     assert code_lines(merged) == code_lines(expected), merged
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_apply_an_anchorless_chunk_goes_to_the_model_and_never_loses_a_line(
+    embedded_client, stream
+):
+    # A function between markers with no unchanged line around it: nothing places it, so the
+    # model writes the file (drafting from the original). Whatever it writes, the answer is
+    # either a 422 or a file with every original line, in order, and the new function whole.
+    snippet = "# ... existing code ...\ndef square(x):\n    return x * x\n# ... existing code ..."
+    body = {
+        "model": EMBEDDED_ID,
+        "messages": [{"role": "user", "content": tagged_apply(CIRCLE, snippet)}],
+        "temperature": 0,
+        "stream": stream,
+    }
+    response = embedded_client.post("/v1/apply/completions", json=body, headers=AUTH)
+    if response.status_code == 422:
+        assert "matches no line" in response.json()["error"]["message"]
+        return
+    assert response.status_code == 200, response.text
+    if stream:
+        merged = continue_apply_text(response)
+    else:
+        merged = updated_code(response.json()["choices"][0]["message"]["content"])
+    answered = iter(merged.splitlines())
+    assert all(line in answered for line in CIRCLE.splitlines() if line.strip()), merged
+    assert "def square(x):\n    return x * x" in merged

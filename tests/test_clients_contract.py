@@ -6,6 +6,9 @@ point is that each client's exact request is accepted and its parser survives th
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from openai import OpenAI
 
@@ -223,6 +226,16 @@ def test_continue_apply_stream(client):
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert continue_apply_text(response) == MERGED
+
+
+def test_readmes_apply_example_answers_byte_for_byte_what_it_shows(client):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Apply") : readme.index("### Chat")]
+    body = json.loads(section.split("<<'EOF'\n", 1)[1].split("\nEOF", 1)[0])
+    shown = section.split("```text\n", 1)[1].split("\n```", 1)[0]
+    response = client.post("/v1/apply/completions", json={**body, "model": TINY_ID}, headers=AUTH)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == shown
 
 
 # A new function between markers: nothing in the snippet places it in the original.

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 # Requests that send a role the speculation block does not name draft nothing.
-SPECULATING_ROLES = ("edit", "fim", "chat")
+SPECULATING_ROLES = ("edit", "fim", "chat", "apply")
 
 
 class _Strict(BaseModel):
@@ -30,6 +30,13 @@ class SpeculationConfig(_Strict):
     edit: int = Field(default=6, ge=0, le=16)
     fim: int = Field(default=2, ge=0, le=16)
     chat: int = Field(default=0, ge=0, le=16)
+    apply: int = Field(
+        default=16,
+        ge=0,
+        le=16,
+        description="Apply rewrites the original file: drafts from it are mostly accepted "
+        "(docs/apply.md).",
+    )
     max_batch: int = Field(
         default=2,
         ge=0,
@@ -43,7 +50,7 @@ class SpeculationConfig(_Strict):
         return getattr(self, role) if role in SPECULATING_ROLES else 0
 
 
-NO_SPECULATION = SpeculationConfig(edit=0, fim=0, chat=0)
+NO_SPECULATION = SpeculationConfig(edit=0, fim=0, chat=0, apply=0)
 
 
 class EngineConfig(_Strict):
