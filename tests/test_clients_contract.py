@@ -230,7 +230,7 @@ def test_continue_apply_stream(client):
 
 def test_readmes_apply_example_answers_byte_for_byte_what_it_shows(client):
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme[readme.index("### Apply") : readme.index("### Chat")]
+    section = readme[readme.index("**Apply**") : readme.index("**Chat**")]
     body = json.loads(section.split("<<'EOF'\n", 1)[1].split("\nEOF", 1)[0])
     shown = section.split("```text\n", 1)[1].split("\n```", 1)[0]
     response = client.post("/v1/apply/completions", json={**body, "model": TINY_ID}, headers=AUTH)

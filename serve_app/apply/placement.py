@@ -26,6 +26,7 @@ from serve_app.apply.update import (
     is_significant,
     similarity,
     spaceless_key,
+    usual_gap,
 )
 from serve_app.errors import MergeFailedError
 
@@ -461,24 +462,13 @@ def _at_file_edge(lines: tuple[str, ...], chunk: Chunk, low: int) -> Placement |
         last = code[-1] + 1
         start = _edited_before(lines, last, list(chunk.lines), floor=low)
         added = sum(1 for line in chunk.lines if not is_blank(line)) > last - start
-        gap = _usual_gap(lines) if added and start and not is_blank(lines[start - 1]) else 0
+        gap = usual_gap(lines) if added and start and not is_blank(lines[start - 1]) else 0
         return Placement(start, last, gap=gap)
     if chunk.opens_file and not chunk.closes_file and low == 0:
         first = code[0]
         end = _edited_after(lines, first, list(chunk.lines))
         return Placement(first, end)
     return None
-
-
-def _usual_gap(lines: tuple[str, ...]) -> int:
-    """Blank lines before the file's last block: what sets off a chunk added after it."""
-    run, gap = 0, 1
-    for line in lines:
-        if is_blank(line):
-            run += 1
-        else:
-            gap, run = (run if run else gap), 0
-    return gap
 
 
 def _fuzzy(lines: tuple[str, ...], chunk: Chunk, low: int) -> tuple[Placement, ...]:

@@ -107,3 +107,14 @@ def chunks_of(update: str) -> list[Chunk]:
             )
         )
     return chunks
+
+
+def usual_gap(lines: tuple[str, ...]) -> int:
+    """Blank lines before the file's last block: what sets off a chunk added after it."""
+    run, gap = 0, 1
+    for line in lines:
+        if is_blank(line):
+            run += 1
+        else:
+            gap, run = (run if run else gap), 0
+    return gap
