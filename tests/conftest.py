@@ -92,7 +92,7 @@ def graph(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     """The real Serve graph from configs/local.yaml (tiny model), shared by the e2e tests."""
     from tests.graph import start_graph
 
-    yield from start_graph(tiny_source, tmp_path_factory)
+    yield from start_graph(tiny_source, tmp_path_factory.mktemp("graph"))
 
 
 EMBEDDED_ID = "qwen2.5-coder-0.5b"

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -42,25 +42,38 @@ def graph_config(tiny_source: str, port: int) -> dict:
         id=MODEL, source=tiny_source, context_length=LONG_CONTEXT, dtype="auto"
     )
     args["roles"] = {"fim": MODEL, "edit": MODEL, "decisions": MODEL}
-    for deployment in application["deployments"]:
-        if deployment["name"] in {"Router", "AuthService"}:
-            deployment["autoscaling_config"] = {"min_replicas": 2, "max_replicas": 2}
-            deployment["ray_actor_options"] = {"num_cpus": 0.05}
+    for name in ("Router", "AuthService"):
+        deployment = deployment_options(document, name)
+        deployment["autoscaling_config"] = {"min_replicas": 2, "max_replicas": 2}
+        deployment["ray_actor_options"] = {"num_cpus": 0.05}
     return document
 
 
-def start_graph(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    workdir = tmp_path_factory.mktemp("graph")
+def deployment_options(document: dict, name: str) -> dict:
+    """The ``deployments:`` entry of deployment ``name`` in a graph config (edit in place)."""
+    (application,) = document["applications"]
+    (options,) = [d for d in application["deployments"] if d["name"] == name]
+    return options
+
+
+def start_graph(
+    tiny_source: str,
+    workdir: Path,
+    configure: Callable[[dict], None] | None = None,
+    address: str | None = None,
+) -> Iterator[dict]:
+    """``serve run`` on ``graph_config`` (``configure`` may edit it first), its files in
+    ``workdir``: in a Ray cluster of its own, or on the running cluster at ``address`` (whose
+    nodes' environment is then what the replicas see)."""
     port = free_port()
+    document = graph_config(tiny_source, port)
+    if configure is not None:
+        configure(document)
     config_path = workdir / "graph.yaml"
-    config_path.write_text(yaml.safe_dump(graph_config(tiny_source, port)))
-    env = {
-        **os.environ,
-        "SERVE_APP_DATA_DIR": str(workdir / "data"),
-        "SERVE_APP_API_KEY": TEST_KEY,
-        "RAY_AUTH_MODE": "disabled",
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
+    config_path.write_text(yaml.safe_dump(document))
+    # "local": a cluster of its own even where a `ray start` cluster runs on this machine
+    # (ray.init() would join the last one started).
+    env = {**os.environ, **graph_env(workdir), "RAY_ADDRESS": address or "local"}
     env.pop("SERVE_APP_AUTH_DB", None)
     log = (workdir / "serve.log").open("w")
     serve_bin = Path(sys.executable).with_name("serve")
@@ -80,7 +93,8 @@ def start_graph(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> I
             "db": str(workdir / "data" / "auth.sqlite3"),
             "workdir": workdir,
             "pid": process.pid,
-            "ray_address": gcs_address(process.pid),
+            "ray_address": address or gcs_address(process.pid),
+            "log": workdir / "serve.log",
         }
     finally:
         # SIGINT is serve run's Ctrl-C: it shuts the app and its own Ray cluster down.
@@ -89,6 +103,17 @@ def start_graph(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> I
             process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
+
+
+def graph_env(workdir: Path) -> dict[str, str]:
+    """What the graph's processes need in their environment: its data folder, the test key
+    (bootstrapped as the local account's), no Ray token auth, no usage reporting."""
+    return {
+        "SERVE_APP_DATA_DIR": str(workdir / "data"),
+        "SERVE_APP_API_KEY": TEST_KEY,
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
 
 
 def wait_until_ready(url: str, process: subprocess.Popen, log: Path) -> None:

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import select
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,51 +22,14 @@ import pytest
 
 from serve_app.api.common import ErrorResponse
 from tests.conftest import LONG_FIM
-from tests.graph import MODEL, ROOT, auth
+from tests.graph import MODEL, auth
+from tests.ray_admin import RayAdmin
 
 RECOVERY_TIMEOUT_S = 120
 # Ray notices the dead actor and fails its calls within seconds (about 7 s on a loaded 2-core
 # box); a generous bound that still tells a prompt failure from a hang.
 FAILURE_SEEN_WITHIN_S = 30
 REPLICA_PREFIX = "SERVE_REPLICA::llm#"
-
-
-class RayAdmin:
-    """``tests/ray_admin.py`` in a child process, connected to the graph's cluster."""
-
-    def __init__(self, address: str) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.ray_admin", address],
-            cwd=ROOT,
-            env={**os.environ, "RAY_AUTH_MODE": "disabled"},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.actors: list[str] = self.read(timeout=60)["actors"]
-
-    def read(self, timeout: float) -> dict:
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        if not ready:
-            pytest.fail(f"ray admin gave no answer in {timeout}s")
-        line = self.process.stdout.readline()
-        if not line:
-            pytest.fail(f"ray admin exited with {self.process.wait(timeout=10)}")
-        return json.loads(line)
-
-    def command(self, text: str, timeout: float = 30) -> dict:
-        self.process.stdin.write(text + "\n")
-        self.process.stdin.flush()
-        return self.read(timeout)
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.stdin.close()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
 
 
 def replicas(actors: list[str], deployment: str) -> list[str]:
