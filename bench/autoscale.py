@@ -3,6 +3,7 @@ back while the other deployments keep theirs; the replica timeline as Serve repo
 
     .venv/bin/python -m bench.autoscale                # tiny random model, about 2 minutes
     .venv/bin/python -m bench.autoscale --baseline     # and the same burst on one FimModel
+    .venv/bin/python -m bench.autoscale --per-replica  # one FimModel replica, embedded model
 
 It starts its own ``serve run`` (configs/local.yaml, the tiny random model, FimModel scaling
 1..3 at one ongoing request per replica with short delays: ``autoscaling_fim``), then:
@@ -18,16 +19,25 @@ FIM throughput (completion tokens/s). ``--baseline``: the same burst for as long
 graph whose FimModel is fixed at one replica; the ratio is what the extra replicas bought here
 (on a 2-core box little: the replicas share the same two cores, unlike one GPU per replica).
 tests/test_autoscale.py runs the same scenario and asserts on it.
+
+``--per-replica``: what one FimModel replica delivers against how many requests it has ongoing,
+the figure ``target_ongoing_requests`` is about (docs/operations.md derives configs/prod.yaml's
+from it). One replica of the embedded model as configs/local.yaml serves it; at each level of
+``CONCURRENCY``, that many streaming clients send ``PER_CLIENT`` requests of ``MAX_TOKENS``
+greedy tokens each (prompts from stdlib files); printed: aggregate and per-stream decode tok/s,
+median time to first token, and the aggregate's ratio to the single stream (the baseline).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
 import platform
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,11 +49,15 @@ from pathlib import Path
 
 import httpx
 
+from bench.common import session, stream_fim, table
+
 FIM = "FimModel"
 SAMPLE_S = 0.5
 HOLD_S = 4.0  # after reaching max replicas, keep the burst on so the new replicas serve it
 MAX_TOKENS = 96
 STDLIB = Path(os.__file__).parent
+CONCURRENCY = (1, 2, 4, 8, 16)
+PER_CLIENT = 2
 SOURCES = ("argparse.py", "json/decoder.py", "textwrap.py", "difflib.py", "pathlib.py")
 
 
@@ -260,13 +274,58 @@ def report(title: str, scenario: Scenario) -> None:
     print(f"burst FIM throughput: {burst_tokens_per_s(scenario):.1f} completion tokens/s")
 
 
+async def per_replica(url: str, key: str, model: str) -> list[list[str]]:
+    """The ``--per-replica`` table: one row per level of ``CONCURRENCY``."""
+    prompts = stdlib_prompts(sum(CONCURRENCY) * PER_CLIENT, seed=1)
+    rows = [["ongoing requests", "aggregate tok/s", "per stream tok/s", "TTFT p50 (s)", "vs 1"]]
+    single = None
+    async with session(key) as client:
+        for level in CONCURRENCY:
+            batch = [prompts.pop() for _ in range(level * PER_CLIENT)]
+
+            async def client_loop(mine: list[str]) -> list:
+                body = {"model": model, "max_tokens": MAX_TOKENS, "temperature": 0.0, "stop": []}
+                return [await stream_fim(client, url, {**body, "prompt": p}) for p in mine]
+
+            start = time.perf_counter()
+            chunks = [batch[i::level] for i in range(level)]
+            results = [r for rs in await asyncio.gather(*map(client_loop, chunks)) for r in rs]
+            elapsed = time.perf_counter() - start
+            aggregate = sum(r.completion_tokens for r in results) / elapsed
+            per_stream = statistics.median(
+                r.completion_tokens / max(r.total_s - r.ttft_s, 1e-9) for r in results
+            )
+            single = single or aggregate
+            rows.append(
+                [
+                    str(level),
+                    f"{aggregate:.1f}",
+                    f"{per_stream:.1f}",
+                    f"{statistics.median(r.ttft_s for r in results):.2f}",
+                    f"{aggregate / single:.2f}x",
+                ]
+            )
+            print(" | ".join(rows[-1]), flush=True)
+    return rows
+
+
+def embedded_fim(document: dict) -> None:
+    """Edit a graph config: the embedded default model as configs/local.yaml serves it."""
+    (application,) = document["applications"]
+    application["args"]["models"][0].update(
+        source="embedded:qwen2.5-coder-0.5b", dtype="float32", context_length=32768
+    )
+
+
 @contextlib.contextmanager
-def graph(tiny_source: str, workdir: Path, max_replicas: int) -> Iterator[tuple[str, object]]:
+def graph(
+    source: str, workdir: Path, configure: Callable[[dict], None]
+) -> Iterator[tuple[str, object]]:
     """The graph and a RayAdmin connected to it."""
     from tests.graph import start_graph
     from tests.ray_admin import RayAdmin
 
-    running = start_graph(tiny_source, workdir, lambda d: autoscaling_fim(d, max_replicas))
+    running = start_graph(source, workdir, configure)
     started = next(running)
     admin = RayAdmin(started["ray_address"])
     try:
@@ -289,6 +348,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=9)
     parser.add_argument("--baseline", action="store_true", help="also FimModel fixed at 1")
+    parser.add_argument("--per-replica", action="store_true", help="tok/s against ongoing")
     args = parser.parse_args()
     from serve_app.engine.tiny import build_tiny_model
     from tests.conftest import TEST_KEY
@@ -297,13 +357,19 @@ def main() -> None:
     print(f"machine: {machine()} (shared box: timings are noisy)")
     with tempfile.TemporaryDirectory(prefix="bench-autoscale-") as folder:
         root = Path(folder)
+        if args.per_replica:
+            with graph("embedded:qwen2.5-coder-0.5b", root / "one", embedded_fim) as (url, _):
+                rows = asyncio.run(per_replica(url, TEST_KEY, MODEL))
+            print(f"\none FimModel replica, embedded 0.5B, {MAX_TOKENS} tokens a request")
+            print(table(rows))
+            return
         tiny = "tiny:" + str(build_tiny_model(root / "tiny"))
-        with graph(tiny, root / "scaling", 3) as (url, admin):
+        with graph(tiny, root / "scaling", autoscaling_fim) as (url, admin):
             scaling = run_scenario(url, TEST_KEY, MODEL, admin.replica_counts, args.clients)
         report("FimModel 1..3 replicas", scaling)
         if not args.baseline:
             return
-        with graph(tiny, root / "fixed", 1) as (url, admin):
+        with graph(tiny, root / "fixed", lambda d: autoscaling_fim(d, 1)) as (url, admin):
             fixed = run_scenario(
                 url, TEST_KEY, MODEL, admin.replica_counts, args.clients,
                 max_replicas=1, burst_s=scaling.burst_s,

@@ -65,6 +65,7 @@ def start_graph(
     """``serve run`` on ``graph_config`` (``configure`` may edit it first), its files in
     ``workdir``: in a Ray cluster of its own, or on the running cluster at ``address`` (whose
     nodes' environment is then what the replicas see)."""
+    workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     document = graph_config(tiny_source, port)
     if configure is not None:

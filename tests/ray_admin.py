@@ -10,8 +10,9 @@ JSON line per command and answer:
     -> list                             <- {"actors": [...]}
     -> kill NAME                        <- {"killed": NAME}   ray.kill(..., no_restart=True)
     -> metrics                          <- {"ports": [...]}   each node's Prometheus port
-    -> status                           <- {"deployments": {name: {state: count}}, "nodes": n}
+    -> status                           <- {"deployments": {name: {state: count}}}
                                            serve.status(): replicas per state, application llm
+    -> nodes                            <- {"alive": n}  Ray nodes alive
     -> hold RESOURCE N                  <- {"held": N}  an actor on the head node takes N of
                                            RESOURCE there (until ``release``)
     -> release                          <- {"released": true}
@@ -102,7 +103,7 @@ def main() -> None:
         application = serve.status().applications.get(APPLICATION)
         deployments = application.deployments if application else {}
         counts = {name: dict(d.replica_states) for name, d in deployments.items()}
-        return {"deployments": counts, "nodes": sum(n["Alive"] for n in ray.nodes())}
+        return {"deployments": counts}
 
     def hold(resource: str, amount: str) -> dict:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -131,6 +132,8 @@ def main() -> None:
             answer({"killed": argument})
         elif command == "status":
             answer(status())
+        elif command == "nodes":
+            answer({"alive": sum(node["Alive"] for node in ray.nodes())})
         elif command == "hold":
             answer(hold(*argument.split()))
         elif command == "release":
