@@ -24,6 +24,10 @@ from tests.conftest import LONG_CONTEXT, TEST_KEY
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny-qwen2"
 START_TIMEOUT_S = 240
+# What ray.init() or `ray start` says when the raylet gave up on its node's agents: they have
+# ~15 s to report their ports, which a 2-core box at load 15-40 did not always give them.
+NODE_START_FAILED = "The current node timed out during startup"
+START_ATTEMPTS = 3
 
 
 def free_port() -> int:
@@ -76,19 +80,15 @@ def start_graph(
     # (ray.init() would join the last one started).
     env = {**os.environ, **graph_env(workdir), "RAY_ADDRESS": address or "local"}
     env.pop("SERVE_APP_AUTH_DB", None)
-    log = (workdir / "serve.log").open("w")
-    serve_bin = Path(sys.executable).with_name("serve")
-    process = subprocess.Popen(
-        [str(serve_bin), "run", str(config_path)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    log = workdir / "serve.log"
     url = f"http://127.0.0.1:{port}"
+    for _ in range(START_ATTEMPTS):
+        process = serve_run(config_path, env, log)
+        if wait_until_ready(url, process, log):
+            break
+    else:
+        pytest.fail(f"Ray did not start in {START_ATTEMPTS} tries:\n{log.read_text()[-4000:]}")
     try:
-        wait_until_ready(url, process, workdir / "serve.log")
         yield {
             "url": url,
             "db": str(workdir / "data" / "auth.sqlite3"),
@@ -106,6 +106,18 @@ def start_graph(
             os.killpg(process.pid, signal.SIGKILL)
 
 
+def serve_run(config_path: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
+    serve_bin = Path(sys.executable).with_name("serve")
+    return subprocess.Popen(
+        [str(serve_bin), "run", str(config_path)],
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
 def graph_env(workdir: Path) -> dict[str, str]:
     """What the graph's processes need in their environment: its data folder, the test key
     (bootstrapped as the local account's), no Ray token auth, no usage reporting."""
@@ -117,11 +129,14 @@ def graph_env(workdir: Path) -> dict[str, str]:
     }
 
 
-def wait_until_ready(url: str, process: subprocess.Popen, log: Path) -> None:
-    """Ready when every deployment answers: a FIM call goes through auth and a model replica."""
+def wait_until_ready(url: str, process: subprocess.Popen, log: Path) -> bool:
+    """Ready when every deployment answers: a FIM call goes through auth and a model replica.
+    False when Ray's own node did not start (``NODE_START_FAILED``: try again)."""
     deadline = time.monotonic() + START_TIMEOUT_S
     body = {"model": MODEL, "prompt": "x", "max_tokens": 1}
     while time.monotonic() < deadline:
+        if process.poll() is not None and NODE_START_FAILED in log.read_text():
+            return False
         if process.poll() is not None or "DEPLOY_FAILED" in log.read_text():
             pytest.fail(f"serve run failed:\n{log.read_text()[-4000:]}")
         try:
@@ -129,7 +144,7 @@ def wait_until_ready(url: str, process: subprocess.Popen, log: Path) -> None:
                 f"{url}/v1/fim/completions", json=body, headers=auth(), timeout=10
             )
             if response.status_code == 200:
-                return
+                return True
         except httpx.HTTPError:
             pass
         time.sleep(1)

@@ -28,6 +28,7 @@ import os
 import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 SERVE_NAMESPACE = "serve"
@@ -53,13 +54,17 @@ class RayAdmin:
     def read(self, timeout: float) -> dict:
         import pytest
 
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        if not ready:
-            pytest.fail(f"ray admin gave no answer in {timeout}s")
-        line = self.process.stdout.readline()
-        if not line:
-            pytest.fail(f"ray admin exited with {self.process.wait(timeout=10)}")
-        return json.loads(line)
+        deadline = time.monotonic() + timeout
+        while True:  # Ray itself may print a line to stdout (seen after a node died): skipped
+            left = max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self.process.stdout], [], [], left)
+            if not ready:
+                pytest.fail(f"ray admin gave no answer in {timeout}s")
+            line = self.process.stdout.readline()
+            if not line:
+                pytest.fail(f"ray admin exited with {self.process.wait(timeout=10)}")
+            if line.startswith("{"):
+                return json.loads(line)
 
     def command(self, text: str, timeout: float = 30) -> dict:
         self.process.stdin.write(text + "\n")
