@@ -260,7 +260,10 @@ class RouteHandlers:
     def context(self, grant: Any, model: str, endpoint: str) -> RequestContext:
         """What the model deployment needs to bill the request and pick its cache partition."""
         salt = cache_salt_for(grant.account_id, self.config.engine.shared_prefix_cache)
-        return RequestContext(grant=grant, model=model, endpoint=endpoint, cache_salt=salt)
+        deadline = time.time() + self.timeout_s(endpoint)
+        return RequestContext(
+            grant=grant, model=model, endpoint=endpoint, cache_salt=salt, deadline=deadline
+        )
 
     def release(self, grant: Any) -> None:
         """Refund a reservation no ledger row may have settled (the model deployment bills
@@ -298,15 +301,17 @@ class RouteHandlers:
         _count_tokens(model, endpoint, result.usage)
         return result
 
+    def timeout_s(self, endpoint: str) -> float:
+        """The request deadline of ``endpoint``; the model deployment enforces it, counted
+        from here (``RequestContext.deadline``)."""
+        if endpoint == "decisions":
+            return self.config.limits.decision_timeout_s
+        return self.config.limits.request_timeout_s
+
     def backstop_s(self, endpoint: str) -> float:
         """How long the router waits for a model deployment's answer, or a stream's first
         chunk: just past the deployment's own deadline (see ``NO_ANSWER``)."""
-        timeout = (
-            self.config.limits.decision_timeout_s
-            if endpoint == "decisions"
-            else self.config.limits.request_timeout_s
-        )
-        return timeout + BACKSTOP_GRACE_S
+        return self.timeout_s(endpoint) + BACKSTOP_GRACE_S
 
     def require_role(self, grant: Any, model: str, role: str) -> None:
         if model != getattr(self.config.roles, role):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -46,12 +47,15 @@ class RequestContext:
 
     ``grant``: the auth service's grant (account, key, reservation). ``cache_salt``: the
     prefix-cache partition, the account id unless the deployment shares one cache.
+    ``deadline``: when the request's time is up (``time.time()``), counted from the router,
+    so time spent queued for a replica counts; None: ``timeout_s`` from when work starts.
     """
 
     grant: Any
     model: str
     endpoint: str
     cache_salt: str | None
+    deadline: float | None = None
 
 
 @dataclass
@@ -130,14 +134,27 @@ class UsageRecorder:
         self.timeout_s = timeout_s
         self._detached: set[asyncio.Task] = set()
 
+    def time_left(self, context: RequestContext | None) -> float:
+        """Seconds the request may still run. A request whose deadline passed while it waited
+        for a replica (one starting after a node was lost) is refused before any work and
+        billed nothing: its router has given up on it, or is about to (a 503 to the client),
+        so an answer now would be billed and never delivered."""
+        if context is None or context.deadline is None:
+            return self.timeout_s
+        left = min(self.timeout_s, context.deadline - time.time())
+        if left <= 0:
+            raise UpstreamUnavailableError("The request waited too long for a replica. Retry.")
+        return left
+
     async def run(self, context: RequestContext | None, work: Callable[[], Awaitable[T]]) -> T:
         """Await ``work()`` and bill it. Without a context (no router) nothing is written."""
+        time_left = self.time_left(context)
         meter = UsageMeter()
         token = _scope.set(_Scope(context, meter))
         outcome = _Outcome()
         try:
             with outcome:
-                async with asyncio.timeout(self.timeout_s):
+                async with asyncio.timeout(time_left):
                     result = await work()
         finally:
             _scope.reset(token)
@@ -150,10 +167,10 @@ class UsageRecorder:
         self, context: RequestContext | None, chunks: Callable[[], AsyncIterator[T]]
     ) -> AsyncIterator[T]:
         """Yield ``chunks()`` and bill them; the deadline bounds the whole stream."""
+        deadline = asyncio.get_running_loop().time() + self.time_left(context)
         meter = UsageMeter()
         scope = _Scope(context, meter)
         outcome = _Outcome()
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
         iterator = chunks()
         try:
             with outcome:
