@@ -212,7 +212,18 @@ class UpstreamUnavailableError(
     code="service_unavailable",
     message="The model component is unavailable or overloaded. Please retry.",
 ):
-    """A deployment is down, overloaded, or could not finish the request."""
+    """A deployment is down, overloaded, or could not finish the request. Always retryable,
+    so the answer says when: ``Retry-After`` (a lost replica's work goes to another one, or
+    to its replacement, within seconds)."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message, param=param, headers={"Retry-After": "1", **(headers or {})})
 
 
 class UpstreamTimeoutError(

@@ -7,9 +7,15 @@ Ray Serve's local testing mode (real handles, no cluster), so contract tests run
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
+import subprocess
+import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -93,7 +99,7 @@ def graph(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     """The real Serve graph from configs/local.yaml (tiny model), shared by the e2e tests."""
     from tests.graph import start_graph
 
-    yield from start_graph(tiny_source, tmp_path_factory)
+    yield from start_graph(tiny_source, tmp_path_factory.mktemp("graph"))
 
 
 def engine_config(**overrides) -> EngineConfig:
@@ -149,3 +155,54 @@ def embedded_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     os.environ["SERVE_APP_API_KEY"] = TEST_KEY
     with TestClient(local_router_app(config), raise_server_exceptions=False) as test_client:
         yield test_client
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A base ``postgresql://`` URL, or skip: a throwaway server from the machine's own
+    ``initdb``/``pg_ctl`` (as user ``postgres`` when run as root), listening on a Unix socket
+    only, or the server of ``SERVE_APP_TEST_POSTGRES_DSN``."""
+    if importlib.util.find_spec("psycopg") is None:
+        pytest.skip("psycopg is not installed")
+    if os.environ.get("SERVE_APP_TEST_POSTGRES_DSN"):
+        yield os.environ["SERVE_APP_TEST_POSTGRES_DSN"]
+        return
+    if not (shutil.which("initdb") and shutil.which("pg_ctl")):
+        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl)")
+    folder = tempfile.mkdtemp(prefix="serve-app-pg-")
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if as_user:
+        shutil.chown(folder, "postgres")
+    data = os.path.join(folder, "data")
+    options = f"-k {folder} -c listen_addresses='' -c fsync=off"
+    try:
+        run = dict(check=True, capture_output=True, timeout=60)
+        subprocess.run([*as_user, "initdb", "-D", data, "-A", "trust", "-U", "postgres"], **run)
+        # -l: the server must not inherit our pipes, or run() would wait for it to exit.
+        log = os.path.join(folder, "log")
+        start = [*as_user, "pg_ctl", "-D", data, "-o", options, "-l", log, "-w", "start"]
+        subprocess.run(start, check=True, stdout=subprocess.DEVNULL, timeout=60)
+    except (subprocess.SubprocessError, OSError) as error:
+        _stop_postgres(as_user, data, folder)
+        pytest.skip(f"cannot start a PostgreSQL server: {error}")
+    yield f"postgresql://postgres@/postgres?host={folder}"
+    _stop_postgres(as_user, data, folder)
+
+
+def _stop_postgres(as_user: list[str], data: str, folder: str) -> None:
+    stop = [*as_user, "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"]
+    subprocess.run(stop, capture_output=True, timeout=60)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def new_postgres_schema(server: str) -> str:
+    """A PostgreSQL URL on ``server`` whose search_path is a new, empty schema (much cheaper
+    than a database per test)."""
+    import psycopg
+
+    schema = f"auth_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server, autocommit=True) as connection:
+        connection.execute(f"CREATE SCHEMA {schema}")
+    parts = urlsplit(server)
+    query = "&".join(filter(None, [parts.query, f"options=-csearch_path%3D{schema}"]))
+    return parts._replace(query=query).geturl()

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -24,6 +24,10 @@ from tests.conftest import LONG_CONTEXT, TEST_KEY
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny-qwen2"
 START_TIMEOUT_S = 240
+# What ray.init() or `ray start` says when the raylet gave up on its node's agents: they have
+# ~15 s to report their ports, which a 2-core box at load 15-40 did not always give them.
+NODE_START_FAILED = "The current node timed out during startup"
+START_ATTEMPTS = 3
 
 
 def free_port() -> int:
@@ -42,45 +46,56 @@ def graph_config(tiny_source: str, port: int) -> dict:
         id=MODEL, source=tiny_source, context_length=LONG_CONTEXT, dtype="auto"
     )
     args["roles"] = {"fim": MODEL, "edit": MODEL, "decisions": MODEL}
-    for deployment in application["deployments"]:
-        if deployment["name"] in {"Router", "AuthService"}:
-            deployment["autoscaling_config"] = {"min_replicas": 2, "max_replicas": 2}
-            deployment["ray_actor_options"] = {"num_cpus": 0.05}
+    for name in ("Router", "AuthService"):
+        deployment = deployment_options(document, name)
+        deployment["autoscaling_config"] = {"min_replicas": 2, "max_replicas": 2}
+        deployment["ray_actor_options"] = {"num_cpus": 0.05}
     return document
 
 
-def start_graph(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    workdir = tmp_path_factory.mktemp("graph")
+def deployment_options(document: dict, name: str) -> dict:
+    """The ``deployments:`` entry of deployment ``name`` in a graph config (edit in place)."""
+    (application,) = document["applications"]
+    (options,) = [d for d in application["deployments"] if d["name"] == name]
+    return options
+
+
+def start_graph(
+    tiny_source: str,
+    workdir: Path,
+    configure: Callable[[dict], None] | None = None,
+    address: str | None = None,
+) -> Iterator[dict]:
+    """``serve run`` on ``graph_config`` (``configure`` may edit it first), its files in
+    ``workdir``: in a Ray cluster of its own, or on the running cluster at ``address`` (whose
+    nodes' environment is then what the replicas see)."""
+    workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
+    document = graph_config(tiny_source, port)
+    if configure is not None:
+        configure(document)
     config_path = workdir / "graph.yaml"
-    config_path.write_text(yaml.safe_dump(graph_config(tiny_source, port)))
-    env = {
-        **os.environ,
-        "SERVE_APP_DATA_DIR": str(workdir / "data"),
-        "SERVE_APP_API_KEY": TEST_KEY,
-        "RAY_AUTH_MODE": "disabled",
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
+    config_path.write_text(yaml.safe_dump(document))
+    # "local": a cluster of its own even where a `ray start` cluster runs on this machine
+    # (ray.init() would join the last one started).
+    env = {**os.environ, **graph_env(workdir), "RAY_ADDRESS": address or "local"}
     env.pop("SERVE_APP_AUTH_DB", None)
-    log = (workdir / "serve.log").open("w")
-    serve_bin = Path(sys.executable).with_name("serve")
-    process = subprocess.Popen(
-        [str(serve_bin), "run", str(config_path)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    log = workdir / "serve.log"
     url = f"http://127.0.0.1:{port}"
+    for _ in range(START_ATTEMPTS):
+        process = serve_run(config_path, env, log)
+        if wait_until_ready(url, process, log):
+            break
+    else:
+        pytest.fail(f"Ray did not start in {START_ATTEMPTS} tries:\n{log.read_text()[-4000:]}")
     try:
-        wait_until_ready(url, process, workdir / "serve.log")
         yield {
             "url": url,
             "db": str(workdir / "data" / "auth.sqlite3"),
             "workdir": workdir,
             "pid": process.pid,
-            "ray_address": gcs_address(process.pid),
+            "ray_address": address or gcs_address(process.pid),
+            "log": workdir / "serve.log",
         }
     finally:
         # SIGINT is serve run's Ctrl-C: it shuts the app and its own Ray cluster down.
@@ -91,11 +106,37 @@ def start_graph(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> I
             os.killpg(process.pid, signal.SIGKILL)
 
 
-def wait_until_ready(url: str, process: subprocess.Popen, log: Path) -> None:
-    """Ready when every deployment answers: a FIM call goes through auth and a model replica."""
+def serve_run(config_path: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
+    serve_bin = Path(sys.executable).with_name("serve")
+    return subprocess.Popen(
+        [str(serve_bin), "run", str(config_path)],
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def graph_env(workdir: Path) -> dict[str, str]:
+    """What the graph's processes need in their environment: its data folder, the test key
+    (bootstrapped as the local account's), no Ray token auth, no usage reporting."""
+    return {
+        "SERVE_APP_DATA_DIR": str(workdir / "data"),
+        "SERVE_APP_API_KEY": TEST_KEY,
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+
+
+def wait_until_ready(url: str, process: subprocess.Popen, log: Path) -> bool:
+    """Ready when every deployment answers: a FIM call goes through auth and a model replica.
+    False when Ray's own node did not start (``NODE_START_FAILED``: try again)."""
     deadline = time.monotonic() + START_TIMEOUT_S
     body = {"model": MODEL, "prompt": "x", "max_tokens": 1}
     while time.monotonic() < deadline:
+        if process.poll() is not None and NODE_START_FAILED in log.read_text():
+            return False
         if process.poll() is not None or "DEPLOY_FAILED" in log.read_text():
             pytest.fail(f"serve run failed:\n{log.read_text()[-4000:]}")
         try:
@@ -103,7 +144,7 @@ def wait_until_ready(url: str, process: subprocess.Popen, log: Path) -> None:
                 f"{url}/v1/fim/completions", json=body, headers=auth(), timeout=10
             )
             if response.status_code == 200:
-                return
+                return True
         except httpx.HTTPError:
             pass
         time.sleep(1)

@@ -31,8 +31,8 @@ from serve_app.auth.records import UsageRecord
 from serve_app.auth.store import open_store
 from serve_app.config import AppConfig, HttpLimits
 from serve_app.engine.engine_config import SpeculationConfig
-from serve_app.errors import RateLimitError
-from serve_app.serving.billing import RequestContext, UsageRecorder
+from serve_app.errors import RateLimitError, UpstreamTimeoutError, UpstreamUnavailableError
+from serve_app.serving.billing import BilledCall, RequestContext, UsageRecorder
 from serve_app.serving.fim import FimService
 from serve_app.serving.generation import EngineClient, start_engine
 from tests.conftest import LONG_CONTEXT, TEST_KEY, TINY_ID, tiny_config
@@ -457,3 +457,45 @@ def test_a_non_streamed_request_whose_client_left_is_billed_499(graph):
     (row,) = rows
     assert row.status == 499
     assert row.input_tokens > 0 and 0 < row.output_tokens < LONG["max_tokens"]
+
+
+def test_the_deadline_counts_from_the_router_and_a_request_past_it_is_refused_unbilled():
+    """Time queued for a replica counts (a replica starting after a node was lost): a request
+    whose deadline passed before it reached one is a 503 with no work and no ledger row (the
+    router has given up on it: an answer would be billed and never delivered); one with 0.3 s
+    left is cut at 0.3 s, not at the recorder's own 30 s, and billed as a 504."""
+    rows: list[int] = []
+    ran: list[str] = []
+
+    async def write(context, input_tokens, output_tokens, status) -> None:
+        rows.append(status)
+
+    async def work(call: BilledCall) -> None:
+        ran.append("work")
+        await asyncio.sleep(10)
+
+    async def chunks(call: BilledCall):
+        ran.append("stream")
+        yield "chunk"
+
+    recorder = UsageRecorder(write, timeout_s=30)
+
+    def context(seconds_left: float) -> RequestContext:
+        deadline = time.time() + seconds_left
+        return RequestContext(
+            grant=None, model="m", endpoint="fim", cache_salt="a", deadline=deadline
+        )
+
+    async def first_chunk(ctx: RequestContext) -> str:
+        return await anext(recorder.stream(ctx, chunks))
+
+    for late in (lambda: recorder.run(context(-1), work), lambda: first_chunk(context(-1))):
+        with pytest.raises(UpstreamUnavailableError) as caught:
+            asyncio.run(late())
+        assert int(caught.value.headers["Retry-After"]) >= 1
+    assert ran == [] and rows == []
+
+    started = time.monotonic()
+    with pytest.raises(UpstreamTimeoutError):
+        asyncio.run(recorder.run(context(0.3), work))
+    assert time.monotonic() - started < 5 and ran == ["work"] and rows == [504]

@@ -7,20 +7,14 @@ tests drive a fake wall clock, so they neither sleep nor depend on when they run
 Every test runs on SQLite and, where PostgreSQL can be had, on PostgreSQL: a throwaway
 server started from the local ``initdb``/``pg_ctl`` (as user ``postgres`` when run as root),
 or the server of ``SERVE_APP_TEST_POSTGRES_DSN`` (a ``postgresql://`` URL; each test creates
-its own schema there). Without psycopg or a server those cases are skipped.
+its own schema there): ``postgres_server`` in conftest.py. Without psycopg or a server those
+cases are skipped.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing
-import os
-import shutil
-import subprocess
-import tempfile
 import time
-import uuid
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -30,6 +24,7 @@ from serve_app.auth.keys import KEY_PREFIX, generate_key, hash_key, key_hint
 from serve_app.auth.records import StoreError
 from serve_app.auth.store import open_store
 from serve_app.errors import AccountError, AuthenticationError, ModelNotFoundError, RateLimitError
+from tests.conftest import new_postgres_schema
 
 MODELS = frozenset({"m1", "m2"})
 
@@ -45,57 +40,14 @@ class FakeClock:
         self.now += seconds
 
 
-@pytest.fixture(scope="session")
-def postgres_server():
-    """A base ``postgresql://`` URL, or skip."""
-    if importlib.util.find_spec("psycopg") is None:
-        pytest.skip("psycopg is not installed")
-    if os.environ.get("SERVE_APP_TEST_POSTGRES_DSN"):
-        yield os.environ["SERVE_APP_TEST_POSTGRES_DSN"]
-        return
-    if not (shutil.which("initdb") and shutil.which("pg_ctl")):
-        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl)")
-    folder = tempfile.mkdtemp(prefix="serve-app-pg-")
-    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    if as_user:
-        shutil.chown(folder, "postgres")
-    data = os.path.join(folder, "data")
-    options = f"-k {folder} -c listen_addresses='' -c fsync=off"
-    try:
-        run = dict(check=True, capture_output=True, timeout=60)
-        subprocess.run([*as_user, "initdb", "-D", data, "-A", "trust", "-U", "postgres"], **run)
-        # -l: the server must not inherit our pipes, or run() would wait for it to exit.
-        log = os.path.join(folder, "log")
-        start = [*as_user, "pg_ctl", "-D", data, "-o", options, "-l", log, "-w", "start"]
-        subprocess.run(start, check=True, stdout=subprocess.DEVNULL, timeout=60)
-    except (subprocess.SubprocessError, OSError) as error:
-        _stop_postgres(as_user, data, folder)
-        pytest.skip(f"cannot start a PostgreSQL server: {error}")
-    yield f"postgresql://postgres@/postgres?host={folder}"
-    _stop_postgres(as_user, data, folder)
-
-
-def _stop_postgres(as_user: list[str], data: str, folder: str) -> None:
-    stop = [*as_user, "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"]
-    subprocess.run(stop, capture_output=True, timeout=60)
-    shutil.rmtree(folder, ignore_errors=True)
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
 def db(request, tmp_path) -> str:
     """A fresh, empty store location: a SQLite path, or a PostgreSQL URL whose search_path
     is a new schema (much cheaper than a database per test)."""
     if request.param == "sqlite":
         return str(tmp_path / "auth.sqlite3")
-    server = request.getfixturevalue("postgres_server")  # skips without psycopg or a server
-    import psycopg
-
-    schema = f"auth_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server, autocommit=True) as connection:
-        connection.execute(f"CREATE SCHEMA {schema}")
-    parts = urlsplit(server)
-    query = "&".join(filter(None, [parts.query, f"options=-csearch_path%3D{schema}"]))
-    return parts._replace(query=query).geturl()
+    # skips without psycopg or a server
+    return new_postgres_schema(request.getfixturevalue("postgres_server"))
 
 
 @pytest.fixture

@@ -85,3 +85,30 @@ def test_listing_metadata_follows_the_model_source():
     hub = ModelConfig(id="big", source="Qwen/Qwen2.5-Coder-7B-Instruct").card()
     assert hub.name == "big" and "Qwen/Qwen2.5-Coder-7B-Instruct" in hub.description
     assert ModelConfig(id="x", source="tiny", name="Mine").card().name == "Mine"
+
+
+def test_prod_scaling_fits_the_cluster_and_the_engine_batch():
+    """The rules docs/operations.md derives configs/prod.yaml's numbers from: a generating
+    replica scales out at 3/4 of its engine batch and admits at most two batches; the model
+    replicas' min and max add up to cluster.yaml's GPU workers; Router and AuthService fit the
+    head's `ingress` slots, which no GPU worker has."""
+    document = yaml.safe_load((ROOT / "configs" / "prod.yaml").read_text())
+    cluster = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    (application,) = document["applications"]
+    batch = AppConfig.model_validate(application["args"]).engine.max_batch_size
+    deployments = {d["name"]: d for d in application["deployments"]}
+    for name in ("FimModel", "EditModel"):
+        scaling = deployments[name]["autoscaling_config"]
+        assert scaling["target_ongoing_requests"] == batch * 3 // 4
+        assert deployments[name]["max_ongoing_requests"] == 2 * batch
+        assert scaling["upscale_delay_s"] < scaling["downscale_delay_s"]
+    models = [d for d in deployments.values() if d["ray_actor_options"].get("num_gpus")]
+    gpu = cluster["available_node_types"]["gpu_worker"]
+    assert sum(d["autoscaling_config"]["max_replicas"] for d in models) == gpu["max_workers"]
+    assert sum(d["autoscaling_config"]["min_replicas"] for d in models) == gpu["min_workers"]
+    ingress = [deployments["Router"], deployments["AuthService"]]
+    assert all(d["ray_actor_options"]["resources"] == {"ingress": 1} for d in ingress)
+    head = cluster["available_node_types"]["head"]["resources"]
+    assert sum(d["autoscaling_config"]["max_replicas"] for d in ingress) <= head["ingress"]
+    assert "ingress" not in gpu["resources"] and "GPU" not in head
+    assert document["proxy_location"] == "HeadOnly"

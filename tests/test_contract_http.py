@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.conftest import AUTH, TINY_ID
@@ -141,3 +143,19 @@ def test_answers_carry_a_request_id(client):
 
 def test_health_needs_no_key(client):
     assert client.get("/health").json() == {"status": "ok"}
+
+
+def test_an_unavailable_backend_is_a_503_that_says_when_to_retry():
+    """A replica or node that died (Ray's ActorDiedError) or a full queue: 503 with
+    Retry-After, the contract's body, no internals."""
+    from ray.exceptions import ActorDiedError
+    from ray.serve.exceptions import BackPressureError
+
+    from serve_app.http.errors import as_service_error, error_response
+
+    full = BackPressureError(num_queued_requests=1, max_queued_requests=1)
+    for failure in (ActorDiedError(), full):
+        response = error_response(as_service_error(failure))
+        assert response.status_code == 503
+        assert int(response.headers["Retry-After"]) >= 1
+        assert json.loads(response.body)["error"]["code"] == "service_unavailable"

@@ -13,63 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import select
-import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import pytest
 
 from serve_app.api.common import ErrorResponse
-from tests.conftest import LONG_FIM
-from tests.graph import MODEL, ROOT, auth
+from serve_app.config import AppConfig, HttpLimits
+from tests.conftest import AUTH, LONG_FIM, TEST_KEY, TINY_ID, tiny_config
+from tests.graph import MODEL, auth
+from tests.ray_admin import RayAdmin
 
 RECOVERY_TIMEOUT_S = 120
 # Ray notices the dead actor and fails its calls within seconds (about 7 s on a loaded 2-core
 # box); a generous bound that still tells a prompt failure from a hang.
 FAILURE_SEEN_WITHIN_S = 30
 REPLICA_PREFIX = "SERVE_REPLICA::llm#"
-
-
-class RayAdmin:
-    """``tests/ray_admin.py`` in a child process, connected to the graph's cluster."""
-
-    def __init__(self, address: str) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.ray_admin", address],
-            cwd=ROOT,
-            env={**os.environ, "RAY_AUTH_MODE": "disabled"},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.actors: list[str] = self.read(timeout=60)["actors"]
-
-    def read(self, timeout: float) -> dict:
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        if not ready:
-            pytest.fail(f"ray admin gave no answer in {timeout}s")
-        line = self.process.stdout.readline()
-        if not line:
-            pytest.fail(f"ray admin exited with {self.process.wait(timeout=10)}")
-        return json.loads(line)
-
-    def command(self, text: str, timeout: float = 30) -> dict:
-        self.process.stdin.write(text + "\n")
-        self.process.stdin.flush()
-        return self.read(timeout)
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.stdin.close()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
 
 
 def replicas(actors: list[str], deployment: str) -> list[str]:
@@ -257,3 +220,53 @@ def test_restarting_the_auth_service_keeps_accounts_keys_and_usage(graph, capsys
     assert restarted and not set(restarted) & set(killed), "the AuthService was not restarted"
     keys_cli(["--db", graph["db"], "usage", "survivor"])
     assert "fim.completions" in capsys.readouterr().out
+
+
+# --- a model deployment that never answers: the router's backstop (in-process) ---------------
+
+
+class SilentModel:
+    """A FIM deployment whose replica takes requests and never answers: what the router sees
+    from a replica that hangs, or while no replica runs (a lost node, replicas starting),
+    when Serve keeps the request queued."""
+
+    def __init__(self, config: AppConfig) -> None:
+        self.config = config
+
+    async def complete(self, body: Any, context: Any = None) -> None:
+        await asyncio.Event().wait()
+
+    async def stream(self, body: Any, context: Any = None) -> AsyncIterator[None]:
+        await asyncio.Event().wait()
+        yield None
+
+    @staticmethod
+    def get_deployment_options(config: AppConfig) -> dict[str, Any]:
+        return {"name": "SilentModel"}
+
+
+def test_no_answer_from_the_model_is_a_503_with_retry_after_at_the_backstop(
+    tiny_source, tmp_path, monkeypatch
+):
+    from fastapi.testclient import TestClient
+
+    from deployments.auth import AuthService
+    from serve_app.http.app import BACKSTOP_GRACE_S, Backends, build_router_app
+    from serve_app.testing import local_handle
+
+    monkeypatch.setenv("SERVE_APP_API_KEY", TEST_KEY)
+    limits = HttpLimits(request_timeout_s=1, max_body_bytes=1_000_000, max_questions=32)
+    config = tiny_config(tiny_source, tmp_path, limits=limits)
+    silent = local_handle(SilentModel, config)
+    auth_handle = local_handle(AuthService, config)
+    backends = Backends(auth=auth_handle, scorer=silent, edit=silent, fim=silent)
+    with TestClient(build_router_app(config, backends)) as client:
+        for stream in (False, True):
+            body = {"model": TINY_ID, "prompt": "x", "max_tokens": 4, "stream": stream}
+            started = time.monotonic()
+            response = client.post("/v1/fim/completions", json=body, headers=AUTH)
+            waited = time.monotonic() - started
+            assert response.status_code == 503, (stream, response.text)
+            assert int(response.headers["Retry-After"]) >= 1
+            assert_unavailable(response.json())
+            assert waited < limits.request_timeout_s + BACKSTOP_GRACE_S + 5, waited

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.graph import MODEL, auth
-from tests.test_faults import RayAdmin
+from tests.ray_admin import RayAdmin
 
 pytestmark = pytest.mark.ray
 

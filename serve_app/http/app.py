@@ -32,13 +32,13 @@ from serve_app.errors import (
     ServiceError,
     UnprocessableRequestError,
     UpstreamBadResponseError,
-    UpstreamTimeoutError,
+    UpstreamUnavailableError,
 )
 from serve_app.http.errors import as_service_error, install_error_handlers
 from serve_app.http.listings import register_listings
 from serve_app.http.middleware import Authenticate, BoundedBody, RequestId, RequestMetrics
 from serve_app.http.openapi import openapi_without_implicit_422
-from serve_app.http.sse import open_event_stream, sse_event
+from serve_app.http.sse import open_event_stream, sse_event, within
 from serve_app.serving.admission import Refunds, estimate_tokens
 from serve_app.serving.billing import RequestContext, cache_salt_for
 
@@ -56,6 +56,10 @@ DECISION_ERRORS: dict[int | str, dict[str, Any]] = {
 MAX_RECENT_KEYS = 10_000
 # The router's timeout backstop: past the model deployment's own deadline, which answers first.
 BACKSTOP_GRACE_S = 5.0
+# What the backstop answers: the deadline of a replica that has the request answers 504 first,
+# so reaching it means no replica took the request (none running: a lost node, replicas still
+# starting) or the one that did stopped answering. Retryable: 503 with Retry-After.
+NO_ANSWER = "No model replica answered in time. Please retry."
 SSE_RESPONSE = {"description": "text/event-stream of chunks, ending with `data: [DONE]`."}
 
 
@@ -235,7 +239,10 @@ class RouteHandlers:
     def context(self, grant: Any, model: str, endpoint: str) -> RequestContext:
         """What the model deployment needs to bill the request and pick its cache partition."""
         salt = cache_salt_for(grant.account_id, self.config.engine.shared_prefix_cache)
-        return RequestContext(grant=grant, model=model, endpoint=endpoint, cache_salt=salt)
+        deadline = time.time() + self.timeout_s(endpoint)
+        return RequestContext(
+            grant=grant, model=model, endpoint=endpoint, cache_salt=salt, deadline=deadline
+        )
 
     def release(self, grant: Any) -> None:
         """Refund a reservation no ledger row may have settled (the model deployment bills
@@ -249,22 +256,17 @@ class RouteHandlers:
         enforces the request timeout and writes the ledger row (serve_app.serving.billing);
         the router's own timeout is a backstop just past it that cancels the call, so the
         engine slot is freed either way."""
-        timeout = (
-            self.config.limits.decision_timeout_s
-            if endpoint == "decisions"
-            else self.config.limits.request_timeout_s
-        )
         response = method.remote(body, self.context(grant, model, endpoint))
         answered = False
         try:
-            result = await asyncio.wait_for(_await(response), timeout + BACKSTOP_GRACE_S)
+            result = await within(_await(response), self.backstop_s(endpoint))
             answered = True
         except asyncio.CancelledError:  # the client went away: stop the model's work
             response.cancel()
             raise
         except TimeoutError:
             response.cancel()
-            raise UpstreamTimeoutError() from None
+            raise UpstreamUnavailableError(NO_ANSWER) from None
         except Exception as exc:
             raise as_service_error(exc) from None
         finally:
@@ -273,6 +275,18 @@ class RouteHandlers:
         result = _checked(result, answer)
         _count_tokens(model, endpoint, result.usage)
         return result
+
+    def timeout_s(self, endpoint: str) -> float:
+        """The request deadline of ``endpoint``; the model deployment enforces it, counted
+        from here (``RequestContext.deadline``)."""
+        if endpoint == "decisions":
+            return self.config.limits.decision_timeout_s
+        return self.config.limits.request_timeout_s
+
+    def backstop_s(self, endpoint: str) -> float:
+        """How long the router waits for a model deployment's answer, or a stream's first
+        chunk: just past the deployment's own deadline (see ``NO_ANSWER``)."""
+        return self.timeout_s(endpoint) + BACKSTOP_GRACE_S
 
     def require_role(self, grant: Any, model: str, role: str) -> None:
         if model != getattr(self.config.roles, role):
@@ -357,12 +371,18 @@ class RouteHandlers:
 
         try:
             return await open_event_stream(
-                _cancel_on_close(chunks), render, on_finish, headers=_rate_headers(grant)
+                _cancel_on_close(chunks),
+                render,
+                on_finish,
+                headers=_rate_headers(grant),
+                first_within_s=self.backstop_s(endpoint),
             )
         except BaseException as exc:
             self.release(grant)
             if not isinstance(exc, Exception):
                 raise
+            if isinstance(exc, TimeoutError):  # the first chunk never came: cancelled
+                raise UpstreamUnavailableError(NO_ANSWER) from None
             raise as_service_error(exc) from None
 
     @staticmethod

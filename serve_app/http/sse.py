@@ -8,6 +8,7 @@ stream ends (llama.cpp's server does the same).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,13 +37,15 @@ async def open_event_stream(
     render: Callable[[Any], str | None],
     on_finish: Callable[[Any | None], Awaitable[None]] | None = None,
     headers: dict[str, str] | None = None,
+    first_within_s: float | None = None,
 ) -> StreamingResponse:
     """Await the first chunk (errors raise here), then stream the rest as SSE.
 
     ``render`` turns a chunk into an event string, or None to skip it (the internal usage chunk
-    when the client did not ask for usage). ``on_finish`` gets the last chunk seen.
+    when the client did not ask for usage). ``on_finish`` gets the last chunk seen. No first
+    chunk within ``first_within_s`` raises ``TimeoutError`` (the wait for it is cancelled).
     """
-    first = await anext(chunks)
+    first = await within(anext(chunks), first_within_s)
 
     async def events() -> AsyncIterator[str]:
         last = first
@@ -76,3 +79,26 @@ async def _quietly(awaitable: Awaitable[None]) -> None:
         await awaitable
     except BaseException:  # includes CancelledError when the client has gone
         logger.debug("end-of-stream hook did not complete", exc_info=True)
+
+
+async def within(awaitable: Awaitable[Any], seconds: float | None) -> Any:
+    """``awaitable``'s result, or ``TimeoutError`` after ``seconds`` (None: no limit), the
+    awaitable then cancelled. Unlike ``asyncio.wait_for``, a timeout is a ``TimeoutError`` even
+    where the awaitable answers its cancellation with an error of its own: a Serve handle's
+    response raises ``RequestCancelledError``, which ``wait_for`` passed on instead."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except asyncio.CancelledError:
+        _abandon(task)
+        raise
+    if not done:
+        _abandon(task)
+        raise TimeoutError
+    return task.result()
+
+
+def _abandon(task: asyncio.Future) -> None:
+    """Cancel ``task``; whatever it ends with is read, so asyncio logs nothing about it."""
+    task.cancel()
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())

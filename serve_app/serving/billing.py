@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -48,13 +49,16 @@ class RequestContext:
     cache a request reads or who pays for it.
 
     ``grant``: the auth service's grant (account, key, reservation). ``cache_salt``: the
-    prefix-cache partition (``cache_salt_for``), never left out.
+    prefix-cache partition (``cache_salt_for``), never left out. ``deadline``: when the
+    request's time is up (``time.time()``), counted from the router, so time spent queued for a
+    replica counts; None: ``timeout_s`` from when work starts.
     """
 
     grant: Any
     model: str
     endpoint: str
     cache_salt: str
+    deadline: float | None = None
 
 
 @dataclass
@@ -125,13 +129,26 @@ class UsageRecorder:
         self.timeout_s = timeout_s
         self._detached: set[asyncio.Task] = set()
 
+    def time_left(self, context: RequestContext) -> float:
+        """Seconds the request may still run. A request whose deadline passed while it waited
+        for a replica (one starting after a node was lost) is refused before any work and
+        billed nothing: its router has given up on it, or is about to (a 503 to the client),
+        so an answer now would be billed and never delivered."""
+        if context.deadline is None:
+            return self.timeout_s
+        left = min(self.timeout_s, context.deadline - time.time())
+        if left <= 0:
+            raise UpstreamUnavailableError("The request waited too long for a replica. Retry.")
+        return left
+
     async def run(self, context: RequestContext, work: Callable[[BilledCall], Awaitable[T]]) -> T:
         """Await ``work(call)`` and bill what it processed."""
+        time_left = self.time_left(context)
         call = BilledCall(context, UsageMeter())
         outcome = _Outcome()
         try:
             with outcome:
-                async with asyncio.timeout(self.timeout_s):
+                async with asyncio.timeout(time_left):
                     result = await work(call)
         finally:
             written = await self._settle(call, outcome.status)
@@ -143,9 +160,9 @@ class UsageRecorder:
         self, context: RequestContext, chunks: Callable[[BilledCall], AsyncIterator[T]]
     ) -> AsyncIterator[T]:
         """Yield ``chunks(call)`` and bill them; the deadline bounds the whole stream."""
+        deadline = asyncio.get_running_loop().time() + self.time_left(context)
         call = BilledCall(context, UsageMeter())
         outcome = _Outcome()
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
         iterator = chunks(call)
         try:
             with outcome:
