@@ -284,6 +284,8 @@ class LLMEngine(Engine):
     def _step(self) -> None:
         aborted = self.scheduler.reap_aborted()
         self.counters.requests_aborted += len(aborted)
+        for state in aborted:  # counted, then forgotten: the slot reads free after the count
+            self.scheduler.forget(state)
         for state in aborted:  # after the slots are free, so callers see them free
             state.push(STREAM_END)
         self.scheduler.admit()

@@ -110,7 +110,9 @@ class Scheduler:
         return joining
 
     def reap_aborted(self) -> list[State]:
-        """End aborted requests wherever they are and free their slots; returns them."""
+        """End aborted requests wherever they are and free their slots; returns them, for
+        the caller to count before it forgets them (so a caller that sees the slot free
+        also sees the abort counted)."""
         with self._lock:
             aborted = [s for s in self._waiting if s.abort_requested]
             for state in aborted:
@@ -119,7 +121,6 @@ class Scheduler:
         aborted = [s for s in aborted if not s.is_done]
         for state in aborted:
             state.status = RequestStatus.ABORTED
-            self.forget(state)
         if aborted:
             self.drop_done()
         return aborted
