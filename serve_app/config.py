@@ -27,6 +27,7 @@ from serve_app.auth.store import default_data_dir, resolve_auth_db
 from serve_app.engine.embedded import EMBEDDED_MODELS, embedded_name
 from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.prompts.edit.messages import EditPromptStyle
+from serve_app.engine.prompts.fim import FimLayout
 
 DEFAULT_MODEL_ID = "qwen2.5-coder-0.5b"
 
@@ -101,6 +102,13 @@ class ModelConfig(StrictConfig):
         default="chat",
         description="How next-edit requests are put to this model (docs/next_edit.md has "
         "each style's figures from bench/next_edit.py).",
+    )
+
+    fim_layout: FimLayout = Field(
+        default="spm",
+        description="How FIM prompts are laid out: spm (suffix first, the prefix right before "
+        "the answer: a keystroke re-reads only the prompt's last tokens) or psm (prefix, "
+        "suffix, middle). docs/fim.md has both layouts' figures from bench/fim_quality.py.",
     )
 
     @model_validator(mode="after")

@@ -119,8 +119,10 @@ def test_fim_max_tokens_8192_passes_validation_and_meets_the_context(client):
     assert "maximum context length for this model of 4096" in response.json()["error"]["message"]
 
 
-def test_fim_prompt_over_the_context(client):
-    body = {**FIM, "prompt": "x = 1\n" * 3000}
+def test_fim_answer_leaving_no_room_for_the_prompt(client):
+    # A prompt over the context is cut near the cursor (test_fim_prompt.py); an answer that
+    # takes the whole context leaves nothing to cut to.
+    body = {**FIM, "prompt": "x = 1\n", "max_tokens": 4095}
     assert_invalid(
         client.post("/v1/fim/completions", json=body, headers=AUTH),
         "prompt",

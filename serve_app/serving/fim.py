@@ -25,13 +25,18 @@ class FimService:
         self.format = fim_format_for(loaded.tokenizer, loaded.model_type)
 
     async def _request(self, body: FimCompletionRequest, call: BilledCall) -> GenerationRequest:
-        """Bound, then tokenise off the event loop."""
-        suffix = body.suffix or ""
-        self.client.check_input_size(len(body.prompt) + len(suffix), "prompt")
-        prompt_ids = await self.client.off_loop(
-            build_fim_prompt, self.format, self.client.tokenizer, body.prompt, suffix
-        )
+        """Tokenise off the event loop, text over the context cut at its far end from the
+        cursor (usage counts what was read)."""
         params = body.to_sampling_params(self.client.model.default_temperature)
+        prompt_ids = await self.client.off_loop(
+            build_fim_prompt,
+            self.format,
+            self.client.tokenizer,
+            body.prompt,
+            body.suffix or "",
+            self.client.model.fim_layout,
+            self.client.model.context_length - params.max_tokens,
+        )
         return self.client.request(call, prompt_ids, params, prompt_param="prompt", role="fim")
 
     async def complete(self, body: FimCompletionRequest, call: BilledCall) -> FimCompletion:

@@ -1,7 +1,14 @@
 """Fill-in-the-middle prompts, by model family, from the tokenizer's own special tokens.
 
 Like llama.cpp's ``format_prompt_infill``, this is only a prompt builder: the result is an
-ordinary prompt that the engine completes. PSM order (prefix, suffix, middle) throughout.
+ordinary prompt that the engine completes. Two layouts (``FimLayout``, a per-model setting):
+
+- ``psm``: ``<PRE>prefix<SUF>suffix<MID>``, the order most FIM docs show;
+- ``spm``: ``<PRE><SUF>suffix<MID>prefix``, the FIM paper's suffix-first variant, which these
+  models were also trained on. The text nearest the cursor is last, so a keystroke (the
+  prefix grows, the suffix stays) changes only the prompt's last tokens and the prefix cache
+  reuses everything before them; in ``psm`` every keystroke re-reads the whole suffix.
+  ``bench/fim_quality.py`` measures both on the same cases (docs/fim.md).
 
 Real clients write some of the format's markers into their text (api-notes.md, "FIM — the
 OpenAI-compatible path"), and those are read as what they mean:
@@ -22,13 +29,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from serve_app.engine.prompts.chat_encoding import encode_trusted, encode_untrusted
 from serve_app.errors import InvalidRequestError
 
 # Continue sends this literal suffix when there is nothing after the cursor.
 EMPTY_SUFFIX_SPELLING = "<|endoftext|>"
+
+FimLayout = Literal["psm", "spm"]
+FIM_LAYOUTS: tuple[FimLayout, ...] = ("psm", "spm")
 
 
 @dataclass(frozen=True)
@@ -40,9 +50,6 @@ class FimFormat:
     # Repo-level context markers; None when the format (or this tokenizer) has none.
     repo_name: str | None = None
     file_sep: str | None = None
-
-    def render(self, prefix: str, suffix: str) -> str:
-        return f"{self.prefix}{prefix}{self.suffix}{suffix}{self.middle}"
 
     @property
     def context_markers(self) -> tuple[str, ...]:
@@ -101,28 +108,91 @@ def fim_format_for(tokenizer: Any, model_type: str = "") -> FimFormat:
     )
 
 
-def build_fim_prompt(fmt: FimFormat, tokenizer: Any, prompt: str, suffix: str) -> list[int]:
-    """Token ids of the FIM prompt for a client's ``prompt`` and ``suffix``.
+def build_fim_prompt(
+    fmt: FimFormat,
+    tokenizer: Any,
+    prompt: str,
+    suffix: str,
+    layout: FimLayout = "psm",
+    max_tokens: int | None = None,
+) -> list[int]:
+    """Token ids of the FIM prompt for a client's ``prompt`` and ``suffix``, in ``layout``.
 
     The user's text is encoded with special tokens split, so code that happens to contain
     ``<|fim_middle|>`` cannot rewrite the prompt; only the client markers described in the
-    module docstring become tokens. Nothing is trimmed: a prompt over the context length is
-    the client's to shorten (``context_length_exceeded``), not ours to cut silently.
+    module docstring become tokens. Repo-level context always comes first (it changes least).
+
+    ``max_tokens``: the prompt's budget (the context less the answer's room). Text over it is
+    cut at the far end from the cursor, as llama.cpp's ``/infill`` does: the suffix keeps its
+    start (up to a quarter of the budget, more when the prefix leaves room), the prefix and
+    the context before it keep their end. Only text near the cursor is ever tokenised, so a
+    huge file costs what fits, not its size.
     """
     context, prefix = split_repo_context(fmt, prompt)
-    if suffix == EMPTY_SUFFIX_SPELLING:
-        suffix = ""
-    ids: list[int] = []
+    suffix = "" if suffix == EMPTY_SUFFIX_SPELLING else suffix
+    if prompt[: len(prompt) - len(prefix)].endswith(fmt.prefix):
+        prefix, suffix = read_client_template(fmt, prefix, suffix)
+    pre, suf, mid = (encode_trusted(tokenizer, m) for m in (fmt.prefix, fmt.suffix, fmt.middle))
+    # At least one token: a budget the answer ate whole is the engine's context error.
+    room = None if max_tokens is None else max(1, max_tokens - len(pre + suf + mid))
+    context_ids: list[int] = []
     for is_marker, text in context:
-        ids += encode_trusted(tokenizer, text) if is_marker else encode_untrusted(tokenizer, text)
-    return (
-        ids
-        + encode_trusted(tokenizer, fmt.prefix)
-        + encode_untrusted(tokenizer, prefix)
-        + encode_trusted(tokenizer, fmt.suffix)
-        + encode_untrusted(tokenizer, suffix)
-        + encode_trusted(tokenizer, fmt.middle)
-    )
+        context_ids += (encode_trusted if is_marker else encode_untrusted)(tokenizer, text)
+    prefix_ids = _encode_near_cursor(tokenizer, prefix, room, keep_end=True)
+    suffix_ids = _encode_near_cursor(tokenizer, suffix, room, keep_end=False)
+    over = len(context_ids) + len(prefix_ids) + len(suffix_ids) - (room or 0)
+    if room is not None and over > 0:
+        before = len(context_ids) + len(prefix_ids)
+        keep_suffix = min(len(suffix_ids), max(room // 4, room - before))
+        suffix_ids = suffix_ids[:keep_suffix]
+        drop = before - (room - keep_suffix)  # from the far end: the context, then the prefix
+        prefix_ids = prefix_ids[max(0, drop - len(context_ids)) :]
+        context_ids = context_ids[drop:]
+    if layout == "spm":
+        return context_ids + pre + suf + suffix_ids + mid + prefix_ids
+    return context_ids + pre + prefix_ids + suf + suffix_ids + mid
+
+
+def _encode_near_cursor(tokenizer: Any, text: str, limit: int | None, keep_end: bool) -> list[int]:
+    """``text``'s tokens, or, when ``limit`` tokens cannot hold it, at least the ``limit``
+    tokens nearest the cursor (its end for a prefix, its start for a suffix): windows of
+    text twice as wide each time are tokenised until one holds ``limit`` tokens."""
+    if limit is None:
+        return encode_untrusted(tokenizer, text)
+    width = 8 * limit
+    while True:
+        window = text[-width:] if keep_end else text[:width]
+        ids = encode_untrusted(tokenizer, window)
+        if len(window) == len(text):
+            return ids
+        if len(ids) > limit:
+            # Drop the window's far-end token: it may be half a word the cut split.
+            return ids[-limit:] if keep_end else ids[:limit]
+        width *= 2
+
+
+def read_client_template(fmt: FimFormat, prefix: str, suffix: str) -> tuple[str, str]:
+    """``(prefix, suffix)`` of a prompt that opened with the prefix marker.
+
+    A client that writes the whole template (``P<SUF>S<MID>``, or suffix first,
+    ``<SUF>S<MID>P``: each marker once, the middle marker ending it or the suffix marker
+    opening it) gets it read as what it means. A template together with a ``suffix`` field is
+    a 400: guessing which suffix was meant would complete the wrong text. Marker spellings in
+    any other arrangement are the user's code (this very module, say), and stay plain text.
+    """
+    head, _, rest = prefix.partition(fmt.suffix)
+    between, marker, tail = rest.partition(fmt.middle)
+    once = all(m not in part for part in (head, between, tail) for m in (fmt.suffix, fmt.middle))
+    if not (fmt.suffix in prefix and marker and once and not (head and tail)):
+        return prefix, suffix
+    if suffix:
+        raise InvalidRequestError(
+            f"The prompt is a whole FIM template (it holds {fmt.suffix.strip()} and "
+            f"{fmt.middle.strip()}) and a suffix was sent too: send the text before the cursor "
+            "as prompt and the text after it as suffix, without the model's markers.",
+            param="suffix",
+        )
+    return head or tail, between
 
 
 def split_repo_context(fmt: FimFormat, prompt: str) -> tuple[list[tuple[bool, str]], str]:

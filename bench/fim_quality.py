@@ -1,0 +1,173 @@
+"""FIM quality by prompt layout: exact first line on code no one here wrote, in-process.
+
+    python -m bench.fim_quality --cases 40 --layouts psm,spm [--llama-url http://127.0.0.1:8090]
+
+For every case set of ``bench.fim_cases`` (stdlib windows, long files, short functions, C++
+headers) and every layout of ``serve_app.engine.prompts.fim`` (``psm``: prefix, suffix,
+middle, today's default; ``spm``: suffix first, the prefix right before the answer), the
+embedded model completes each case greedily through the engine as the service runs it on
+this CPU (the runner, int8 or int4 decode weights, prompts as ``prompt_weights: auto``
+reads them), and a case counts when the completion's first line equals the removed line
+(trailing spaces ignored). Ratios are against ``psm`` in the same run.
+
+With ``--llama-url`` the same prompts, rendered as text with the same markers, also go to a
+running ``llama-server`` on the model's own GGUF (``/completion``, greedy, no prompt cache),
+so the table shows what llama.cpp reaches with each layout on the same cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.fim_cases import CASE_SETS, FimCase
+from serve_app.engine.engine import LLMEngine
+from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
+from serve_app.engine.loader import load_model
+from serve_app.engine.prompts.fim import FIM_LAYOUTS, FimFormat, build_fim_prompt, fim_format_for
+from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
+
+MAX_TOKENS = 48
+
+
+def first_line_matches(text: str, line: str) -> bool:
+    return text.split("\n", 1)[0].rstrip() == line.rstrip()
+
+
+def cpu_flags() -> str:
+    """The CPU's model name and the SIMD flags that pick kernels (``lscpu``'s, from /proc)."""
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "fma", "f16c")
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if "model name" in ln), "")
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if "flags" in ln), [])
+    return f"{name}; flags: {' '.join(f for f in wanted if f in flags)}"
+
+
+async def _engine_answers(engine: LLMEngine, prompts: list[list[int]], tag: str) -> list[str]:
+    params = SamplingParams(max_tokens=MAX_TOKENS, stop=("\n",))
+    limit = asyncio.Semaphore(8)
+
+    async def one(i: int, ids: list[int]) -> str:
+        async with limit:
+            request = GenerationRequest(f"{tag}-{i}", ids, params, f"bench-{tag}-{i}", role="fim")
+            text, _ = await generate_text(engine, request)
+            return text
+
+    return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+
+def _llama_answer(url: str, prompt: str) -> str:
+    body = {
+        "prompt": prompt,
+        "n_predict": MAX_TOKENS,
+        "temperature": 0,
+        "top_k": 1,
+        "stop": ["\n"],
+        "cache_prompt": False,
+    }
+    request = urllib.request.Request(
+        f"{url}/completion", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=600) as response:
+        return json.loads(response.read())["content"]
+
+
+def render(fmt: FimFormat, case: FimCase, layout: str) -> str:
+    if layout == "spm":
+        return f"{fmt.prefix}{fmt.suffix}{case.suffix}{fmt.middle}{case.prefix}"
+    return f"{fmt.prefix}{case.prefix}{fmt.suffix}{case.suffix}{fmt.middle}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--source", default="embedded:qwen2.5-coder-0.5b")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cases", type=int, default=40, help="cases per set")
+    parser.add_argument("--sets", default=",".join(CASE_SETS))
+    parser.add_argument("--layouts", default=",".join(FIM_LAYOUTS))
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--llama-url", default=None)
+    parser.add_argument("--show-misses", action="store_true")
+    args = parser.parse_args()
+    layouts = args.layouts.split(",")
+    sets = {name: CASE_SETS[name](args.cases, args.seed) for name in args.sets.split(",")}
+
+    loaded = load_model(args.source, threads=args.threads)
+    fmt = fim_format_for(loaded.tokenizer, loaded.model_type)
+    config = EngineConfig(
+        weights="auto",
+        prompt_weights="auto",
+        max_batch_size=4,
+        prefix_cache_mb=0,
+        speculation=NO_SPECULATION,
+    )
+    engine = LLMEngine(loaded, config)
+    results: dict[tuple[str, str, str], list[bool]] = {}
+    started = time.perf_counter()
+    try:
+        for set_name, cases in sets.items():
+            for layout in layouts:
+                prompts = [
+                    build_fim_prompt(fmt, loaded.tokenizer, c.prefix, c.suffix, layout)
+                    for c in cases
+                ]
+                texts = asyncio.run(_engine_answers(engine, prompts, f"{set_name}-{layout}"))
+                hits = [first_line_matches(t, c.line) for t, c in zip(texts, cases, strict=True)]
+                results[("service", set_name, layout)] = hits
+                _report_progress("service", set_name, layout, hits, started)
+                if args.show_misses:
+                    _show_misses(cases, texts, hits)
+                if args.llama_url:
+                    texts = [_llama_answer(args.llama_url, render(fmt, c, layout)) for c in cases]
+                    hits = [
+                        first_line_matches(t, c.line) for t, c in zip(texts, cases, strict=True)
+                    ]
+                    results[("llama.cpp", set_name, layout)] = hits
+                    _report_progress("llama.cpp", set_name, layout, hits, started)
+    finally:
+        engine.shutdown()
+    print(f"\n{args.source}, exact first line, greedy, {args.cases} cases per set")
+    print(f"CPU: {cpu_flags()}; engine backend: {engine.stats().backend}")
+    print(_table(results, list(sets), layouts))
+
+
+def _report_progress(engine: str, set_name: str, layout: str, hits: list[bool], t0: float):
+    elapsed = time.perf_counter() - t0
+    print(f"[{elapsed:6.0f} s] {engine} {set_name} {layout}: {sum(hits)}/{len(hits)}", flush=True)
+
+
+def _show_misses(cases: list[FimCase], texts: list[str], hits: list[bool]) -> None:
+    for case, text, hit in zip(cases, texts, hits, strict=True):
+        if not hit:
+            print(f"  {case.source}: want {case.line.strip()!r} got {text.strip()!r}")
+
+
+def _table(results: dict[tuple[str, str, str], list[bool]], sets: list[str], layouts: list[str]):
+    engines = sorted({engine for engine, _, _ in results}, reverse=True)
+    head = ["engine", "layout", *sets, "all"]
+    rows = [head, ["---"] * len(head)]
+    for engine in engines:
+        base = {s: sum(results[(engine, s, layouts[0])]) for s in sets}
+        for layout in layouts:
+            cells = []
+            for s in sets:
+                hits = results[(engine, s, layout)]
+                ratio = f" ({sum(hits) / base[s]:.2f}x)" if base[s] and layout != layouts[0] else ""
+                cells.append(f"{sum(hits)}/{len(hits)}{ratio}")
+            total = sum(sum(results[(engine, s, layout)]) for s in sets)
+            count = sum(len(results[(engine, s, layout)]) for s in sets)
+            cells.append(f"{total}/{count}")
+            rows.append([engine, layout, *cells])
+    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+
+
+if __name__ == "__main__":
+    main()

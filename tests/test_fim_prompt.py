@@ -1,0 +1,124 @@
+"""FIM prompts: the two layouts, text over the context cut at its far end from the cursor, and
+client-written templates, through the builder (tiny model's Qwen tokenizer) and over HTTP."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from serve_app.engine.prompts.fim import FIM_FORMATS, build_fim_prompt
+from serve_app.errors import InvalidRequestError
+from tests.conftest import AUTH, TINY_ID
+
+QWEN = FIM_FORMATS["qwen"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_source: str):
+    return AutoTokenizer.from_pretrained(tiny_source.removeprefix("tiny:"))
+
+
+def text_of(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids)
+
+
+def test_layouts_put_the_text_nearest_the_cursor_where_they_say(tokenizer) -> None:
+    psm = text_of(tokenizer, build_fim_prompt(QWEN, tokenizer, "def f(", "):\n", "psm"))
+    spm = text_of(tokenizer, build_fim_prompt(QWEN, tokenizer, "def f(", "):\n", "spm"))
+    assert psm == "<|fim_prefix|>def f(<|fim_suffix|>):\n<|fim_middle|>"
+    assert spm == "<|fim_prefix|><|fim_suffix|>):\n<|fim_middle|>def f("
+
+
+def test_a_keystroke_changes_only_the_end_of_a_suffix_first_prompt(tokenizer) -> None:
+    suffix = "\n\nprint(main())\n" * 20
+    before = build_fim_prompt(QWEN, tokenizer, "def main():\n    retur", suffix, "spm")
+    after = build_fim_prompt(QWEN, tokenizer, "def main():\n    return", suffix, "spm")
+    shared = next(i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b)
+    # Only the last line's tokens differ (however the tokenizer splits the word typed)...
+    assert shared >= len(before) - len(tokenizer.encode("    retur"))
+    # ... where prefix, suffix, middle differs right after the prefix, before the suffix.
+    psm = [build_fim_prompt(QWEN, tokenizer, p, suffix, "psm") for p in ("retur", "return")]
+    assert next(i for i, (a, b) in enumerate(zip(*psm, strict=False)) if a != b) < 8
+
+
+def test_repo_context_comes_first_in_both_layouts(tokenizer) -> None:
+    prompt = "<|file_sep|>src/app.py\n<|fim_prefix|>import os\n"
+    for layout in ("psm", "spm"):
+        text = text_of(tokenizer, build_fim_prompt(QWEN, tokenizer, prompt, "x = 1\n", layout))
+        assert text.startswith("<|file_sep|>src/app.py\n<|fim_prefix|>")
+        assert text.count("<|fim_prefix|>") == 1
+
+
+@pytest.mark.parametrize("layout", ["psm", "spm"])
+def test_text_over_the_budget_is_cut_at_the_far_end_from_the_cursor(tokenizer, layout) -> None:
+    prefix = "".join(f"line_{i} = {i}\n" for i in range(3000)) + "cursor_here = "
+    suffix = "after_cursor = 1\n" + "".join(f"tail_{i} = {i}\n" for i in range(3000))
+    ids = build_fim_prompt(QWEN, tokenizer, prefix, suffix, layout, max_tokens=400)
+    assert len(ids) == 400
+    text = text_of(tokenizer, ids)
+    assert "cursor_here = " in text and "after_cursor = 1" in text  # nearest the cursor kept
+    assert "line_0 =" not in text and "tail_2999" not in text  # far ends cut
+    assert text.count("<|fim_middle|>") == 1 and text.count("<|fim_suffix|>") == 1
+
+
+def test_a_short_prefix_leaves_its_room_to_the_suffix(tokenizer) -> None:
+    suffix = "".join(f"tail_{i} = {i}\n" for i in range(3000))
+    ids = build_fim_prompt(QWEN, tokenizer, "x = ", suffix, "spm", max_tokens=400)
+    assert len(ids) == 400  # not a quarter of the budget: the prefix did not need the rest
+
+
+def test_text_within_the_budget_is_untouched(tokenizer) -> None:
+    whole = build_fim_prompt(QWEN, tokenizer, "def f(", "):\n", "spm")
+    assert build_fim_prompt(QWEN, tokenizer, "def f(", "):\n", "spm", max_tokens=4000) == whole
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "<|fim_prefix|>def f(<|fim_suffix|>):\n<|fim_middle|>",
+        "<|fim_prefix|><|fim_suffix|>):\n<|fim_middle|>def f(",
+    ],
+    ids=["prefix-first", "suffix-first"],
+)
+def test_a_client_written_template_is_read_as_what_it_means(tokenizer, prompt) -> None:
+    want = build_fim_prompt(QWEN, tokenizer, "def f(", "):\n", "spm")
+    assert build_fim_prompt(QWEN, tokenizer, prompt, "", "spm") == want
+
+
+def test_a_template_with_a_suffix_field_is_refused(tokenizer) -> None:
+    template = "<|fim_prefix|>def f(<|fim_suffix|>):\n<|fim_middle|>"
+    with pytest.raises(InvalidRequestError) as refused:
+        build_fim_prompt(QWEN, tokenizer, template, "):\n", "spm")
+    assert refused.value.param == "suffix"
+
+
+def test_marker_spellings_inside_code_stay_text(tokenizer) -> None:
+    code = '<|fim_prefix|>MARKS = ["<|fim_suffix|>", "<|fim_middle|>"]\n'
+    ids = build_fim_prompt(QWEN, tokenizer, code, "print(MARKS)\n", "spm")
+    special = tokenizer.convert_tokens_to_ids(["<|fim_suffix|>", "<|fim_middle|>"])
+    assert [ids.count(token) for token in special] == [1, 1]  # the prompt's own, only
+
+
+# --------------------------------------------------------------------------- over HTTP (tiny)
+
+
+def test_a_file_longer_than_the_context_is_completed_from_the_text_near_the_cursor(client):
+    prefix = "".join(f"value_{i} = {i}\n" for i in range(4000))  # ~28k tokens; context 4,096
+    body = {"model": TINY_ID, "prompt": prefix, "suffix": "print(1)\n" * 500, "max_tokens": 8}
+    response = client.post("/v1/fim/completions", json=body, headers=AUTH)
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+    assert usage["prompt_tokens"] == 4096 - 8  # billed what was read, all the room there was
+
+
+def test_a_template_and_a_suffix_field_together_are_a_400(client):
+    body = {
+        "model": TINY_ID,
+        "prompt": "<|fim_prefix|>def f(<|fim_suffix|>):\n<|fim_middle|>",
+        "suffix": "):\n",
+        "max_tokens": 2,
+    }
+    response = client.post("/v1/fim/completions", json=body, headers=AUTH)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "suffix"
