@@ -4,7 +4,10 @@ The step loop drives a backend through these calls, never through a model direct
 
 - ``begin(state, kv)``: give a request its KV (a slot, or a cache) and load its prefix hit;
 - ``prefill(state, start, end)``: read prompt positions ``start..end``, return the last
-  position's logits ``[V]``; ``prompt_kv(state)``: the prompt's KV, for the prefix cache;
+  position's logits ``[V]``;
+- ``computed_kv(state)``: the KV of a request's first ``num_computed`` tokens, for the prefix
+  cache (after its prompt is read, and when it ends), or None where the backend cannot hand
+  it out (the HF backend's decode rows live in one batched cache);
 - ``join(states)``: move prefilled requests into the decode batch (``rows``);
 - ``decode(drafts)``: one forward for every row, its last token then its draft tokens;
   logits ``[1 + len(draft), V]`` per row (drafts stay empty unless ``supports_speculation``);
@@ -50,7 +53,7 @@ class ModelBackend(Protocol):
         self, state: Any, start: int, end: int, check: Callable[[], None] | None = None
     ) -> torch.Tensor: ...
 
-    def prompt_kv(self, state: Any) -> KV: ...
+    def computed_kv(self, state: Any) -> KV | None: ...
 
     def join(self, states: Sequence[Any]) -> None: ...
 

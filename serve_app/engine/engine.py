@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import torch
@@ -81,6 +81,11 @@ from serve_app.errors import (
 
 logger = logging.getLogger(__name__)
 
+# Draft length when the draft comes from the suggestion this account was just offered (see
+# ``_draft``): a user typing it makes long drafts likely right, and checking 16 tokens costs a
+# few decode steps, against 16 steps to decode them.
+SUGGESTION_DRAFT_TOKENS = 16
+
 # Whole steps failing in a row before the loop gives up and ``check_health`` reports it.
 MAX_CONSECUTIVE_STEP_FAILURES = 10
 
@@ -115,7 +120,7 @@ class LLMEngine(Engine):
         self.max_columns = self.context_length + score_columns
         self.backend = make_backend(loaded, self.config, self.max_columns, scoring)
         self.scheduler = Scheduler(
-            self.backend, self.config.max_batch_size, self.config.max_waiting
+            self.backend, self.config.max_batch_size, self.config.max_waiting, self._keep_kv
         )
         self.output = OutputProcessor(self.eos_token_ids, self.counters, self.scheduler.forget)
         self._wakeup = threading.Event()
@@ -327,14 +332,28 @@ class LLMEngine(Engine):
             self._finish_prefill(state, logits)
         return end - start
 
-    # The prefix cache's key is the account's salt and the prompt's token ids (one account's
-    # prompt is never a hit for another: see prefix_cache); these two are the only callers.
+    # The prefix cache's key is the account's salt and the token ids (one account's prompt is
+    # never a hit for another: see prefix_cache); these are its only callers.
     def _cache_lookup(self, state: State) -> tuple[int, Any]:
-        return self.prefix_cache.lookup(state.lookup_ids, state.request.cache_salt)
+        salt = state.request.cache_salt
+        cached, kv = self.prefix_cache.lookup(state.lookup_ids, salt)
+        if isinstance(state, RequestState) and self._draft_tokens(state):
+            state.draft_corpus = self.prefix_cache.continuation(state.lookup_ids, salt)
+        return cached, kv
 
     def _cache_insert(self, state: State) -> None:
-        kv = self.backend.prompt_kv(state)
-        self.prefix_cache.insert(state.prompt_ids, kv, state.request.cache_salt)
+        kv = self.backend.computed_kv(state)
+        if kv is not None:
+            self.prefix_cache.insert(state.computed_ids, kv, state.request.cache_salt)
+
+    def _keep_kv(self, states: Sequence[State]) -> None:
+        """An ended request's KV goes to the prefix cache, output tokens included, and so does
+        a prompt read only in part: a client that cancels on every keystroke and asks again
+        with one more character reads only what is new, even if no request ever finished.
+        (Passes of a scoring request write past ``num_computed``; only its prefix is kept.)"""
+        for state in states:
+            if state.num_computed > state.cached_tokens:
+                self._cache_insert(state)
 
     def _finish_prefill(self, state: State, logits: torch.Tensor | None) -> None:
         """Cache the prompt's KV; sample the first token of a generation, and move the
@@ -401,20 +420,34 @@ class LLMEngine(Engine):
                 logger.exception("sampling failed for request %s", state.request_id)
                 self.output.fail(state, e)
 
+    def _draft_tokens(self, state: RequestState) -> int:
+        """How many tokens a step may draft for this request (0: its role does not speculate)."""
+        if not self.backend.supports_speculation:
+            return 0
+        return self.config.speculation.draft_tokens(state.request.role)
+
     def _draft(self, state: RequestState) -> list[int]:
         """A prompt-lookup draft when the request's role speculates (see speculation.py)."""
-        k = self.config.speculation.draft_tokens(state.request.role)
-        if not k or not self.backend.supports_speculation:
+        k = self._draft_tokens(state)
+        if not k:
             return []
         params = state.request.params
         # Never past max_tokens (one token comes from the last position) or the context.
-        k = min(
-            k,
+        limit = min(
             params.max_tokens - state.num_output_tokens - 1,
             self.context_length - state.num_computed - 1,
         )
+        k = min(k, limit)
+        if k <= 0:
+            return []
         history = state.history
-        return propose_draft(history.prompt_ids + history.output_ids, k) if k > 0 else []
+        tokens = history.prompt_ids + history.output_ids
+        if state.draft_corpus:
+            draft = propose_draft(tokens, min(limit, SUGGESTION_DRAFT_TOKENS), state.draft_corpus)
+            state.drafted_from_corpus = bool(draft)
+            if draft:
+                return draft
+        return propose_draft(tokens, k)
 
     def _verify(self, state: RequestState, draft: list[int], logits: torch.Tensor) -> None:
         """Sample position by position, as plain decoding would; stop at the first token that
@@ -428,6 +461,8 @@ class LLMEngine(Engine):
             if position == len(draft) or state.is_done or token != draft[position]:
                 break
             self.counters.accepted_draft_tokens += 1
+        if draft and position == 0 and state.drafted_from_corpus:
+            state.draft_corpus = []  # the answer left the old suggestion: stop paying for it
 
     def _fail_all(self, error: BaseException, include_waiting: bool) -> None:
         for state in self.scheduler.clear(include_waiting):

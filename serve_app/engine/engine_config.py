@@ -81,13 +81,14 @@ class EngineConfig(_Strict):
         "quality; dense elsewhere).",
     )
     small_prefill_tokens: int = Field(
-        default=32,
+        default=0,
         ge=0,
         le=256,
-        description="A prompt chunk of at most this many tokens after the prompt's first "
-        "position (the tail after a prefix-cache hit) runs on the decode weights: it reads "
-        "every weight for a few rows, like a decode step, where int8/int4 cost 2-3x less than "
-        "dense. 0: always dense.",
+        description="With dense prompts, a prompt chunk of at most this many tokens after the "
+        "prompt's first position (the tail after a prefix-cache hit) runs on the decode "
+        "weights: 2-3x faster, but a cached prompt's tail is then read on other weights than "
+        "a cold one's, and the same request may answer differently cached and cold. 0 (the "
+        "default): always the prompt weights, so cached and cold answer alike.",
     )
     speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
 

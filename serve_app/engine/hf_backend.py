@@ -178,8 +178,14 @@ class HFBackend:
         )
         return out.logits[0, -1]
 
-    def prompt_kv(self, state: Any) -> KV:
-        return kv_from_cache(state.kv)
+    def computed_kv(self, state: Any) -> KV | None:
+        """A prefilling request's cache, unless a pass stopped half-way through it."""
+        if state.kv is None:
+            return None
+        kv = kv_from_cache(state.kv)
+        if any(k.shape[-2] != state.num_computed for k, _ in kv):
+            return None
+        return kv
 
     def join(self, states: Sequence[Any]) -> None:
         self.batch.add(states, [kv_from_cache(s.kv) for s in states])

@@ -134,6 +134,24 @@ class PrefixCache:
         self.hit_tokens += best_len
         return best_len, crop_kv(self._entries[best_key].kv, best_len)
 
+    def continuation(self, token_ids: Sequence[int], salt: str, overlap: int = 4) -> list[int]:
+        """What a stored sequence of ``salt`` holds past its longest common prefix with
+        ``token_ids``, from ``overlap`` tokens before the divergence (so an n-gram ending
+        there finds it): the completion an account was offered after a prompt this one
+        extends, for drafts. Empty when nothing of ``salt`` goes past ``token_ids``."""
+        if not self.enabled:
+            return []
+        best_len, best_ids = 0, None
+        for entry in self._entries.values():
+            if entry.salt != salt:
+                continue
+            n = common_prefix_len(entry.token_ids, token_ids)
+            if n > best_len and len(entry.token_ids) > n:
+                best_len, best_ids = n, entry.token_ids
+        if best_ids is None:
+            return []
+        return best_ids[max(0, best_len - overlap) :]
+
     def insert(self, token_ids: Sequence[int], kv: KV, salt: str) -> bool:
         """Store the KV of ``token_ids`` under ``salt``; False when it was not stored (too
         small/large, covered).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from serve_app.engine.constraints import (
@@ -80,6 +80,11 @@ class InFlight:
         whose logits give the first output token)."""
         return self.request.prompt_token_ids
 
+    @property
+    def computed_ids(self) -> list[int]:
+        """The tokens whose keys/values the request's KV holds (the first ``num_computed``)."""
+        return self.request.prompt_token_ids[: self.num_computed]
+
     def push(self, item: GenerationChunk | ScoringChunk | BaseException | StreamEnd) -> bool:
         """Hand an item to the caller's event loop; False when that loop is gone."""
         try:
@@ -101,6 +106,10 @@ class RequestState(InFlight):
     stop_matcher: StopMatcher
     finish_reason: str | None = None
     tokens_sent: int = 0  # output tokens already handed out in a chunk's ``token_ids``
+    # What followed this prompt's longest prefix-cache match (its account's earlier prompt
+    # and completion): drafts for speculation, e.g. the rest of the suggestion a user types.
+    draft_corpus: list[int] = field(default_factory=list)
+    drafted_from_corpus: bool = False  # the last draft came from it (dropped on a miss)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -109,6 +118,12 @@ class RequestState(InFlight):
     @property
     def num_output_tokens(self) -> int:
         return len(self.history.output_ids)
+
+    @property
+    def computed_ids(self) -> list[int]:
+        """Prompt then output: a decode step feeds each output token before it samples the
+        next, so the KV holds all of them but the last."""
+        return (self.history.prompt_ids + self.history.output_ids)[: self.num_computed]
 
     @property
     def prefill_done(self) -> bool:

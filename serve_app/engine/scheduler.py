@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from serve_app.engine.backend import ModelBackend
 from serve_app.engine.requests import RequestState, RequestStatus, ScoringState, State
@@ -28,8 +28,17 @@ from serve_app.errors import UpstreamUnavailableError
 
 
 class Scheduler:
-    def __init__(self, backend: ModelBackend, max_batch_size: int, max_waiting: int) -> None:
+    def __init__(
+        self,
+        backend: ModelBackend,
+        max_batch_size: int,
+        max_waiting: int,
+        keep: Callable[[Sequence[State]], None],
+    ) -> None:
+        """``keep``: called with ended requests just before their KV is released, to save
+        what is worth keeping (the engine's prefix cache)."""
         self.backend = backend
+        self.keep = keep
         self.max_batch_size = max_batch_size
         self.max_waiting = max_waiting
         self.prefilling: list[State] = []
@@ -99,13 +108,13 @@ class Scheduler:
             state.status = RequestStatus.DECODING
             self.joining.append(state)
         else:
-            self.backend.release([state])
+            self._release([state])
         self.prefilling.remove(state)
 
     def take_joining(self) -> list[RequestState]:
         """The requests that join the decode batch now (an ended one gives its slot back)."""
         joining = [s for s in self.joining if not s.is_done]
-        self.backend.release([s for s in self.joining if s.is_done])
+        self._release([s for s in self.joining if s.is_done])
         self.joining = []
         return joining
 
@@ -130,7 +139,7 @@ class Scheduler:
         self.prefilling = [s for s in self.prefilling if not s.is_done]
         self.joining = [s for s in self.joining if not s.is_done]
         self.scoring = [s for s in self.scoring if not s.is_done]
-        self.backend.release(done)
+        self._release(done)
 
     def clear(self, include_waiting: bool) -> list[State]:
         """Empty the loop's lists (and the waiting queue if asked); returns the requests that
@@ -143,6 +152,11 @@ class Scheduler:
         states = waiting + self.in_flight()
         self.prefilling, self.joining, self.scoring = [], [], []
         return states
+
+    def _release(self, states: Sequence[State]) -> None:
+        if states:
+            self.keep(states)
+            self.backend.release(states)
 
     def _slots_in_use(self) -> int:
         return len(self.prefilling) + len(self.joining) + len(self.backend) + len(self.scoring)

@@ -75,7 +75,9 @@ class RunnerBackend:
             hidden, row.reads, lambda h: runner.lm_head(h, runner.quantized_prompts)
         )
 
-    def prompt_kv(self, state: Any) -> KV:
+    def computed_kv(self, state: Any) -> KV | None:
+        if not isinstance(state.kv, int):
+            return None
         return self.cache.read(state.kv, state.num_computed)
 
     # ------------------------------------------------------------------ decode

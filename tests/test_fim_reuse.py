@@ -1,0 +1,153 @@
+"""What a keystroke reuses, on the engine's own runner (tiny model): the KV a request leaves
+behind (its output included, and a prompt read only in part when the client cancelled),
+never across accounts; the suggestion just offered as a draft, exact; cached and cold prompts
+answering alike.
+
+The tiny model's matrices are redrawn (std 0.3, seeded) so its greedy output depends on the
+prompt, as in test_engine.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+import torch
+
+from serve_app.engine.engine import LLMEngine
+from serve_app.engine.loader import LoadedModel, load_model
+from serve_app.engine.protocol import GenerationRequest, SamplingParams
+from tests.conftest import engine_config, speculating
+
+PREFIX = "import os\nimport sys\n\ndef load(path):\n    with open(path) as f:\n        return "
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    lm = load_model("tiny:" + str(tmp_path_factory.mktemp("tiny")))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in lm.model.parameters():
+            if param.dim() >= 2:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return dataclasses.replace(lm, eos_token_ids=[])
+
+
+@pytest.fixture
+def engines(loaded: LoadedModel):
+    made: list[LLMEngine] = []
+
+    def make(**config) -> LLMEngine:
+        made.append(LLMEngine(loaded, engine_config(**config)))
+        return made[-1]
+
+    yield make
+    for engine in made:
+        engine.shutdown()
+
+
+def prompt_ids(loaded: LoadedModel) -> list[int]:
+    return loaded.tokenizer.encode(PREFIX * 3)
+
+
+def complete(engine: LLMEngine, ids: list[int], n: int, salt: str = "account-a", rid: str = ""):
+    """Greedy ``n`` tokens; returns (token ids, cached prompt tokens)."""
+    request = GenerationRequest(
+        rid or f"r{id(ids)}-{n}", ids, SamplingParams(max_tokens=n), salt, role="fim"
+    )
+
+    async def main():
+        tokens: list[int] = []
+        last = None
+        async for chunk in engine.generate(request):
+            tokens += chunk.token_ids
+            last = chunk
+        return tokens, last.cached_tokens
+
+    return asyncio.run(asyncio.wait_for(main(), timeout=60))
+
+
+def test_an_ended_request_leaves_its_output_for_the_next_keystroke(loaded, engines) -> None:
+    engine = engines()
+    prompt = prompt_ids(loaded)
+    first, _ = complete(engine, prompt, 16)
+    typed = prompt + first[:8]  # the user typed half of what was suggested
+    again, cached = complete(engine, typed, 8)
+    # Everything but the last prompt token came from the cache, the typed output included.
+    assert cached == len(typed) - 1
+    assert again == first[8:16]
+
+
+def test_a_cancelled_request_leaves_what_it_read(loaded, engines) -> None:
+    """An IDE cancels the previous request on each keystroke: what it read still counts."""
+    engine = engines(prefill_chunk_tokens=16)
+    prompt = prompt_ids(loaded)
+    request = GenerationRequest("cancelled", prompt, SamplingParams(max_tokens=200), "account-a")
+
+    async def read_two_chunks_and_leave() -> list[int]:
+        tokens: list[int] = []
+        stream = engine.generate(request)
+        async for chunk in stream:
+            tokens += chunk.token_ids
+            if len(tokens) >= 2:
+                break
+        await stream.aclose()
+        return tokens
+
+    seen = asyncio.run(asyncio.wait_for(read_two_chunks_and_leave(), timeout=60))
+    for _ in range(100):  # the abort is reaped at the loop's next step
+        if engine.num_running == 0:
+            break
+        asyncio.run(asyncio.sleep(0.02))
+    _, cached = complete(engine, prompt + seen[:1] + [7], 2)
+    assert cached >= len(prompt) + 1
+
+
+def test_no_reuse_across_accounts(loaded, engines) -> None:
+    engine = engines()
+    prompt = prompt_ids(loaded)
+    first, _ = complete(engine, prompt, 8, salt="account-a")
+    _, cached = complete(engine, prompt + first[:4], 4, salt="account-b")
+    assert cached == 0
+    _, cached = complete(engine, prompt + first[:4], 4, salt="account-a")
+    assert cached == len(prompt) + 3
+
+
+def test_the_suggestion_just_offered_is_checked_as_a_draft(loaded, engines) -> None:
+    """Typing what was suggested: the rest of the suggestion is verified in a few forwards
+    instead of decoded token by token, and the tokens are exactly plain decoding's."""
+    plain, drafting = engines(), engines(speculation=speculating(fim=2))
+    prompt = prompt_ids(loaded)
+    suggestion, _ = complete(drafting, prompt, 24)
+    assert suggestion == complete(plain, prompt, 24)[0]
+
+    before = drafting.stats()
+    typed = prompt + suggestion[:4]
+    rest, _ = complete(drafting, typed, 20)
+    after = drafting.stats()
+    assert rest == suggestion[4:24] == complete(plain, typed, 20)[0]
+    accepted = after.accepted_draft_tokens - before.accepted_draft_tokens
+    assert accepted >= 16  # the whole suggestion, not 2 prompt-lookup tokens a step
+    assert after.steps - before.steps <= 4  # a prefill step and a couple of verify steps
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [
+        {"weights": "dense"},
+        {"weights": "int8", "prompt_weights": "decode"},
+        {"weights": "int4", "prompt_weights": "dense"},
+    ],
+    ids=["dense", "int8", "int4"],
+)
+def test_cached_and_cold_prompts_answer_alike(loaded, engines, weights) -> None:
+    """The same request at temperature 0, cold on one engine and after a sibling prompt
+    filled the cache on another: the same tokens, whatever the weights."""
+    prompt = prompt_ids(loaded)
+    cold, cached_cold = complete(engines(**weights), prompt, 16)
+    warm_engine = engines(**weights)
+    complete(warm_engine, prompt[:-3] + [11, 12], 4)
+    warm, cached_warm = complete(warm_engine, prompt, 16)
+    assert cached_cold == 0 and cached_warm >= len(prompt) - 3
+    assert warm == cold
