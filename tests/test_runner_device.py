@@ -191,6 +191,8 @@ def test_every_tensor_a_pass_makes_is_on_the_weights_device() -> None:
     assert "cpu and cuda, not meta" in (unsupported_reason(model) or "")
     runner = build_runner(model, weights="auto")  # off the CPU: dense
     assert runner.decode_weights == "dense" and runner.device.type == "meta"
+    norms = [runner.final_norm] + [w for x in runner.layers for w in (x.input_norm, x.post_norm)]
+    assert all(w.dtype == torch.float32 for w in norms)  # fp32 like x: the fused rms_norm
     cache = runner.new_cache(3, 16, 256)
     assert all(t.device.type == "meta" for t in cache.keys + cache.values)
     with torch.inference_mode():

@@ -44,7 +44,7 @@ import torch
 
 from serve_app.engine.loader import DeviceError
 from serve_app.engine.runner.pages import page_out
-from serve_app.engine.runner.qwen2 import Layer, Qwen2Runner
+from serve_app.engine.runner.qwen2 import Layer, Qwen2Runner, norm_weight
 from serve_app.engine.runner.weights import (
     INT4_GROUP,
     Linear,
@@ -194,10 +194,10 @@ def _layer_parts(layer: Any, dtype: torch.dtype) -> tuple:
         return _dense(linear.weight, dtype), bias
 
     return (
-        layer.input_layernorm.weight.detach(),
+        norm_weight(layer.input_layernorm.weight),
         [part(attn.q_proj), part(attn.k_proj), part(attn.v_proj)],
         [part(attn.o_proj)],
-        layer.post_attention_layernorm.weight.detach(),
+        norm_weight(layer.post_attention_layernorm.weight),
         [part(mlp.gate_proj), part(mlp.up_proj)],
         [part(mlp.down_proj)],
     )

@@ -60,6 +60,14 @@ def unsupported_reason(model: Any) -> str | None:
     return None
 
 
+def norm_weight(weight: torch.Tensor) -> torch.Tensor:
+    """An RMSNorm weight as the runner holds it: off the CPU in fp32, the activations' dtype,
+    since torch's fused rms_norm refuses a bf16 weight on fp32 input and falls back to
+    separate kernels (same numbers: the weight is promoted either way). On CPU as it is."""
+    weight = weight.detach()
+    return weight if weight.device.type == "cpu" else weight.float()
+
+
 @dataclass
 class Layer:
     input_norm: torch.Tensor
@@ -90,7 +98,7 @@ class Qwen2Runner:
         self.first_tokens: OrderedDict[int, tuple[Any, torch.Tensor]] = OrderedDict()
         self.embed = model.model.embed_tokens.weight
         self.device = self.embed.device
-        self.final_norm = model.model.norm.weight
+        self.final_norm = norm_weight(model.model.norm.weight)
         self.rotary = model.model.rotary_emb
         self.eps = float(config.rms_norm_eps)
         self.num_heads = int(config.num_attention_heads)
