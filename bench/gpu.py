@@ -8,8 +8,9 @@
 
 No download: each model is transformers' ``Qwen2Config`` with the published sizes of
 Qwen2.5-Coder 0.5B/1.5B/7B, built directly on the device in bf16 with random weights (timing
-does not depend on the values; the text is noise). A tiny tokenizer stands in for Qwen's: the
-engine only detokenizes, and ids it does not know decode to nothing.
+does not depend on the values; the text is noise). A word-level tokenizer with one word per id
+stands in for Qwen's (the engine only detokenizes): every token streams as its own chunk, so
+chunk times are token times.
 
 Everything runs through ``LLMEngine`` with prod.yaml's engine block (``runner: auto``, which on
 CUDA is the runner on the model's dense bf16 weights; ``prefill_chunk_tokens`` 1024), the
@@ -30,9 +31,7 @@ import dataclasses
 import gc
 import platform
 import random
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -72,7 +71,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         vocab_size=152064,
         tie_word_embeddings=False,
     ),
-    # --smoke: the tiny test model's size, with more ids than its tokenizer knows (as above).
+    # --smoke: the tiny test model's size.
     "tiny": dict(
         hidden_size=64,
         intermediate_size=128,
@@ -105,19 +104,21 @@ def random_model(shape: str, device: str, dtype: torch.dtype) -> Any:
     return model.eval()
 
 
-def loaded_model(shape: str, device: str, dtype: torch.dtype, tokenizer: Any) -> LoadedModel:
+def loaded_model(shape: str, device: str, dtype: torch.dtype) -> LoadedModel:
     model = random_model(shape, device, dtype)
+    tokenizer = stand_in_tokenizer(int(model.config.vocab_size))
     name = str(dtype).removeprefix("torch.")
     return LoadedModel(model, tokenizer, f"random:{shape}", device, name, eos_token_ids=[])
 
 
-def stand_in_tokenizer() -> Any:
-    from transformers import AutoTokenizer
+def stand_in_tokenizer(vocab_size: int) -> Any:
+    """Words ``w0``, ``w1``, ... one per id (~2 s for Qwen's 152k): every id decodes to text,
+    and the words are in the byte-level alphabet, so the engine's token table builds fast."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
 
-    from serve_app.engine.tiny import build_tiny_model
-
-    folder = build_tiny_model(Path(tempfile.gettempdir()) / "serve-app-tiny-qwen2")
-    return AutoTokenizer.from_pretrained(folder)
+    words = models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w0")
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(words))
 
 
 def prompt(length: int, vocab: int, seed: int) -> list[int]:
@@ -126,14 +127,17 @@ def prompt(length: int, vocab: int, seed: int) -> list[int]:
 
 
 async def run_one(engine: LLMEngine, rid: str, ids: list[int], max_tokens: int) -> tuple:
-    """(completion tokens, submit time, finish time). Chunk times would not do: the text of
-    ids the stand-in tokenizer does not know is empty, so tokens arrive in few chunks."""
+    """(completion tokens, submit time, first token's time, last token's time)."""
     request = GenerationRequest(rid, ids, SamplingParams(max_tokens=max_tokens), "bench")
     start = time.perf_counter()
+    first = last = 0.0
     tokens = 0
     async for chunk in engine.generate(request):
+        last = time.perf_counter()
+        if not tokens and chunk.completion_tokens:
+            first = last
         tokens = chunk.completion_tokens
-    return tokens, start, time.perf_counter()
+    return tokens, start, first, last
 
 
 async def streams(engine: LLMEngine, n: int, vocab: int, max_tokens: int) -> float:
@@ -144,20 +148,17 @@ async def streams(engine: LLMEngine, n: int, vocab: int, max_tokens: int) -> flo
     ]
     start = time.perf_counter()
     results = await asyncio.gather(*jobs)
-    return sum(r[0] for r in results) / (max(r[2] for r in results) - start)
+    return sum(r[0] for r in results) / (max(r[3] for r in results) - start)
 
 
 async def decode_figures(
     engine: LLMEngine, vocab: int, max_tokens: int, stream_counts: list[int]
 ) -> tuple[float, dict[int, float]]:
-    """Single stream: a request of ``max_tokens`` less the same request of one token (the
-    prompt read and first token), so only decode steps are counted."""
-    ids = prompt(STREAM_PROMPT_TOKENS, vocab, 0)
-    await run_one(engine, "warm", ids, 8)
-    _, start, first = await run_one(engine, "first", ids, 1)
-    one = first - start
-    tokens, start, end = await run_one(engine, "single", ids, max_tokens)
-    single = (tokens - 1) / (end - start - one)
+    await run_one(engine, "warm", prompt(STREAM_PROMPT_TOKENS, vocab, 99), 8)
+    tokens, _, first, last = await run_one(
+        engine, "single", prompt(STREAM_PROMPT_TOKENS, vocab, 0), max_tokens
+    )
+    single = (tokens - 1) / (last - first)
     many = {}
     for n in stream_counts:
         await streams(engine, n, vocab, 4)  # warm: this batch size's shapes and KV growth
@@ -169,8 +170,8 @@ async def ttft_figures(engine: LLMEngine, vocab: int, lengths: list[int]) -> dic
     out = {}
     for length in lengths:
         await run_one(engine, f"warm{length}", prompt(length, vocab, 7), 1)
-        _, start, end = await run_one(engine, f"ttft{length}", prompt(length, vocab, 8), 1)
-        out[length] = end - start  # max_tokens 1: the request ends at its first token
+        _, start, first, _ = await run_one(engine, f"ttft{length}", prompt(length, vocab, 8), 1)
+        out[length] = first - start
     return out
 
 
@@ -241,11 +242,10 @@ def main(argv: list[str] | None = None) -> None:
         args.models, args.device, args.tokens, args.prompts = "tiny", "cpu", 8, "256,1024"
     device = pick_device(args.device)  # DeviceError where CUDA is asked for and missing
     dtype = getattr(torch, args.dtype)
-    tokenizer = stand_in_tokenizer()
     results = {}
     for name in args.models.split(","):
         started = time.perf_counter()
-        loaded = loaded_model(name, device, dtype, tokenizer)
+        loaded = loaded_model(name, device, dtype)
         print(f"{name}: built on {device} in {time.perf_counter() - started:.1f}s", flush=True)
         results[name] = measure(loaded, args)
         del loaded
