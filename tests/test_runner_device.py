@@ -19,6 +19,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from serve_app.engine.backend import make_backend
 from serve_app.engine.engine import LLMEngine
+from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import DeviceError, LoadedModel, load_model, pick_device
 from serve_app.engine.runner.prepare import build_runner, decode_weights, prefill_dtype
 from serve_app.engine.runner.qwen2 import unsupported_reason
@@ -208,3 +209,27 @@ def test_every_tensor_a_pass_makes_is_on_the_weights_device() -> None:
     assert all(t.device.type == "meta" for t in cache.keys + cache.values)
     with pytest.raises(DeviceError, match="run on CPU only"):
         build_runner(model, weights="int8")
+
+
+def test_the_engine_config_a_gpu_replica_gets_builds_a_dense_runner_in_the_model_dtype(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """configured_runner off the CPU, with the meta device standing in for CUDA (admitted for
+    this test only): prod.yaml's engine block (weights and prefill_dtype auto) gives the runner
+    on the model's own bf16 weights, where on this CPU auto would mean int8/int4 and fp32; the
+    scorer gets the same; int4/int8 stop the replica at start."""
+    from serve_app.engine.runner import qwen2
+    from serve_app.engine.runner.backend import configured_runner
+
+    monkeypatch.setattr(qwen2, "RUNNER_DEVICES", ("cpu", "cuda", "meta"))
+    loaded = LoadedModel(meta_model(), None, "meta", "meta", "bfloat16")
+    for scoring in (False, True):
+        runner = configured_runner(loaded, EngineConfig(), "test", scoring=scoring)
+        assert runner is not None and runner.decode_weights == "dense"
+        # bf16: the parameters themselves (fp32, the CPU's auto here, would be a copy)
+        assert runner.layers[0].gate_up.parts[0][0].dtype == torch.bfloat16
+        assert not runner.quantized_prompts
+    for weights in ("int4", "int8"):
+        with pytest.raises(DeviceError, match="run on CPU only"):
+            configured_runner(loaded, EngineConfig(weights=weights), "test")
+    assert configured_runner(loaded, EngineConfig(runner="hf"), "test") is None
