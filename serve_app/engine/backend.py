@@ -19,9 +19,10 @@ The step loop drives a backend through these calls, never through a model direct
 ``RequestAborted`` for an aborted request: a long chunk stops within one layer's work.
 
 Two implementations: ``runner.backend.RunnerBackend`` (the engine's own Qwen2 forward over a
-static slot KV cache, quantized decode weights) and ``hf_backend.HFBackend`` (the HF model, the
-reference). ``make_backend`` chooses from the config and the model; transformers' cache code is
-imported only when the HF backend is chosen.
+static slot KV cache, on CPU with quantized decode weights, on a CUDA GPU with the model's dense
+ones) and ``hf_backend.HFBackend`` (the HF model, the reference). ``make_backend`` chooses
+from the config and the model; transformers' cache code is imported only when the HF backend
+is chosen.
 """
 
 from __future__ import annotations

@@ -58,19 +58,22 @@ class EngineConfig(_Strict):
 
     runner: Literal["auto", "hf"] = Field(
         default="auto",
-        description="auto: the engine's own runner for Qwen2 models on CPU (the HF model for "
-        "others, and on GPUs); hf: always the HF model.",
+        description="auto: the engine's own runner for Qwen2 models on CPU and CUDA GPUs "
+        "(the HF model for others); hf: always the HF model (the reference).",
     )
     weights: Literal["auto", "int4", "int8", "dense"] = Field(
         default="auto",
         description="The runner's decode weights: auto (int4 where the CPU computes bf16 "
-        "natively, else int8), int4 (groupwise, ~1.5x faster decode than "
+        "natively, else int8; on a GPU dense), int4 (groupwise, ~1.5x faster decode than "
         "fp32 on AVX2 CPUs, packed once next to the model and shared by replicas), int8 (fbgemm "
         "per channel, ~2.5x faster decode on AVX2, quantized once, packed per replica) or dense "
-        "(the model's own numbers).",
+        "(the model's own numbers). int4 and int8 run on CPU only: asked for on a GPU, the "
+        "replica fails at start.",
     )
     prefill_dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        default="auto", description="auto: bf16 where the CPU computes it natively, else fp32."
+        default="auto",
+        description="auto: bf16 where the CPU computes it natively, else fp32; on a GPU the "
+        "model's dtype.",
     )
     prompt_weights: Literal["auto", "dense", "decode"] = Field(
         default="auto",

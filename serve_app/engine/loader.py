@@ -72,12 +72,35 @@ def resolve_source(source: str, cache_dir: str | Path | None = None) -> str | Pa
     return source
 
 
+class DeviceError(ValueError):
+    """The model cannot run on the device the config names, here: raised while a replica
+    starts (with what to change), never as a crash deep in torch at the first request."""
+
+
 def pick_device(device: str = "auto") -> str:
+    """``auto``: the first CUDA GPU where torch sees one, else the CPU. A named CUDA device is
+    checked against what this machine has: a config that asks for ``cuda`` on a node without
+    a GPU (or a CPU-only torch build) fails at start with ``DeviceError``."""
     import torch
 
-    if device != "auto":
-        return device
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as error:
+        message = f"unknown device {device!r} ({error}); use cpu, cuda[:N] or auto"
+        raise DeviceError(message) from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(
+                f"device {device!r} asked for, but torch sees no CUDA GPU on this machine (torch "
+                f"{torch.__version__}, CUDA build: {torch.version.cuda or 'none'}): run this "
+                "replica on a GPU node, or set the model's device to cpu or auto"
+            )
+        count = torch.cuda.device_count()
+        if parsed.index is not None and parsed.index >= count:
+            raise DeviceError(f"device {device!r} asked for, but this machine has {count} GPU(s)")
+    return device
 
 
 def pick_dtype(dtype: str, device: str) -> str:
@@ -101,8 +124,8 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     set_torch_threads(threads)
+    device = pick_device(device)  # first: a wrong device fails before any download or build
     location = resolve_source(source, cache_dir)
-    device = pick_device(device)
     dtype = pick_dtype(dtype, device)
     logger.info("loading %s from %s on %s as %s", source, location, device, dtype)
     tokenizer = _without_construction_tables(AutoTokenizer.from_pretrained(location))

@@ -66,7 +66,7 @@ class RunnerBackend:
         offset = state.num_computed
         self.cache.ensure(offset + len(row))
         mask = tree_mask([row], offset, len(row))[0, 0]
-        positions = torch.tensor(row.depths) + offset
+        positions = torch.tensor(row.depths, device=self.runner.device) + offset
         runner = self.runner
         hidden = runner.forward_tree(
             self.cache, state.kv, offset, row.tokens, positions, mask, check
@@ -139,7 +139,8 @@ def configured_runner(
 ) -> Qwen2Runner | None:
     """The runner ``config`` asks for (its ``runner``, ``weights``, ``prompt_weights``,
     ``prefill_dtype``), or None where the model runs on HF: ``runner: hf``, or a model the
-    runner does not support.
+    runner does not support. On a CUDA GPU the runner runs on the dense weights in the model's
+    dtype; int4/int8 asked for there raise ``DeviceError`` (at start, not at a request).
 
     The one decision for every user of the model (the generating engine, the decision
     scorer), so they fall back together and read prompts on the same weights. ``scoring``: a
@@ -153,6 +154,7 @@ def configured_runner(
     from serve_app.engine.runner.prepare import (
         build_runner,
         decode_weights,
+        model_device,
         prefill_dtype,
         quantized_prompts,
     )
@@ -162,13 +164,15 @@ def configured_runner(
     if reason is not None:
         logger.info("%s: HF model (%s)", purpose, reason)
         return None
-    weights = decode_weights(config.weights)
+    device = model_device(loaded.model)
+    weights = decode_weights(config.weights, device)  # DeviceError: int4/int8 off the CPU
     if scoring and not quantized_prompts(config.prompt_weights, weights):
         weights = "dense"
+    model_dtype = next(loaded.model.parameters()).dtype
     return build_runner(
         loaded.model,
         weights=weights,
-        dense_dtype=prefill_dtype(config.prefill_dtype),
+        dense_dtype=prefill_dtype(config.prefill_dtype, device, model_dtype),
         cache_dir=getattr(loaded, "location", None),
         small_prefill_tokens=config.small_prefill_tokens,
         prompt_weights=config.prompt_weights,

@@ -38,10 +38,12 @@ class SlotCache:
         capacity: int,
         max_capacity: int,
         dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.shape = (slots, kv_heads, head_dim)
         self.num_layers = layers
         self.dtype = dtype
+        self.device = torch.device(device)  # the weights' device: a GPU runner's KV stays there
         self.max_capacity = max_capacity
         self.initial_capacity = max(1, min(capacity, max_capacity))
         self.capacity = 0
@@ -61,7 +63,7 @@ class SlotCache:
         slots, heads, dim = self.shape
         new_keys, new_values = [], []
         for index in range(self.num_layers):
-            k = torch.zeros(slots, heads, capacity, dim, dtype=self.dtype)
+            k = torch.zeros(slots, heads, capacity, dim, dtype=self.dtype, device=self.device)
             v = torch.zeros_like(k)
             if keep:
                 k[:, :, :keep] = self.keys[index][:, :, :keep]

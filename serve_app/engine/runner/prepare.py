@@ -14,6 +14,11 @@ Which weights run where is decided here, at run time, from what the CPU computes
   computes bf16 natively (the int4 kernel's activations) and int8 elsewhere (AVX2: int8 decodes
   1.7x faster than int4 there, see weights.py).
 
+On a CUDA GPU (the weights' device, ``model_device``) none of that applies: the decode and
+prompt weights are the dense ones, in the model's own dtype unless ``prefill_dtype`` names
+another (the HF parameters themselves, already on the GPU: nothing is copied or cached), and
+int4/int8, CPU kernels, are refused with ``DeviceError``.
+
 Quantizing reads every dense weight and takes seconds, so the results are saved once next to
 the converted model and later replicas read them from there: int4 packs
 (``runner-int4-g32-<fingerprint>.pt``) are mapped, so every replica on the machine shares one
@@ -37,8 +42,9 @@ from typing import Any
 
 import torch
 
+from serve_app.engine.loader import DeviceError
 from serve_app.engine.runner.pages import page_out
-from serve_app.engine.runner.qwen2 import Layer, Qwen2Runner
+from serve_app.engine.runner.qwen2 import Layer, Qwen2Runner, norm_weight
 from serve_app.engine.runner.weights import (
     INT4_GROUP,
     Linear,
@@ -55,6 +61,12 @@ logger = logging.getLogger(__name__)
 WEIGHTS = ("auto", "int4", "int8", "dense")
 PROMPT_WEIGHTS = ("auto", "dense", "decode")
 INT8_FILE = "int8-v2"  # v1 (never released) held two extra zero columns per matrix
+CPU = torch.device("cpu")
+
+
+def model_device(model: Any) -> torch.device:
+    """Where ``model``'s weights are, so where its runner runs."""
+    return next(model.parameters()).device
 
 
 def cpu_flags() -> set[str]:
@@ -76,15 +88,30 @@ def cpu_has_bf16_compute() -> bool:
     )
 
 
-def prefill_dtype(requested: str = "auto") -> torch.dtype:
+def prefill_dtype(
+    requested: str = "auto", device: torch.device = CPU, model_dtype: torch.dtype = torch.float32
+) -> torch.dtype:
+    """The dense weights' dtype. ``auto`` on CPU: bf16 where the CPU computes it natively; on a
+    GPU the model's own dtype (bf16 as prod.yaml loads it: no copy of the weights)."""
     if requested == "auto":
+        if device.type != "cpu":
+            return model_dtype
         return torch.bfloat16 if cpu_has_bf16_compute() else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[requested]
 
 
-def decode_weights(requested: str) -> str:
+def decode_weights(requested: str, device: torch.device = CPU) -> str:
     """The decode weights ``requested`` means on this CPU (``auto`` resolved; ``int8`` where
-    torch has no fbgemm/x86 quantized engine falls back to int4, with a warning)."""
+    torch has no fbgemm/x86 quantized engine falls back to int4, with a warning). Off the CPU
+    only ``dense`` (``auto`` means it): the int4 and int8 kernels are torch's CPU ones."""
+    if device.type != "cpu":
+        if requested in ("auto", "dense"):
+            return "dense"
+        raise DeviceError(
+            f"runner weights {requested!r} run on CPU only (torch's CPU int4/int8 kernels); "
+            f"the model is on {device}: set engine.weights to auto or dense (the model's own "
+            "dtype there), or engine.runner to hf"
+        )
     if requested == "int8" and not int8_supported():
         logger.warning("runner: int8 decode weights need torch's fbgemm/x86 engine; using int4")
         return "int4"
@@ -121,7 +148,7 @@ def build_runner(
     ``precise_activations``: int8 linears round activations twice (``int8_linear``)."""
     if weights not in WEIGHTS:
         raise ValueError(f"unknown runner weights {weights!r}; use one of {WEIGHTS}")
-    weights = decode_weights(weights)
+    weights = decode_weights(weights, model_device(model))
     on_decode_weights = quantized_prompts(prompt_weights, weights)
     hf_layers = model.model.layers
     parts = [_layer_parts(layer, dense_dtype) for layer in hf_layers]
@@ -167,10 +194,10 @@ def _layer_parts(layer: Any, dtype: torch.dtype) -> tuple:
         return _dense(linear.weight, dtype), bias
 
     return (
-        layer.input_layernorm.weight.detach(),
+        norm_weight(layer.input_layernorm.weight),
         [part(attn.q_proj), part(attn.k_proj), part(attn.v_proj)],
         [part(attn.o_proj)],
-        layer.post_attention_layernorm.weight.detach(),
+        norm_weight(layer.post_attention_layernorm.weight),
         [part(mlp.gate_proj), part(mlp.up_proj)],
         [part(mlp.down_proj)],
     )

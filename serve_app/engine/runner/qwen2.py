@@ -12,6 +12,11 @@ positions and a tree mask.
 
 The HF module stays the source of truth: embeddings, norms' weights and the rotary embedding
 (whatever its ``rope_type``) are read from it; only the linears get their own int4 copies.
+
+The runner runs where the HF module's weights are (``RUNNER_DEVICES``): every tensor a pass
+makes (token ids, positions, masks, the KV cache) is made on ``Qwen2Runner.device``. On CPU
+that is the tuned path above; on a CUDA GPU the same forward runs on dense weights in the
+model's dtype (``prepare.decode_weights``: int4/int8 are CPU kernels).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ logger = logging.getLogger(__name__)
 # 1.5B. This service's prompt builders all start with a special token (saved at preparation);
 # the bound is for a model whose prompt format starts with ordinary text.
 FIRST_TOKENS_KEPT = 256
+# Where the forward runs: torch's CPU, or a CUDA GPU (the HF model elsewhere, e.g. mps).
+RUNNER_DEVICES = ("cpu", "cuda")
 
 
 def unsupported_reason(model: Any) -> str | None:
@@ -47,9 +54,18 @@ def unsupported_reason(model: Any) -> str | None:
         return "sliding-window attention"
     if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
         return "non-full attention layers"
-    if next(model.parameters()).device.type != "cpu":
-        return "the runner runs on CPU only"
+    device = next(model.parameters()).device
+    if device.type not in RUNNER_DEVICES:
+        return f"the runner runs on {' and '.join(RUNNER_DEVICES)}, not {device.type}"
     return None
+
+
+def norm_weight(weight: torch.Tensor) -> torch.Tensor:
+    """An RMSNorm weight as the runner holds it: off the CPU in fp32, the activations' dtype,
+    since torch's fused rms_norm refuses a bf16 weight on fp32 input and falls back to
+    separate kernels (same numbers: the weight is promoted either way). On CPU as it is."""
+    weight = weight.detach()
+    return weight if weight.device.type == "cpu" else weight.float()
 
 
 @dataclass
@@ -81,7 +97,8 @@ class Qwen2Runner:
         self.quantized_prompts = quantized_prompts
         self.first_tokens: OrderedDict[int, tuple[Any, torch.Tensor]] = OrderedDict()
         self.embed = model.model.embed_tokens.weight
-        self.final_norm = model.model.norm.weight
+        self.device = self.embed.device
+        self.final_norm = norm_weight(model.model.norm.weight)
         self.rotary = model.model.rotary_emb
         self.eps = float(config.rms_norm_eps)
         self.num_heads = int(config.num_attention_heads)
@@ -106,6 +123,7 @@ class Qwen2Runner:
             capacity=capacity,
             max_capacity=max_capacity,
             dtype=self.embed.dtype if self.embed.dtype == torch.float32 else torch.float32,
+            device=self.device,
         )
 
     def _attend(
@@ -165,7 +183,7 @@ class Qwen2Runner:
         )
         x = self._run(cache, slot0, tokens, starts, decode, decode or small, check)
         if not decode:
-            ends_flat = torch.tensor([len(t) for t in tokens]).cumsum(0) - 1
+            ends_flat = torch.tensor([len(t) for t in tokens], device=self.device).cumsum(0) - 1
             x = x[ends_flat]
         return self.lm_head(self._norm(x, self.final_norm), True)
 
@@ -207,11 +225,22 @@ class Qwen2Runner:
         rows = len(tokens)
         width = max(s + n for s, n in zip(starts, lengths, strict=True))
         span = max(lengths)
-        row_of = torch.repeat_interleave(torch.arange(rows), torch.tensor(lengths))
-        step_of = torch.cat([torch.arange(n) for n in lengths]) if rows > 1 else torch.arange(span)
-        positions = torch.tensor(starts)[row_of] + step_of
+        device = self.device
+        # output_size: no device-to-host read of the total (a sync on a GPU)
+        row_of = torch.repeat_interleave(
+            torch.arange(rows, device=device),
+            torch.tensor(lengths, device=device),
+            output_size=sum(lengths),
+        )
+        step_of = (
+            torch.cat([torch.arange(n, device=device) for n in lengths])
+            if rows > 1
+            else torch.arange(span, device=device)
+        )
+        first = torch.tensor(starts, device=device)
+        positions = first[row_of] + step_of
         # Query j of row b sees columns <= starts[b] + j (causal, and never past the row's end).
-        ends = torch.tensor(starts).view(rows, 1, 1, 1) + torch.arange(span).view(1, 1, span, 1)
+        ends = first.view(rows, 1, 1, 1) + torch.arange(span, device=device).view(1, 1, span, 1)
         batch = _Batch(
             slot0=slot0,
             rows=rows,
@@ -220,10 +249,10 @@ class Qwen2Runner:
             step_of=step_of,
             columns=positions,
             positions=positions,
-            mask=torch.arange(width).view(1, 1, 1, width) <= ends,
+            mask=torch.arange(width, device=device).view(1, 1, 1, width) <= ends,
             padded=rows > 1 and min(lengths) != span,
         )
-        flat = torch.tensor([t for row in tokens for t in row], dtype=torch.long)
+        flat = torch.tensor([t for row in tokens for t in row], dtype=torch.long, device=device)
         return self._layers(cache, flat, batch, decode, quantized, check)
 
     def forward_tree(
@@ -247,18 +276,20 @@ class Qwen2Runner:
         """
         n = len(tokens)
         width = start + n
+        device = self.device
+        step_of = torch.arange(n, device=device)
         batch = _Batch(
             slot0=slot,
             rows=1,
             span=n,
-            row_of=torch.zeros(n, dtype=torch.long),
-            step_of=torch.arange(n),
-            columns=start + torch.arange(n),
-            positions=positions,
-            mask=mask.reshape(1, 1, n, width),
+            row_of=torch.zeros(n, dtype=torch.long, device=device),
+            step_of=step_of,
+            columns=start + step_of,
+            positions=positions.to(device),  # the caller's (a CPU tree); no copy on CPU
+            mask=mask.reshape(1, 1, n, width).to(device),
             padded=False,
         )
-        flat = torch.tensor(tokens, dtype=torch.long)
+        flat = torch.tensor(tokens, dtype=torch.long, device=device)
         x = self._layers(cache, flat, batch, False, self.quantized_prompts, check)
         return self._norm(x, self.final_norm)
 

@@ -1,0 +1,259 @@
+"""The engine's runner on a GPU: decode and prompt speed at Qwen2.5-Coder's shapes, one command.
+
+    python -m bench.gpu                              # 0.5B, 1.5B and 7B on the first CUDA GPU
+    python -m bench.gpu --models 0.5b --tokens 256
+    python -m bench.gpu --smoke                      # a tiny config on CPU in seconds (tests)
+
+``--smoke`` also reads 256- and 1,024-token prompts instead of 1k and 8k.
+
+No download: each model is transformers' ``Qwen2Config`` with the published sizes of
+Qwen2.5-Coder 0.5B/1.5B/7B, built directly on the device in bf16 with random weights (timing
+does not depend on the values; the text is noise). A word-level tokenizer with one word per id
+stands in for Qwen's (the engine only detokenizes): every token streams as its own chunk, so
+chunk times are token times.
+
+Everything runs through ``LLMEngine`` with prod.yaml's engine block (``runner: auto``, which on
+CUDA is the runner on the model's dense bf16 weights; ``prefill_chunk_tokens`` 1024), the
+prefix cache and speculation off, eos ignored. Per model:
+
+- single stream: one request's decode tok/s (its tokens after the first over their time);
+- 8 and 64 streams: that many requests at once (short prompts), completion tokens over the
+  wall time from the first submit to the last token;
+- TTFT: a 1k- and an 8k-token prompt alone (``max_tokens`` 1), after one warm-up of the same
+  length; one slot, so the KV cache holds one 8k row, not 64.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import gc
+import platform
+import random
+import time
+from typing import Any
+
+import torch
+
+from bench.common import table
+from serve_app.engine.engine import LLMEngine
+from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
+from serve_app.engine.loader import LoadedModel, pick_device
+from serve_app.engine.protocol import GenerationRequest, SamplingParams
+
+# Published config.json values of Qwen/Qwen2.5-Coder-{0.5B,1.5B,7B}(-Instruct).
+SHAPES: dict[str, dict[str, Any]] = {
+    "0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "1.5b": dict(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "7b": dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
+    # --smoke: the tiny test model's size.
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1024,
+        tie_word_embeddings=True,
+    ),
+}
+COMMON = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
+STREAM_PROMPT_TOKENS = 128
+
+
+@dataclasses.dataclass
+class Figures:
+    single_tps: float
+    streams_tps: dict[int, float]
+    ttft_s: dict[int, float]
+
+
+def random_model(shape: str, device: str, dtype: torch.dtype) -> Any:
+    """Qwen2ForCausalLM of ``shape``'s sizes, allocated and randomly initialised on ``device``."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(**SHAPES[shape], **COMMON)
+    torch.manual_seed(0)
+    with torch.device(device):  # parameters are made and initialised there: no host copy
+        model = Qwen2ForCausalLM._from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def loaded_model(shape: str, device: str, dtype: torch.dtype) -> LoadedModel:
+    model = random_model(shape, device, dtype)
+    tokenizer = stand_in_tokenizer(int(model.config.vocab_size))
+    name = str(dtype).removeprefix("torch.")
+    return LoadedModel(model, tokenizer, f"random:{shape}", device, name, eos_token_ids=[])
+
+
+def stand_in_tokenizer(vocab_size: int) -> Any:
+    """Words ``w0``, ``w1``, ... one per id (~2 s for Qwen's 152k): every id decodes to text,
+    and the words are in the byte-level alphabet, so the engine's token table builds fast."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    words = models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w0")
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(words))
+
+
+def prompt(length: int, vocab: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(vocab) for _ in range(length)]
+
+
+async def run_one(engine: LLMEngine, rid: str, ids: list[int], max_tokens: int) -> tuple:
+    """(completion tokens, submit time, first token's time, last token's time)."""
+    request = GenerationRequest(rid, ids, SamplingParams(max_tokens=max_tokens), "bench")
+    start = time.perf_counter()
+    first = last = 0.0
+    tokens = 0
+    async for chunk in engine.generate(request):
+        last = time.perf_counter()
+        if not tokens and chunk.completion_tokens:
+            first = last
+        tokens = chunk.completion_tokens
+    return tokens, start, first, last
+
+
+async def streams(engine: LLMEngine, n: int, vocab: int, max_tokens: int) -> float:
+    """Aggregate completion tok/s of ``n`` concurrent requests."""
+    jobs = [
+        run_one(engine, f"s{n}-{i}", prompt(STREAM_PROMPT_TOKENS, vocab, i), max_tokens)
+        for i in range(n)
+    ]
+    start = time.perf_counter()
+    results = await asyncio.gather(*jobs)
+    return sum(r[0] for r in results) / (max(r[3] for r in results) - start)
+
+
+async def decode_figures(
+    engine: LLMEngine, vocab: int, max_tokens: int, stream_counts: list[int]
+) -> tuple[float, dict[int, float]]:
+    await run_one(engine, "warm", prompt(STREAM_PROMPT_TOKENS, vocab, 99), 8)
+    tokens, _, first, last = await run_one(
+        engine, "single", prompt(STREAM_PROMPT_TOKENS, vocab, 0), max_tokens
+    )
+    single = (tokens - 1) / (last - first)
+    many = {}
+    for n in stream_counts:
+        await streams(engine, n, vocab, 4)  # warm: this batch size's shapes and KV growth
+        many[n] = await streams(engine, n, vocab, max_tokens)
+    return single, many
+
+
+async def ttft_figures(engine: LLMEngine, vocab: int, lengths: list[int]) -> dict[int, float]:
+    out = {}
+    for length in lengths:
+        await run_one(engine, f"warm{length}", prompt(length, vocab, 7), 1)
+        _, start, first, _ = await run_one(engine, f"ttft{length}", prompt(length, vocab, 8), 1)
+        out[length] = first - start
+    return out
+
+
+def engine_for(loaded: LoadedModel, max_batch: int, context: int) -> LLMEngine:
+    """prod.yaml's engine block, the prefix cache and speculation off (every prompt is read)."""
+    config = EngineConfig(
+        max_batch_size=max_batch,
+        prefill_chunk_tokens=1024,
+        prefix_cache_mb=0,
+        max_waiting=256,
+        speculation=NO_SPECULATION,
+    )
+    return LLMEngine(loaded, config, context_length=context)
+
+
+def measure(loaded: LoadedModel, args: argparse.Namespace) -> Figures:
+    vocab = int(loaded.model.config.vocab_size)
+    counts = [int(n) for n in args.streams.split(",")]
+    lengths = [int(n) for n in args.prompts.split(",")]
+    context = max(lengths + [STREAM_PROMPT_TOKENS]) + args.tokens + 8
+    engine = engine_for(loaded, max(counts), context)
+    try:
+        backend = engine.stats().backend
+        if backend != "RunnerBackend":
+            raise SystemExit(f"{loaded.source}: the engine chose {backend}, not the runner")
+        single, many = asyncio.run(decode_figures(engine, vocab, args.tokens, counts))
+    finally:
+        engine.shutdown()
+    engine = engine_for(loaded, 1, context)
+    try:
+        ttft = asyncio.run(ttft_figures(engine, vocab, lengths))
+    finally:
+        engine.shutdown()
+    return Figures(single, many, ttft)
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name(torch.device(device))} (torch {torch.__version__})"
+    return f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+
+
+def report(results: dict[str, Figures], args: argparse.Namespace, device: str) -> None:
+    print(f"device: {device_name(device)}")
+    print(f"decode: {args.tokens} tokens per request, {STREAM_PROMPT_TOKENS}-token prompts")
+    counts = [int(n) for n in args.streams.split(",")]
+    lengths = [int(n) for n in args.prompts.split(",")]
+    head = ["model", "single tok/s"] + [f"{n}-stream tok/s" for n in counts]
+    head += [f"TTFT {n} s" for n in lengths]
+    rows = [head]
+    for name, f in results.items():
+        row = [name, f"{f.single_tps:.1f}"] + [f"{f.streams_tps[n]:.1f}" for n in counts]
+        rows.append(row + [f"{f.ttft_s[n]:.3f}" for n in lengths])
+    print(table(rows))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="0.5b,1.5b,7b", help=f"of {sorted(SHAPES)}")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--tokens", type=int, default=128, help="decode tokens per request")
+    parser.add_argument("--streams", default="8,64", help="concurrent request counts")
+    parser.add_argument("--prompts", default="1024,8192", help="TTFT prompt lengths")
+    parser.add_argument("--smoke", action="store_true", help="the tiny config on CPU, seconds")
+    args = parser.parse_args(argv)
+    if args.smoke:  # every figure, every code path, in seconds
+        args.models, args.device, args.tokens, args.prompts = "tiny", "cpu", 8, "256,1024"
+    device = pick_device(args.device)  # DeviceError where CUDA is asked for and missing
+    dtype = getattr(torch, args.dtype)
+    results = {}
+    for name in args.models.split(","):
+        started = time.perf_counter()
+        loaded = loaded_model(name, device, dtype)
+        print(f"{name}: built on {device} in {time.perf_counter() - started:.1f}s", flush=True)
+        results[name] = measure(loaded, args)
+        del loaded
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    report(results, args, device)
+
+
+if __name__ == "__main__":
+    main()
