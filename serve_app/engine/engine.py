@@ -51,7 +51,7 @@ from serve_app.engine.constraints import TokenTexts
 from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import LoadedModel
 from serve_app.engine.output import OutputProcessor
-from serve_app.engine.prefix_cache import PrefixCache
+from serve_app.engine.prefix_cache import PrefixCache, crop_kv
 from serve_app.engine.protocol import (
     Engine,
     GenerationChunk,
@@ -342,17 +342,30 @@ class LLMEngine(Engine):
         return cached, kv
 
     def _cache_insert(self, state: State) -> None:
+        """Keep the KV of the prompt read so far, and the ids of what followed it.
+
+        Output tokens are kept as ids only (for drafts), not as KV: a decode step computes a
+        token's keys and values in other kernels than a prompt chunk, and a prompt reusing
+        them would answer differently from the same prompt read cold."""
         kv = self.backend.computed_kv(state)
-        if kv is not None:
-            self.prefix_cache.insert(state.computed_ids, kv, state.request.cache_salt)
+        if kv is None:
+            return
+        length = state.prompt_computed
+        self.prefix_cache.insert(
+            state.prompt_ids[:length],
+            crop_kv(kv, length),
+            state.request.cache_salt,
+            following=state.following_ids if length == len(state.prompt_ids) else (),
+        )
 
     def _keep_kv(self, states: Sequence[State]) -> None:
-        """An ended request's KV goes to the prefix cache, output tokens included, and so does
-        a prompt read only in part: a client that cancels on every keystroke and asks again
-        with one more character reads only what is new, even if no request ever finished.
-        (Passes of a scoring request write past ``num_computed``; only its prefix is kept.)"""
+        """An ended request's prompt KV goes to the prefix cache with its output's ids, and
+        so does a prompt read only in part: a client that cancels on every keystroke and asks
+        again with one more character reads only what is new, even if no request ever
+        finished. (Passes of a scoring request write past its prefix; only the prefix is
+        kept.)"""
         for state in states:
-            if state.num_computed > state.cached_tokens:
+            if state.prompt_computed > state.cached_tokens or state.following_ids:
                 self._cache_insert(state)
 
     def _finish_prefill(self, state: State, logits: torch.Tensor | None) -> None:

@@ -46,6 +46,11 @@ class _Entry:
     token_ids: list[int]
     kv: KV
     nbytes: int
+    following: list[int]  # what came after ``token_ids`` (ids only, no KV): drafts
+
+    @property
+    def sequence(self) -> list[int]:
+        return self.token_ids + self.following
 
 
 def kv_nbytes(kv: KV) -> int:
@@ -135,30 +140,33 @@ class PrefixCache:
         return best_len, crop_kv(self._entries[best_key].kv, best_len)
 
     def continuation(self, token_ids: Sequence[int], salt: str, overlap: int = 4) -> list[int]:
-        """What a stored sequence of ``salt`` holds past its longest common prefix with
-        ``token_ids``, from ``overlap`` tokens before the divergence (so an n-gram ending
-        there finds it): the completion an account was offered after a prompt this one
-        extends, for drafts. Empty when nothing of ``salt`` goes past ``token_ids``."""
+        """What a stored sequence of ``salt`` (a prompt and the answer that followed it)
+        holds past its longest common prefix with ``token_ids``, from ``overlap`` tokens
+        before the divergence (so an n-gram ending there finds it): the rest of the completion
+        an account was offered after a prompt this one extends, for drafts. Empty when
+        nothing of ``salt`` goes past ``token_ids``."""
         if not self.enabled:
             return []
-        best_len, best_ids = 0, None
+        best_len, best = 0, None
         for entry in self._entries.values():
-            if entry.salt != salt:
+            if entry.salt != salt or not entry.following:
                 continue
-            n = common_prefix_len(entry.token_ids, token_ids)
-            if n > best_len and len(entry.token_ids) > n:
-                best_len, best_ids = n, entry.token_ids
-        if best_ids is None:
-            return []
-        return best_ids[max(0, best_len - overlap) :]
+            sequence = entry.sequence
+            n = common_prefix_len(sequence, token_ids)
+            if n > best_len and len(sequence) > n:
+                best_len, best = n, sequence
+        return [] if best is None else best[max(0, best_len - overlap) :]
 
-    def insert(self, token_ids: Sequence[int], kv: KV, salt: str) -> bool:
-        """Store the KV of ``token_ids`` under ``salt``; False when it was not stored (too
-        small/large, covered).
+    def insert(
+        self, token_ids: Sequence[int], kv: KV, salt: str, following: Sequence[int] = ()
+    ) -> bool:
+        """Store the KV of ``token_ids`` under ``salt``, with the ids of what ``following``
+        them (an answer); False when no KV was stored (too small/large, covered).
 
         Among entries of the same salt, a stored prompt that is a prefix of the new one is
         dropped (the new entry covers it); if the new prompt is a prefix of a stored one, the
-        stored entry is only refreshed.
+        stored entry is only refreshed (and, for the very same prompt, takes the new
+        ``following``).
         """
         ids = tuple(token_ids)
         if not self.enabled or len(ids) < max(2, self.min_match_tokens):
@@ -171,6 +179,8 @@ class PrefixCache:
                 continue
             if other_ids[: len(ids)] == ids:
                 self._entries.move_to_end(other)
+                if following and other_ids == ids:
+                    self._entries[other].following = list(following)
                 return False
             if ids[: len(other_ids)] == other_ids:
                 self._remove(other)
@@ -178,7 +188,7 @@ class PrefixCache:
         nbytes = kv_nbytes(kv)
         if nbytes > self.max_bytes:
             return False
-        self._entries[(salt, ids)] = _Entry(salt, list(ids), kv, nbytes)
+        self._entries[(salt, ids)] = _Entry(salt, list(ids), kv, nbytes, list(following))
         self.bytes_used += nbytes
         while self.bytes_used > self.max_bytes:
             self._remove(next(iter(self._entries)))

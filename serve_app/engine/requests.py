@@ -81,9 +81,14 @@ class InFlight:
         return self.request.prompt_token_ids
 
     @property
-    def computed_ids(self) -> list[int]:
-        """The tokens whose keys/values the request's KV holds (the first ``num_computed``)."""
-        return self.request.prompt_token_ids[: self.num_computed]
+    def prompt_computed(self) -> int:
+        """How many prompt tokens the KV holds (output tokens come after them)."""
+        return min(self.num_computed, len(self.request.prompt_token_ids))
+
+    @property
+    def following_ids(self) -> list[int]:
+        """What came after the prompt (a generation's output); kept as ids, not KV."""
+        return []
 
     def push(self, item: GenerationChunk | ScoringChunk | BaseException | StreamEnd) -> bool:
         """Hand an item to the caller's event loop; False when that loop is gone."""
@@ -120,10 +125,8 @@ class RequestState(InFlight):
         return len(self.history.output_ids)
 
     @property
-    def computed_ids(self) -> list[int]:
-        """Prompt then output: a decode step feeds each output token before it samples the
-        next, so the KV holds all of them but the last."""
-        return (self.history.prompt_ids + self.history.output_ids)[: self.num_computed]
+    def following_ids(self) -> list[int]:
+        return self.history.output_ids
 
     @property
     def prefill_done(self) -> bool:

@@ -251,6 +251,7 @@ class Qwen2Runner:
             positions=positions,
             mask=torch.arange(width, device=device).view(1, 1, 1, width) <= ends,
             padded=rows > 1 and min(lengths) != span,
+            prefill_start=None if decode or rows > 1 else starts[0],
         )
         flat = torch.tensor([t for row in tokens for t in row], dtype=torch.long, device=device)
         return self._layers(cache, flat, batch, decode, quantized, check)
@@ -309,6 +310,8 @@ class Qwen2Runner:
         rows, span = batch.rows, batch.span
         width = batch.mask.shape[-1]
         cache.ensure(width)
+        if batch.prefill_start is not None:  # room for the aligned attention's widths
+            cache.ensure(min(_aligned(width), cache.max_capacity))
         slot_of = batch.slot0 + batch.row_of
         cos, sin = self.rotary(self.embed[:1].unsqueeze(0), batch.positions.unsqueeze(0))
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [N, 1, D]
@@ -334,7 +337,12 @@ class Qwen2Runner:
                 qp[batch.row_of, batch.step_of] = q
             else:
                 qp = q.view(rows, span, self.num_heads, self.head_dim)
-            attn = self._attend(qp.transpose(1, 2), keys, values, batch.mask, decode)
+            if batch.prefill_start is not None:
+                attn = _aligned_prefill_attention(
+                    qp.transpose(1, 2), cache, index, batch.slot0, batch.prefill_start
+                )
+            else:
+                attn = self._attend(qp.transpose(1, 2), keys, values, batch.mask, decode)
             attn = attn.transpose(1, 2)
             attn = (
                 attn[batch.row_of, batch.step_of]
@@ -364,6 +372,62 @@ class _Batch:
     positions: torch.Tensor
     mask: torch.Tensor
     padded: bool  # rows of different lengths: queries are scattered into a padded block
+    # A prompt chunk (one row, not a tree): where it starts; its attention is
+    # ``_aligned_prefill_attention``.
+    prefill_start: int | None = None
+
+
+# Prompt attention in blocks of this many positions, aligned at multiples of it (see
+# ``_aligned_prefill_attention``), with at least ``MIN_QUERY_ROWS`` queries per call.
+ATTENTION_BLOCK = 64
+MIN_QUERY_ROWS = 8
+
+
+def _aligned(width: int) -> int:
+    return -(-width // ATTENTION_BLOCK) * ATTENTION_BLOCK
+
+
+def _aligned_prefill_attention(
+    q: torch.Tensor, cache: SlotCache, layer: int, slot: int, start: int
+) -> torch.Tensor:
+    """Attention of a prompt chunk's queries ``q`` ``[1, heads, span, D]`` (positions
+    ``start..``) whose numbers do not depend on where the chunk starts or ends.
+
+    torch's CPU attention gives a query the same bits whatever other queries share the call,
+    but not whatever the key width (the reductions' blocking follows it), nor for calls of
+    1-3 queries (another path). So a prompt read cold in 256-token chunks and the same prompt
+    read after a prefix-cache hit (a chunk starting anywhere) disagreed in the last bits,
+    which int8 rounding and 24 layers grew into logits 1.8 apart and, now and then, another
+    greedy answer. Here every query at position ``p`` attends over the width
+    ``ceil((p + 1) / 64) * 64`` (the masked columns past ``p`` weigh exactly 0) in a call of
+    at least 8 queries (the last one repeated), so a position's keys, values and logits are
+    the same however the prompt was cut into chunks and cache hits.
+    """
+    keys, values = cache.keys[layer], cache.values[layer]
+    span = q.shape[2]
+    out = []
+    position = start
+    while position < start + span:
+        block = (position // ATTENTION_BLOCK + 1) * ATTENTION_BLOCK
+        end = min(block, start + span)
+        width = min(block, keys.shape[2])
+        queries = q[:, :, position - start : end - start]
+        at = torch.arange(position, end, device=q.device)
+        pad = MIN_QUERY_ROWS - (end - position)
+        if pad > 0:
+            queries = torch.cat([queries, queries[:, :, -1:].expand(-1, -1, pad, -1)], dim=2)
+            at = torch.cat([at, at[-1:].expand(pad)])
+        mask = torch.arange(width, device=q.device).view(1, 1, 1, width) <= at.view(1, 1, -1, 1)
+        attended = F.scaled_dot_product_attention(
+            queries,
+            keys[slot : slot + 1, :, :width],
+            values[slot : slot + 1, :, :width],
+            attn_mask=mask,
+            enable_gqa=True,
+        )
+        out.append(attended[:, :, : end - position])
+        position = end
+    return torch.cat(out, dim=2)
 
 
 def _small_attention(
