@@ -104,6 +104,32 @@ def test_partial_utf8_is_a_valid_prefix_but_not_complete() -> None:
     assert v.feed(b'\xad"}') and v.complete
 
 
+def test_strings_take_exactly_the_well_formed_utf8() -> None:
+    """Every pair of bytes, and every three- and four-byte lead with the bytes after it at the
+    edges of their ranges, against Python's decoder: no overlong form, surrogate or code point
+    past U+10FFFF gets through."""
+
+    def well_formed(data: bytes) -> bool:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return True
+
+    edges = (0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0)
+    opened = run_validator(b'{"a":"')
+    pairs = [bytes([lead, second]) for lead in range(0x80, 0x100) for second in range(0x80, 0x100)]
+    longer = [
+        bytes([lead, second, *tail])
+        for lead in range(0xE0, 0xF5)
+        for second in edges
+        for tail in [(third,) for third in edges] + [(0x80, fourth) for fourth in edges]
+    ]
+    for data in pairs + longer:
+        string = opened.copy()
+        assert (string.feed(data + b'"}') and string.complete) == well_formed(data), data
+
+
 def test_whitespace_runs_are_capped_until_the_value_ends() -> None:
     assert accepts("{" + " " * MAX_WS_RUN)
     assert not accepts("{" + " " * (MAX_WS_RUN + 1))

@@ -24,6 +24,16 @@ LBRACE, RBRACE, LBRACKET, RBRACKET = ord("{"), ord("}"), ord("["), ord("]")
 
 REJECT, OK, DONE, REFEED = 0, 1, 2, 3  # DONE: byte taken, frame ends; REFEED: ends, byte not
 
+# RFC 3629's table: after these lead bytes the first continuation byte has a narrower range
+# (else an overlong form, a surrogate, or a code point past U+10FFFF); after the others it is
+# 0x80..0xBF, as every later continuation byte is.
+FIRST_CONTINUATION = {
+    0xE0: (0xA0, 0xBF),
+    0xED: (0x80, 0x9F),
+    0xF0: (0x90, 0xBF),
+    0xF4: (0x80, 0x8F),
+}
+
 
 class Frame:
     """One open value on the validator's stack; ``feed`` one byte, ``copy`` for trying tokens."""
@@ -280,18 +290,11 @@ class StringFrame(Frame):
             self.utf_left = 1
         elif 0xE0 <= b <= 0xEF:
             self.utf_left = 2
-            if b == 0xE0:
-                self.lo = 0xA0
-            elif b == 0xED:
-                self.hi = 0x9F
         elif 0xF0 <= b <= 0xF4:
             self.utf_left = 3
-            if b == 0xF0:
-                self.lo = 0x90
-            elif b == 0xF4:
-                self.hi = 0x8F
         else:
             return REJECT
+        self.lo, self.hi = FIRST_CONTINUATION.get(b, (0x80, 0xBF))
         return OK
 
     def own_distance(self) -> int:
