@@ -74,11 +74,9 @@ class RootFrame(Frame):
             return OK if self.started else v.take_ws()
         if self.started:
             return REJECT
-        child = self.node.start(b)
-        if child is None:
+        if not v.open(self.node, b):
             return REJECT
         self.started = True
-        v.stack.append(child)
         return OK
 
     def distance(self, child: Frame | None) -> int:
@@ -115,11 +113,9 @@ class ObjectFrame(Frame):
         if b in WS:
             return v.take_ws()
         if state == _O_VALUE:
-            child = self.cur.start(b)
-            if child is None:
+            if not v.open(self.cur, b):
                 return REJECT
             self.state = _O_AFTER
-            v.stack.append(child)
             return OK
         if state == _O_AFTER:
             if b == COMMA and (self.node.free or len(self.seen) < len(self.node.properties)):
@@ -222,12 +218,10 @@ class ArrayFrame(Frame):
             return DONE if node.min_items == 0 else REJECT
         if node.max_items == 0:
             return REJECT
-        child = node.items.start(b)
-        if child is None:
+        if not v.open(node.items, b):
             return REJECT
         self.count += 1
         self.state = _A_AFTER
-        v.stack.append(child)
         return OK
 
     def distance(self, child: Frame | None) -> int:
@@ -426,6 +420,15 @@ class JsonValidator:
         new.stack = [f.copy() for f in self.stack]
         new.ws_run, new.dead = self.ws_run, self.dead
         return new
+
+    def open(self, node: Node, b: int) -> bool:
+        """Push the frame of the value byte ``b`` starts, where ``node`` admits one (a frame's
+        child: the document, a property value, an array item); False where it does not."""
+        child = node.start(b)
+        if child is None:
+            return False
+        self.stack.append(child)
+        return True
 
     def feed(self, data: bytes | str) -> bool:
         """Feed bytes (or text, as UTF-8); False as soon as the prefix becomes invalid."""
