@@ -2,10 +2,14 @@
 
 Deployments and the engine raise these; only the router turns them into HTTP answers
 (``serve_app.http.errors``). Each class carries the wire triple of the contract
-(status, type, code) and the offending ``param`` when there is one.
+(status, type, code), the headers every answer of it carries, and the offending ``param``
+when there is one.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
 
 
 class ServiceError(Exception):
@@ -15,6 +19,9 @@ class ServiceError(Exception):
     error_type: str = "server_error"
     code: str | None = "server_error"
     default_message: str = "The server had an error while processing your request."
+    # Headers every answer of this class carries (e.g. Retry-After on a 503); an instance's
+    # ``headers`` argument adds to them and wins where both name the same header.
+    default_headers: ClassVar[Mapping[str, str]] = {}
 
     def __init_subclass__(
         cls,
@@ -23,6 +30,7 @@ class ServiceError(Exception):
         type: str | None = None,  # the contract's name for the field (shadows the builtin here)
         code: str | None = None,
         message: str | None = None,
+        headers: Mapping[str, str] | None = None,
         **kwargs,
     ) -> None:
         """A subclass declares its wire form in its class line, e.g.
@@ -34,6 +42,7 @@ class ServiceError(Exception):
             ("error_type", type),
             ("code", code),
             ("default_message", message),
+            ("default_headers", headers),
         ):
             if value is not None:
                 setattr(cls, name, value)
@@ -47,7 +56,7 @@ class ServiceError(Exception):
     ) -> None:
         self.message = message or self.default_message
         self.param = param
-        self.headers = headers or {}
+        self.headers = {**self.default_headers, **(headers or {})}
         super().__init__(self.message)
 
     def __reduce__(self):
@@ -189,6 +198,7 @@ class RateLimitError(
     type="rate_limit_error",
     code="rate_limit_reached",
     message="Rate limit reached. Please retry after the time in the Retry-After header.",
+    headers={"Retry-After": "1"},  # the message promises the header; a refusal may say longer
 ):
     """Over the account's request or token rate, or its concurrency cap."""
 
@@ -211,19 +221,11 @@ class UpstreamUnavailableError(
     status=503,
     code="service_unavailable",
     message="The model component is unavailable or overloaded. Please retry.",
+    headers={"Retry-After": "1"},
 ):
     """A deployment is down, overloaded, or could not finish the request. Always retryable,
     so the answer says when: ``Retry-After`` (a lost replica's work goes to another one, or
     to its replacement, within seconds)."""
-
-    def __init__(
-        self,
-        message: str | None = None,
-        *,
-        param: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message, param=param, headers={"Retry-After": "1", **(headers or {})})
 
 
 class UpstreamTimeoutError(

@@ -25,19 +25,9 @@ from serve_app.auth.records import StoreError
 from serve_app.auth.store import open_store
 from serve_app.errors import AccountError, AuthenticationError, ModelNotFoundError, RateLimitError
 from tests.conftest import new_postgres_schema
+from tests.fixtures.auth import FakeClock
 
 MODELS = frozenset({"m1", "m2"})
-
-
-class FakeClock:
-    def __init__(self, start: float = 1_800_000_002.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

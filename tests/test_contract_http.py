@@ -159,3 +159,17 @@ def test_an_unavailable_backend_is_a_503_that_says_when_to_retry():
         assert response.status_code == 503
         assert int(response.headers["Retry-After"]) >= 1
         assert json.loads(response.body)["error"]["code"] == "service_unavailable"
+
+
+def test_an_errors_class_headers_reach_the_wire_and_cross_ray():
+    """Headers an error class declares (Retry-After on 503 and 429) are on every answer of it,
+    a raise adds to or overrides them, and they survive the pickling that crosses Ray."""
+    import pickle
+
+    from serve_app.errors import RateLimitError, UpstreamUnavailableError
+    from serve_app.http.errors import error_response
+
+    declared = pickle.loads(pickle.dumps(UpstreamUnavailableError(headers={"X-Why": "full"})))
+    assert declared.headers == {"Retry-After": "1", "X-Why": "full"}
+    assert error_response(declared).headers["Retry-After"] == "1"
+    assert RateLimitError(headers={"Retry-After": "7"}).headers == {"Retry-After": "7"}

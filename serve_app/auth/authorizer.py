@@ -252,8 +252,7 @@ class Authorizer:
         if admission.refused == "concurrency":
             raise RateLimitError(
                 f"Too many concurrent requests (limit {self.config.max_concurrent} per "
-                "account). Retry when one of them has finished.",
-                headers={"Retry-After": "1"},
+                "account). Retry when one of them has finished."
             )
         verdict = admission.verdict
         if admission.refused == "rate" and verdict is not None:

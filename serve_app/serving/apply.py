@@ -15,14 +15,14 @@ from serve_app.api.chat import (
     ChatDelta,
     ChatResponseMessage,
 )
-from serve_app.api.common import CompletionUsage, new_id, now
+from serve_app.api.common import CompletionUsage
 from serve_app.apply.check import check_merge
 from serve_app.apply.placement import Plan, plan_update
 from serve_app.engine.prompts.apply import clean_model_output, parse_apply_request, wrap_updated
 from serve_app.engine.prompts.chat_encoding import encode_chat
 from serve_app.errors import MergeFailedError
 from serve_app.serving.billing import BilledCall
-from serve_app.serving.generation import EngineClient, chunk_maker, usage_of
+from serve_app.serving.generation import EngineClient, chunk_maker, completion, usage_of
 
 # The model answers in the ``` block it was prefilled with; its end is the end of the code.
 MODEL_STOPS = ("\n```",)
@@ -88,9 +88,7 @@ class ApplyService:
         choice = ChatChoice(
             index=0, message=ChatResponseMessage(content=content), finish_reason="stop"
         )
-        return ChatCompletion(
-            id=new_id("chatcmpl"), created=now(), model=body.model, choices=[choice], usage=usage
-        )
+        return completion(ChatCompletion, "chatcmpl", body.model, choice, usage)
 
     async def stream(
         self, body: ApplyCompletionRequest, call: BilledCall

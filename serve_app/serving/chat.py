@@ -16,13 +16,12 @@ from serve_app.api.chat import (
     ChatDelta,
     ChatResponseMessage,
 )
-from serve_app.api.common import new_id, now
 from serve_app.engine.constraints import SchemaError, compile_schema, validate_output
 from serve_app.engine.prompts.chat_encoding import encode_chat
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest
 from serve_app.errors import InvalidRequestError, UpstreamBadResponseError
 from serve_app.serving.billing import BilledCall
-from serve_app.serving.generation import EngineClient, chunk_maker, usage_of
+from serve_app.serving.generation import EngineClient, chunk_maker, completion, usage_of
 
 logger = logging.getLogger(__name__)
 
@@ -60,13 +59,7 @@ class ChatService:
             message=ChatResponseMessage(content=text),
             finish_reason=last.finish_reason or "stop",
         )
-        return ChatCompletion(
-            id=new_id("chatcmpl"),
-            created=now(),
-            model=body.model,
-            choices=[choice],
-            usage=usage_of(last),
-        )
+        return completion(ChatCompletion, "chatcmpl", body.model, choice, usage_of(last))
 
     async def stream(
         self, body: ChatCompletionRequest, call: BilledCall

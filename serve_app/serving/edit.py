@@ -6,7 +6,6 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
-from serve_app.api.common import new_id, now
 from serve_app.api.edit import AssistantMessage, EditChoice, EditCompletion, EditCompletionRequest
 from serve_app.engine.prompts.edit import (
     EditPromptStyle,
@@ -21,7 +20,7 @@ from serve_app.engine.prompts.edit import (
 )
 from serve_app.engine.protocol import GenerationRequest
 from serve_app.serving.billing import BilledCall
-from serve_app.serving.generation import EngineClient, usage_of
+from serve_app.serving.generation import EngineClient, completion, usage_of
 
 logger = logging.getLogger(__name__)
 
@@ -68,17 +67,10 @@ class EditService:
         if rejected is not None:
             logger.info("edit answer not an edit (%s); answering the region unchanged", rejected)
             self.on_rejected(rejected)
-        return EditCompletion(
-            # Zed sends the id back as feedback and checks that it starts with "cmpl-".
-            id=new_id("cmpl"),
-            created=now(),
-            model=body.model,
-            choices=[
-                EditChoice(
-                    index=0,
-                    finish_reason=last.finish_reason or "stop",
-                    message=AssistantMessage(content=fence_region(region)),
-                )
-            ],
-            usage=usage_of(last),
+        choice = EditChoice(
+            index=0,
+            finish_reason=last.finish_reason or "stop",
+            message=AssistantMessage(content=fence_region(region)),
         )
+        # Zed sends the id back as feedback and checks that it starts with "cmpl-".
+        return completion(EditCompletion, "cmpl", body.model, choice, usage_of(last))

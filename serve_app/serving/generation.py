@@ -188,6 +188,16 @@ def chunk_maker(chunk_type: Callable[..., T], id_prefix: str, model: str) -> Cal
     return chunk
 
 
+def completion(
+    response_type: Callable[..., T], id_prefix: str, model: str, choice: Any, usage: CompletionUsage
+) -> T:
+    """A whole (non-streamed) answer of one choice, with a new id and creation time: the
+    envelope every endpoint's completion shares, as ``chunk_maker`` is for its chunks."""
+    return response_type(
+        id=new_id(id_prefix), created=now(), model=model, choices=[choice], usage=usage
+    )
+
+
 def usage_of(chunk: GenerationChunk) -> CompletionUsage:
     return CompletionUsage.from_counts(
         chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens

@@ -24,6 +24,16 @@ LBRACE, RBRACE, LBRACKET, RBRACKET = ord("{"), ord("}"), ord("["), ord("]")
 
 REJECT, OK, DONE, REFEED = 0, 1, 2, 3  # DONE: byte taken, frame ends; REFEED: ends, byte not
 
+# RFC 3629's table: after these lead bytes the first continuation byte has a narrower range
+# (else an overlong form, a surrogate, or a code point past U+10FFFF); after the others it is
+# 0x80..0xBF, as every later continuation byte is.
+FIRST_CONTINUATION = {
+    0xE0: (0xA0, 0xBF),
+    0xED: (0x80, 0x9F),
+    0xF0: (0x90, 0xBF),
+    0xF4: (0x80, 0x8F),
+}
+
 
 class Frame:
     """One open value on the validator's stack; ``feed`` one byte, ``copy`` for trying tokens."""
@@ -64,11 +74,9 @@ class RootFrame(Frame):
             return OK if self.started else v.take_ws()
         if self.started:
             return REJECT
-        child = self.node.start(b)
-        if child is None:
+        if not v.open(self.node, b):
             return REJECT
         self.started = True
-        v.stack.append(child)
         return OK
 
     def distance(self, child: Frame | None) -> int:
@@ -105,11 +113,9 @@ class ObjectFrame(Frame):
         if b in WS:
             return v.take_ws()
         if state == _O_VALUE:
-            child = self.cur.start(b)
-            if child is None:
+            if not v.open(self.cur, b):
                 return REJECT
             self.state = _O_AFTER
-            v.stack.append(child)
             return OK
         if state == _O_AFTER:
             if b == COMMA and (self.node.free or len(self.seen) < len(self.node.properties)):
@@ -212,12 +218,10 @@ class ArrayFrame(Frame):
             return DONE if node.min_items == 0 else REJECT
         if node.max_items == 0:
             return REJECT
-        child = node.items.start(b)
-        if child is None:
+        if not v.open(node.items, b):
             return REJECT
         self.count += 1
         self.state = _A_AFTER
-        v.stack.append(child)
         return OK
 
     def distance(self, child: Frame | None) -> int:
@@ -280,18 +284,11 @@ class StringFrame(Frame):
             self.utf_left = 1
         elif 0xE0 <= b <= 0xEF:
             self.utf_left = 2
-            if b == 0xE0:
-                self.lo = 0xA0
-            elif b == 0xED:
-                self.hi = 0x9F
         elif 0xF0 <= b <= 0xF4:
             self.utf_left = 3
-            if b == 0xF0:
-                self.lo = 0x90
-            elif b == 0xF4:
-                self.hi = 0x8F
         else:
             return REJECT
+        self.lo, self.hi = FIRST_CONTINUATION.get(b, (0x80, 0xBF))
         return OK
 
     def own_distance(self) -> int:
@@ -423,6 +420,15 @@ class JsonValidator:
         new.stack = [f.copy() for f in self.stack]
         new.ws_run, new.dead = self.ws_run, self.dead
         return new
+
+    def open(self, node: Node, b: int) -> bool:
+        """Push the frame of the value byte ``b`` starts, where ``node`` admits one (a frame's
+        child: the document, a property value, an array item); False where it does not."""
+        child = node.start(b)
+        if child is None:
+            return False
+        self.stack.append(child)
+        return True
 
     def feed(self, data: bytes | str) -> bool:
         """Feed bytes (or text, as UTF-8); False as soon as the prefix becomes invalid."""

@@ -1,0 +1,230 @@
+"""The model's answer to a next-edit request: reading the region out of it, and checking it
+is an edit before it is sent."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from serve_app.engine.prompts.edit import (
+    CURSOR,
+    extract_edited_region,
+    fence_region,
+    parse_edit_prompt,
+    read_answer,
+    rejected_edit,
+)
+from tests.fixtures.edit import EXAMPLE, REGION, RENAMED, content
+
+# --- reading the model's answer ------------------------------------------------------------
+
+
+def test_extract_fenced_answer_with_prose_around_it() -> None:
+    completion = f"Here is the updated region:\n```python\n{RENAMED}\n```\nThe variable is renamed."
+    assert extract_edited_region(completion, EXAMPLE) == (RENAMED, True)
+
+
+def test_extract_unfenced_answer() -> None:
+    assert extract_edited_region(RENAMED, EXAMPLE) == (RENAMED, True)
+    prose = f"Sure, here is the code:\n\n{RENAMED}\n\nThis renames total to subtotal."
+    assert extract_edited_region(prose, EXAMPLE) == (RENAMED, True)
+
+
+def test_extract_strips_stray_tags_and_the_cursor() -> None:
+    completion = (
+        f"```python\n<|code_to_edit|>\n        {CURSOR}if subtotal < 0:\n"
+        "            subtotal = 0.0\n        return add_tax(subtotal)\n"
+        "<|/code_to_edit|>\n```<|im_end|>"
+    )
+    assert extract_edited_region(completion, EXAMPLE) == (RENAMED, True)
+
+
+ABOVE = (
+    "        subtotal = sum(item.price * item.quantity for item in self.items)\n"
+    "        subtotal = apply_discount(subtotal, code)"
+)
+
+
+@pytest.mark.parametrize("echo", [ABOVE, ABOVE.split("\n")[1]])
+def test_extract_drops_lines_above_the_region_copied_in_front_of_it(echo: str) -> None:
+    """The 0.5B sometimes starts its rewrite from the lines just above the region; spliced
+    in, they would be doubled in the user's file."""
+    assert extract_edited_region(f"```\n{echo}\n{RENAMED}\n```", EXAMPLE) == (RENAMED, True)
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        # not the lines right above (the first of the two alone): an edit, kept
+        f"{ABOVE.split(chr(10))[0]}\n{RENAMED}",
+        # nothing but the echo: there would be no code left
+        ABOVE,
+    ],
+)
+def test_extract_keeps_lines_that_are_not_an_echo_of_the_lines_above(completion: str) -> None:
+    text, _ = extract_edited_region(f"```\n{completion}\n```", EXAMPLE)
+    assert text == completion
+
+
+def test_extract_keeps_a_region_that_itself_starts_like_the_line_above() -> None:
+    """A region whose first line equals the line above it comes back whole."""
+    prompt = parse_edit_prompt(content(region=f"\ndef f(a):\n    return {CURSOR}a\n"))
+    answer = "def f(a):\n    return a + 1"
+    assert extract_edited_region(f"```\n{answer}\n```", prompt) == (answer, True)
+
+
+def test_extract_refuses_an_answer_that_is_a_copy_of_the_edit_history() -> None:
+    """Zed's history in the answer (seen from the 0.5B): spliced in, the client would write a
+    diff into the user's file, so the region comes back unchanged."""
+    history = (
+        "// User accepted prediction:\n--- a/project/shop/cart.py\n+++ b/project/shop/cart.py\n"
+        "@@ -8,3 +8,3 @@\n-        total = apply_discount(total, code)\n"
+        "+        subtotal = apply_discount(subtotal, code)\n         if total < 0:"
+    )
+    assert extract_edited_region(f"```\n{history}\n```", EXAMPLE) == (REGION, False)
+
+
+def test_extract_keeps_a_diff_when_the_region_is_one() -> None:
+    region = "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a = 1\n+a = 2"
+    prompt = parse_edit_prompt(
+        content(region=f"\n{CURSOR}{region}\n", path_line="current_file_path: x.diff\n")
+    )
+    answer = region.replace("a = 2", "a = 3")
+    assert extract_edited_region(f"```\n{answer}\n```", prompt) == (answer, True)
+
+
+def test_extract_handles_a_lone_fence() -> None:
+    assert extract_edited_region(f"{RENAMED}\n```\nDone.", EXAMPLE) == (RENAMED, True)
+    assert extract_edited_region(f"```python\n{RENAMED}", EXAMPLE) == (RENAMED, True)
+
+
+@pytest.mark.parametrize(
+    "completion", ["", "  \n", "```python\n```", "I cannot help with that request.", "<|im_end|>"]
+)
+def test_extract_falls_back_to_the_original_region(completion: str) -> None:
+    assert extract_edited_region(completion, EXAMPLE) == (REGION, False)
+
+
+def test_extract_keeps_tags_the_users_own_code_holds() -> None:
+    prompt = parse_edit_prompt(content(region=f'\n    return a + "<|endoftext|>"{CURSOR}\n'))
+    completion = '```python\n    return a + "<|endoftext|>"<|cursor|>\n```'
+    assert extract_edited_region(completion, prompt) == ('    return a + "<|endoftext|>"', True)
+
+
+def test_fence_region_is_what_zed_and_continue_cut() -> None:
+    fenced = fence_region(RENAMED)
+    assert fenced.startswith("```\n") and fenced.endswith("\n```")
+    assert fenced[4:-4] == RENAMED
+
+
+_noise = st.lists(
+    st.sampled_from(
+        [
+            "<|",
+            "|>",
+            "cursor",
+            "/",
+            "im_end",
+            "```",
+            "\n",
+            "x = 1",
+            "Here is the code:",
+            " ",
+        ]
+    ),
+    max_size=12,
+).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_noise)
+def test_extract_never_returns_a_tag_or_the_cursor(completion: str) -> None:
+    text, _ = extract_edited_region(completion, EXAMPLE)
+    assert CURSOR not in text
+    assert not re.search(r"<\|/?\w+\|>", text)
+
+
+# --- checking the answer before it is sent ------------------------------------------------------
+
+
+def lines(*texts: str) -> str:
+    return "\n".join(texts)
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        # the rename, written as a diff into the code
+        (
+            lines("-        if total < 0:", "+        if subtotal < 0:", *RENAMED.split("\n")[1:]),
+            "diff_markers",
+        ),
+        (lines("@@ -36,3 +36,3 @@", RENAMED), "diff_markers"),
+        # a level of indentation lost on every line, the edited ones too
+        ("\n".join(line[4:] for line in RENAMED.split("\n")), "indent_shift"),
+        ("\n".join(line[4:] for line in REGION.split("\n")), "indent_shift"),
+        # the first line only: the rest of the region, its last line too, is gone
+        ("        if subtotal < 0:", "dropped_lines"),
+        # the lines the history added above the region, instead of the region
+        (ABOVE, "history_copy"),
+        # whitespace only
+        (REGION.replace("total = 0.0", "total  =  0.0"), "reformat_only"),
+    ],
+    ids=[
+        "diff-lines",
+        "hunk-header",
+        "indent-edited",
+        "indent-copied",
+        "dropped",
+        "history",
+        "reformat",
+    ],
+)
+def test_answers_that_are_not_edits_are_rejected(answer: str, reason: str) -> None:
+    assert rejected_edit(answer, EXAMPLE) == reason
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        REGION,  # no change is an answer
+        RENAMED,  # the edit
+        "        return add_tax(total)",  # the if-block deleted, the lines after it kept
+        lines(
+            "        if total < 0:",
+            "            total = 0.0",
+            "        total = round(total, 2)",
+            "        return add_tax(total)",
+        ),  # a line added
+        # the region wrapped in a block: the first line stays where it was
+        lines("        if code:", "    " + REGION.replace("\n", "\n    ")),
+        # a line the history removed, put back here: a moved line, not a copy
+        lines("        total = sum(item.price * item.quantity for item in self.items)", REGION),
+    ],
+    ids=["unchanged", "renamed", "deleted-block", "added-line", "wrapped", "moved-line"],
+)
+def test_edits_pass_the_checks(answer: str) -> None:
+    assert rejected_edit(answer, EXAMPLE) is None
+
+
+def test_a_minus_line_that_is_code_is_not_a_diff_marker() -> None:
+    prompt = parse_edit_prompt(content(region=f"\n    x = {CURSOR}a\n    -b\n"))
+    assert rejected_edit("    x = a\n    -b\n-c", prompt) is None
+
+
+def test_read_answer_says_why_it_answers_no_change() -> None:
+    fenced = f"```python\n{RENAMED}\n```"
+    assert read_answer(fenced, EXAMPLE, "stop") == (RENAMED, None)
+    # max_tokens hit after the block closed (prose after it): the block is whole
+    assert read_answer(fenced + "\nThe variable", EXAMPLE, "length") == (RENAMED, None)
+    # hit inside the block: the region's tail would be lost
+    assert read_answer(fenced[:-4], EXAMPLE, "length") == (REGION, "cut_off")
+    assert read_answer("I cannot help.", EXAMPLE, "stop") == (REGION, "unusable")
+    assert read_answer(f"```\n{ABOVE}\n{RENAMED}\n```", EXAMPLE, "stop") == (RENAMED, None)
+    assert read_answer("```\n        if subtotal < 0:\n```", EXAMPLE, "stop") == (
+        REGION,
+        "dropped_lines",
+    )

@@ -1,0 +1,137 @@
+"""The next-edit prompt as chat messages, and fitting it into the context."""
+
+from __future__ import annotations
+
+import pytest
+
+from serve_app.engine.prompts.chat_encoding import encode_chat
+from serve_app.engine.prompts.edit import (
+    CURSOR,
+    EditPrompt,
+    build_messages,
+    fit_to_context,
+    recent_renames,
+)
+from serve_app.engine.tiny import build_tiny_model
+from serve_app.errors import ContextLengthExceededError
+from tests.fixtures.edit import EXAMPLE
+
+
+def test_messages_show_snippets_file_diffs_then_the_region_and_the_task() -> None:
+    system, user = build_messages(EXAMPLE)
+    assert system["role"] == "system" and "only the rewritten region" in system["content"]
+    assert user["role"] == "user"
+    text = user["content"]
+    file_block = f"File shop/cart.py:\n```python\n{EXAMPLE.file_text}```"
+    region_block = f"Region:\n```python\n{EXAMPLE.region}\n```"
+    assert text.index("shop/models.py") < text.index(file_block) < text.index("```diff")
+    assert text.index("```diff") < text.index(region_block)
+    assert "+        subtotal = apply_discount(subtotal, code)" in text
+    assert text.endswith(
+        "Rewrite the region: rename `total` to `subtotal` in it, as the recent edits did."
+    )
+    trimmed = build_messages(EXAMPLE, drop_snippets=3, drop_diffs=3)[1]["content"]
+    assert "shop/models.py" not in trimmed and "```diff" not in trimmed
+    assert trimmed.endswith(
+        f"Rewrite the region: finish the code at {CURSOR} and keep the other lines."
+    )
+
+
+@pytest.mark.parametrize(
+    ("diff", "region", "expected"),
+    [
+        ("-    total = 0\n+    subtotal = 0", "total += 1", [("total", "subtotal")]),
+        ("-f(url, a)\n+f(endpoint, b)", "url; a", [("a", "b"), ("url", "endpoint")]),
+        ("-    total = 0\n+    subtotal = 0", "count += 1", []),  # region lacks the old name
+        ("-x = 1\n+x = 2", "x", []),  # a literal changed, not a name
+        ("-x = a\n+x = a + b", "a", []),  # lines of different shapes
+        ("-if x:\n+elif x:", "if", []),  # keywords are not names
+        ("-a\n-b\n+c", "a b", []),  # unequal blocks cannot be paired
+        ("-a = 1\n+b = 1\n-c = 2\n+d = 2", "a c", [("a", "b"), ("c", "d")]),
+        (
+            "--- a/f.py\n+++ b/f.py\n@@ -1 +1 @@\n-n = 1\n+m = 1\n k\n-m = 1\n+p = 1",
+            "n m",
+            [("n", "m"), ("m", "p")],
+        ),
+    ],
+)
+def test_recent_renames(diff: str, region: str, expected: list[tuple[str, str]]) -> None:
+    assert recent_renames([diff], region) == expected
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+def token_count(tokenizer, messages: list[dict[str, str]]) -> int:
+    return len(encode_chat(tokenizer, messages))
+
+
+@pytest.mark.parametrize(("drop_snippets", "drop_diffs"), [(0, 0), (1, 0), (3, 0), (3, 2), (3, 3)])
+def test_fit_to_context_drops_oldest_snippets_then_oldest_diffs(
+    tokenizer, drop_snippets: int, drop_diffs: int
+) -> None:
+    expected = build_messages(EXAMPLE, drop_snippets=drop_snippets, drop_diffs=drop_diffs)
+    budget = token_count(tokenizer, expected)
+    messages, ids = fit_to_context(EXAMPLE, tokenizer, budget)
+    assert messages == expected
+    assert len(ids) == budget
+    assert ids == encode_chat(tokenizer, messages)
+
+
+def many_diffs(count: int) -> EditPrompt:
+    diffs = [
+        f"--- a/m.py\n+++ b/m.py\n@@ -{n} +{n} @@\n-v{n} = {n}\n+w{n} = {n}" for n in range(count)
+    ]
+    return EditPrompt("m.py", "x = 1\n", f"y = {CURSOR}2", "\n", EXAMPLE.snippets, diffs)
+
+
+@pytest.mark.parametrize("budget_drop", [1, 5, 17, 40])
+def test_fit_to_context_drops_the_fewest_and_encodes_the_prompt_a_few_times(
+    tokenizer, budget_drop: int
+) -> None:
+    prompt = many_diffs(40)
+    sizes = []
+    for drop in range(41):
+        sizes.append(
+            token_count(tokenizer, build_messages(prompt, drop_snippets=3, drop_diffs=drop))
+        )
+    budget = sizes[budget_drop]
+    calls = []
+    counting = CountingTokenizer(tokenizer, calls)
+    messages, ids = fit_to_context(prompt, counting, budget)
+    assert messages == build_messages(prompt, drop_snippets=3, drop_diffs=budget_drop)
+    assert len(ids) == budget
+    # Whole-prompt encodings (each a chat template render): the first, then a few to confirm.
+    assert calls.count("template") <= 4
+
+
+class CountingTokenizer:
+    """The tokenizer, counting how often a whole chat prompt is rendered."""
+
+    def __init__(self, tokenizer, calls: list[str]) -> None:
+        self._tokenizer, self._calls = tokenizer, calls
+
+    def apply_chat_template(self, *args, **kwargs):
+        self._calls.append("template")
+        return self._tokenizer.apply_chat_template(*args, **kwargs)
+
+    def encode(self, *args, **kwargs):
+        return self._tokenizer.encode(*args, **kwargs)
+
+
+def test_fit_to_context_keeps_the_newest_diff_when_dropping() -> None:
+    kept = build_messages(EXAMPLE, drop_snippets=3, drop_diffs=2)[1]["content"]
+    assert EXAMPLE.diffs[2] in kept and EXAMPLE.diffs[1] not in kept
+
+
+def test_fit_to_context_raises_when_even_the_file_does_not_fit(tokenizer) -> None:
+    smallest = token_count(tokenizer, build_messages(EXAMPLE, drop_snippets=3, drop_diffs=3))
+    with pytest.raises(ContextLengthExceededError) as caught:
+        fit_to_context(EXAMPLE, tokenizer, smallest - 1, context_length=32768)
+    assert caught.value.param == "messages"
+    assert caught.value.code == "context_length_exceeded"
+    assert "maximum context length for this model of 32768" in caught.value.message
