@@ -3,7 +3,8 @@
 # `serve run configs/local.yaml` (on $PORT, its own Ray temp dir and auth store) and
 # `llama-server` on the embedded model's own GGUF with the FIM replica's thread count (1) and
 # nice level (Ray runs replicas at nice 15), then bench.fim with both columns, bench.edit and
-# bench.memory (after a warm-up request to each model endpoint, and after the benchmarks).
+# bench.memory (after a warm-up request to each model endpoint, and after the benchmarks);
+# bench.keystroke too (BENCHES picks which run).
 # Stops everything it started. Run from the repository root:
 #   LLAMA_SERVER=/path/to/llama-server bench/llama_side_by_side.sh
 set -u
@@ -13,6 +14,7 @@ GGUF=${GGUF:-$HOME/.cache/llama-server/qwen2.5-coder-0.5b-q4_k_m.gguf}
 PORT=${PORT:-8123}
 LLAMA_PORT=${LLAMA_PORT:-8090}
 WORK=${WORK:-/tmp/side-by-side}
+BENCHES=${BENCHES:-fim keystroke edit}  # which of bench.fim, bench.keystroke, bench.edit run
 export PYTHONPATH=$PWD RAY_TMPDIR=$WORK/ray SERVE_APP_DATA_DIR=$WORK/data RAY_AUTH_MODE=disabled
 mkdir -p "$WORK/ray" "$WORK/data"
 
@@ -44,10 +46,15 @@ post /v1/edit/completions '{"model":"qwen2.5-coder-0.5b","max_tokens":32,"messag
 post /v1/decisions '{"model":"qwen2.5-coder-0.5b","state":{"ticket":"Login returns HTTP 500"},"questions":{"is_bug":{"type":"noul","instructions":"The ticket reports a defect."}}}' | head -c 200; echo
 post /v1/chat/completions '{"model":"qwen2.5-coder-0.5b","max_tokens":8,"messages":[{"role":"user","content":"Say hi"}]}' | head -c 200; echo
 "$VENV/bin/python" -m bench.memory --pid $SERVE_PID --top 8
-echo "== $(date -u +%T) bench.fim"; uptime
-"$VENV/bin/python" -m bench.fim --url "$URL" --key "$KEY" --llama-url "http://127.0.0.1:$LLAMA_PORT" --no-baseline
-echo "== $(date -u +%T) bench.edit"; uptime
-"$VENV/bin/python" -m bench.edit --url "$URL" --key "$KEY" --repeats 5
+LLAMA_URL=http://127.0.0.1:$LLAMA_PORT
+for bench in $BENCHES; do
+  echo "== $(date -u +%T) bench.$bench"; uptime
+  case $bench in
+    fim) "$VENV/bin/python" -m bench.fim --url "$URL" --key "$KEY" --llama-url "$LLAMA_URL" --no-baseline ;;
+    keystroke) "$VENV/bin/python" -m bench.keystroke --url "$URL" --key "$KEY" --llama-url "$LLAMA_URL" ;;
+    edit) "$VENV/bin/python" -m bench.edit --url "$URL" --key "$KEY" --repeats 5 ;;
+  esac
+done
 echo "== $(date -u +%T) memory after the benchmarks"
 "$VENV/bin/python" -m bench.memory --pid $SERVE_PID --top 8
 "$VENV/bin/python" -m bench.memory --pid $LLAMA_PID --top 1

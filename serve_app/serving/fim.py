@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from serve_app.api.common import new_id, now
 from serve_app.api.fim import (
     FimChoice,
     FimChunkChoice,
@@ -15,7 +14,7 @@ from serve_app.api.fim import (
 from serve_app.engine.prompts.fim import build_fim_prompt, fim_format_for
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest
 from serve_app.serving.billing import BilledCall
-from serve_app.serving.generation import EngineClient, chunk_maker, usage_of
+from serve_app.serving.generation import EngineClient, chunk_maker, completion, usage_of
 
 
 class FimService:
@@ -41,13 +40,8 @@ class FimService:
 
     async def complete(self, body: FimCompletionRequest, call: BilledCall) -> FimCompletion:
         text, last = await self.client.complete(call, await self._request(body, call))
-        return FimCompletion(
-            id=new_id("cmpl"),
-            created=now(),
-            model=body.model,
-            choices=[FimChoice(index=0, text=text, finish_reason=last.finish_reason or "stop")],
-            usage=usage_of(last),
-        )
+        choice = FimChoice(index=0, text=text, finish_reason=last.finish_reason or "stop")
+        return completion(FimCompletion, "cmpl", body.model, choice, usage_of(last))
 
     async def stream(
         self, body: FimCompletionRequest, call: BilledCall
