@@ -96,6 +96,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--llama-url", default=None)
     parser.add_argument("--show-misses", action="store_true")
+    parser.add_argument(
+        "--no-service", action="store_true", help="with --llama-url: only llama.cpp's column"
+    )
     args = parser.parse_args()
     layouts = args.layouts.split(",")
     sets = {name: CASE_SETS[name](args.cases, args.seed) for name in args.sets.split(",")}
@@ -119,12 +122,15 @@ def main() -> None:
                     build_fim_prompt(fmt, loaded.tokenizer, c.prefix, c.suffix, layout)
                     for c in cases
                 ]
-                texts = asyncio.run(_engine_answers(engine, prompts, f"{set_name}-{layout}"))
-                hits = [first_line_matches(t, c.line) for t, c in zip(texts, cases, strict=True)]
-                results[("service", set_name, layout)] = hits
-                _report_progress("service", set_name, layout, hits, started)
-                if args.show_misses:
-                    _show_misses(cases, texts, hits)
+                if not args.no_service:
+                    texts = asyncio.run(_engine_answers(engine, prompts, f"{set_name}-{layout}"))
+                    hits = [
+                        first_line_matches(t, c.line) for t, c in zip(texts, cases, strict=True)
+                    ]
+                    results[("service", set_name, layout)] = hits
+                    _report_progress("service", set_name, layout, hits, started)
+                    if args.show_misses:
+                        _show_misses(cases, texts, hits)
                 if args.llama_url:
                     texts = [_llama_answer(args.llama_url, render(fmt, c, layout)) for c in cases]
                     hits = [

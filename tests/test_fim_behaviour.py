@@ -73,17 +73,6 @@ def test_include_usage_chunk(embedded_client):
     assert usage["usage"]["prompt_tokens"] > 0 and usage["usage"]["completion_tokens"] > 0
 
 
-def test_context_length_error(embedded_client):
-    response = embedded_client.post(
-        "/v1/fim/completions",
-        json={**FIB, "max_tokens": 8192, "prompt": "x" * 200_000},
-        headers=AUTH,
-    )
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
-
-
 def test_repeated_prefix_is_served_from_the_prefix_cache(embedded_client):
     prefix = "import os\nimport sys\n\n" + "".join(
         f"def helper_{i}(value):\n    return value + {i}\n\n" for i in range(30)
