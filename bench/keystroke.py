@@ -155,8 +155,8 @@ async def replay(complete: Complete, key: str | None, sessions: list[TypingSessi
                 figures.read.append(answer.read_tokens)
                 figures.exact += (typed + answer.text).rstrip() == s.line.rstrip()
             figures.repeat.append((await complete(http, s.prefix + typed, s.suffix)).seconds)
-            after = s.suffix.split("\n", 1)[-1] if "\n" in s.suffix else s.suffix
-            enter = await complete(http, s.prefix + s.line + "\n", after)
+            # The user finishes the line and presses enter: a new last line, the same suffix.
+            enter = await complete(http, s.prefix + s.line + "\n", s.suffix)
             figures.new_line.append(enter.seconds)
     return figures
 
