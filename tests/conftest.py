@@ -7,6 +7,7 @@ Ray Serve's local testing mode (real handles, no cluster), so contract tests run
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import shutil
@@ -15,12 +16,16 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import pytest
 
 from serve_app.config import AppConfig, AuthOptions, HttpLimits, ModelConfig, Roles
 from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig, SpeculationConfig
+
+if TYPE_CHECKING:
+    from serve_app.engine.loader import LoadedModel
 
 TEST_KEY = "sk-sa-test-0123456789abcdefghijklmnop"
 TINY_ID = "tiny-qwen2"
@@ -119,6 +124,31 @@ def speculating(max_batch: int = 16, **draft_tokens: int) -> SpeculationConfig:
     return SpeculationConfig(
         **{"edit": 0, "fim": 0, "chat": 0, **draft_tokens}, max_batch=max_batch
     )
+
+
+def redrawn(lm: LoadedModel) -> LoadedModel:
+    """``lm`` with its matrices redrawn (std 0.3, seeded) and no eos.
+
+    The tiny model's own initialisation (std 0.02) repeats one token whatever the prompt,
+    which would make "same tokens" checks vacuous; redrawn, its outputs depend on the prompt.
+    No eos: random text would end at random points (eos has its own test in test_engine).
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in lm.model.parameters():
+            if param.dim() >= 2:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return dataclasses.replace(lm, eos_token_ids=[])
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """The tiny model ``redrawn``, for the engine's and the runner's tests (one per module)."""
+    from serve_app.engine.loader import load_model
+
+    return redrawn(load_model("tiny:" + str(tmp_path_factory.mktemp("tiny"))))
 
 
 EMBEDDED_ID = "qwen2.5-coder-0.5b"

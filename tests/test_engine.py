@@ -2,10 +2,10 @@
 batching, chunking or prefix caching, plus the request lifecycle (stop, length, abort, errors).
 
 The tiny model's default initialisation (std 0.02) makes it repeat one token whatever the
-prompt, which would make "same tokens" checks vacuous; the fixture redraws its matrices with
-std 0.3 (seeded) so outputs depend on the prompt. Smallest top-2 logit gaps are then ~1e-2,
-far above the ~1e-6 float32 differences that padding or chunking introduce, so token ids are
-compared exactly.
+prompt, which would make "same tokens" checks vacuous; the ``loaded`` fixture (conftest's
+``redrawn``) redraws its matrices with std 0.3 (seeded) so outputs depend on the prompt.
+Smallest top-2 logit gaps are then ~1e-2, far above the ~1e-6 float32 differences that
+padding or chunking introduce, so token ids are compared exactly.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.loader import LoadedModel, load_model
+from serve_app.engine.loader import LoadedModel
 from serve_app.engine.protocol import (
     GenerationChunk,
     GenerationRequest,
@@ -34,18 +34,6 @@ from serve_app.errors import (
     UpstreamUnavailableError,
 )
 from tests.conftest import engine_config
-
-
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
-    lm = load_model("tiny:" + str(tmp_path_factory.mktemp("tiny")))
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param in lm.model.parameters():
-            if param.dim() >= 2:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    # No eos by default: random text would end at random points (eos has its own test).
-    return dataclasses.replace(lm, eos_token_ids=[])
 
 
 class RecordingEngine(LLMEngine):

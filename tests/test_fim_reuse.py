@@ -10,7 +10,6 @@ prompt, as in test_engine.py.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import pytest
 import torch
@@ -22,17 +21,6 @@ from serve_app.engine.runner.prepare import build_runner
 from tests.conftest import engine_config, speculating
 
 PREFIX = "import os\nimport sys\n\ndef load(path):\n    with open(path) as f:\n        return "
-
-
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
-    lm = load_model("tiny:" + str(tmp_path_factory.mktemp("tiny")))
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param in lm.model.parameters():
-            if param.dim() >= 2:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return dataclasses.replace(lm, eos_token_ids=[])
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import DeviceError, LoadedModel, load_model, pick_device
 from serve_app.engine.runner.prepare import build_runner, decode_weights, prefill_dtype
 from serve_app.engine.runner.qwen2 import unsupported_reason
-from tests.conftest import engine_config
-from tests.test_runner import PROMPTS, encode
+from tests.conftest import engine_config, redrawn
+from tests.runner_support import PROMPTS, encode
 
 CUDA = torch.device("cuda")
 # The engine as a GPU replica builds it: runner: auto, dense weights in the model's dtype.
@@ -33,14 +33,8 @@ GPU_LIKE = {"weights": "dense", "prefill_dtype": "bfloat16"}
 
 @pytest.fixture(scope="module")
 def bf16(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
-    """The tiny model loaded in bf16, weights redrawn with std 0.3 (as test_runner's)."""
-    lm = load_model("tiny:" + str(tmp_path_factory.mktemp("tiny")), dtype="bfloat16")
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param in lm.model.parameters():
-            if param.dim() >= 2:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return dataclasses.replace(lm, eos_token_ids=[])
+    """The tiny model loaded in bf16, weights ``redrawn`` as the other runner tests'."""
+    return redrawn(load_model("tiny:" + str(tmp_path_factory.mktemp("tiny")), dtype="bfloat16"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")

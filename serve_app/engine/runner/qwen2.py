@@ -181,7 +181,8 @@ class Qwen2Runner:
         small = self.quantized_prompts or (
             sum(len(t) for t in tokens) <= self.small_prefill_tokens and min(starts) > 0
         )
-        x = self._run(cache, slot0, tokens, starts, decode, decode or small, check)
+        batch = _Batch.ragged(slot0, tokens, starts, decode, self.device)
+        x = self._layers(cache, batch, decode or small, check)
         if not decode:
             ends_flat = torch.tensor([len(t) for t in tokens], device=self.device).cumsum(0) - 1
             x = x[ends_flat]
@@ -200,7 +201,8 @@ class Qwen2Runner:
         entry = self.first_tokens.get(token)
         if entry is None:
             logger.info("runner: position-0 entry for token %d computed on dense weights", token)
-            hidden = self._run(cache, slot, [[token]], [0], False, False, None)
+            batch = _Batch.ragged(slot, [[token]], [0], False, self.device)
+            hidden = self._layers(cache, batch, False, None)
             kv = tuple((k.clone(), v.clone()) for k, v in cache.read(slot, 1))
             entry = self.first_tokens[token] = (kv, hidden)
             if len(self.first_tokens) > FIRST_TOKENS_KEPT:
@@ -209,52 +211,6 @@ class Qwen2Runner:
         self.first_tokens.move_to_end(token)
         cache.load(slot, entry[0])
         return entry[1]
-
-    def _run(
-        self,
-        cache: SlotCache,
-        slot0: int,
-        tokens: Sequence[Sequence[int]],
-        starts: Sequence[int],
-        decode: bool,
-        quantized: bool,
-        check: Callable[[], None] | None,
-    ) -> torch.Tensor:
-        """``forward``'s pass: hidden states ``[sum(len(t)), H]`` before the final norm."""
-        lengths = [len(t) for t in tokens]
-        rows = len(tokens)
-        width = max(s + n for s, n in zip(starts, lengths, strict=True))
-        span = max(lengths)
-        device = self.device
-        # output_size: no device-to-host read of the total (a sync on a GPU)
-        row_of = torch.repeat_interleave(
-            torch.arange(rows, device=device),
-            torch.tensor(lengths, device=device),
-            output_size=sum(lengths),
-        )
-        step_of = (
-            torch.cat([torch.arange(n, device=device) for n in lengths])
-            if rows > 1
-            else torch.arange(span, device=device)
-        )
-        first = torch.tensor(starts, device=device)
-        positions = first[row_of] + step_of
-        # Query j of row b sees columns <= starts[b] + j (causal, and never past the row's end).
-        ends = first.view(rows, 1, 1, 1) + torch.arange(span, device=device).view(1, 1, span, 1)
-        batch = _Batch(
-            slot0=slot0,
-            rows=rows,
-            span=span,
-            row_of=row_of,
-            step_of=step_of,
-            columns=positions,
-            positions=positions,
-            mask=torch.arange(width, device=device).view(1, 1, 1, width) <= ends,
-            padded=rows > 1 and min(lengths) != span,
-            prefill_start=None if decode or rows > 1 else starts[0],
-        )
-        flat = torch.tensor([t for row in tokens for t in row], dtype=torch.long, device=device)
-        return self._layers(cache, flat, batch, decode, quantized, check)
 
     def forward_tree(
         self,
@@ -275,39 +231,21 @@ class Qwen2Runner:
         sibling branches of an option trie share a position without seeing each other. The
         caller applies the LM head only where it reads (``lm_head(h, quantized_prompts)``).
         """
-        n = len(tokens)
-        width = start + n
-        device = self.device
-        step_of = torch.arange(n, device=device)
-        batch = _Batch(
-            slot0=slot,
-            rows=1,
-            span=n,
-            row_of=torch.zeros(n, dtype=torch.long, device=device),
-            step_of=step_of,
-            columns=start + step_of,
-            positions=positions.to(device),  # the caller's (a CPU tree); no copy on CPU
-            mask=mask.reshape(1, 1, n, width).to(device),
-            padded=False,
-        )
-        flat = torch.tensor(tokens, dtype=torch.long, device=device)
-        x = self._layers(cache, flat, batch, False, self.quantized_prompts, check)
+        batch = _Batch.tree(slot, start, tokens, positions, mask, self.device)
+        x = self._layers(cache, batch, self.quantized_prompts, check)
         return self._norm(x, self.final_norm)
 
     def _layers(
         self,
         cache: SlotCache,
-        flat: torch.Tensor,
         batch: _Batch,
-        decode: bool,
         quantized: bool,
         check: Callable[[], None] | None,
     ) -> torch.Tensor:
-        """The decoder layers over the flattened tokens ``[N]``: hidden states ``[N, hidden]``
-        before the final norm; each token's KV is written at (its row's slot, its column).
-        ``decode``: few queries per row (attention as two matmuls); ``quantized``: int4/int8
-        linears where the runner has them."""
-        rows, span = batch.rows, batch.span
+        """The decoder layers over the batch's flattened tokens ``[N]``: hidden states
+        ``[N, hidden]`` before the final norm; each token's KV is written at (its row's slot,
+        its column). ``quantized``: int4/int8 linears where the runner has them."""
+        rows, span, padded = batch.rows, batch.span, batch.padded
         width = batch.mask.shape[-1]
         cache.ensure(width)
         if batch.prefill_start is not None:  # room for the aligned attention's widths
@@ -317,7 +255,7 @@ class Qwen2Runner:
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [N, 1, D]
         qk_heads = self.num_heads + self.num_kv_heads
         qk_width = qk_heads * self.head_dim
-        x = F.embedding(flat, self.embed).float()
+        x = F.embedding(batch.tokens, self.embed).float()
         for index, layer in enumerate(self.layers):
             if check is not None:
                 check()
@@ -332,7 +270,7 @@ class Qwen2Runner:
                 keys[batch.slot0 : batch.slot0 + rows, :, :width],
                 values[batch.slot0 : batch.slot0 + rows, :, :width],
             )
-            if batch.padded:
+            if padded:
                 qp = q.new_zeros(rows, span, self.num_heads, self.head_dim)
                 qp[batch.row_of, batch.step_of] = q
             else:
@@ -342,11 +280,11 @@ class Qwen2Runner:
                     qp.transpose(1, 2), cache, index, batch.slot0, batch.prefill_start
                 )
             else:
-                attn = self._attend(qp.transpose(1, 2), keys, values, batch.mask, decode)
+                attn = self._attend(qp.transpose(1, 2), keys, values, batch.mask, batch.decode)
             attn = attn.transpose(1, 2)
             attn = (
                 attn[batch.row_of, batch.step_of]
-                if batch.padded
+                if padded
                 else attn.reshape(-1, self.num_heads, self.head_dim)
             )
             x = x + layer.o(attn.reshape(x.shape[0], -1), quantized)
@@ -358,23 +296,104 @@ class Qwen2Runner:
 
 @dataclass
 class _Batch:
-    """Where a pass's flattened tokens go: row ``b`` is slot ``slot0 + b``; token ``i`` is
-    query ``step_of[i]`` of row ``row_of[i]``, stored at cache column ``columns[i]`` and
-    rotated as ``positions[i]`` (the same, except in a tree, where siblings share a position).
-    ``mask`` ``[rows, 1, span, width]``: True where a query may attend."""
+    """What a pass feeds and where it goes: the flattened token ids ``tokens`` ``[N]``; row
+    ``b`` is slot ``slot0 + b``; token ``i`` is query ``step_of[i]`` of row ``row_of[i]``,
+    stored at cache column ``columns[i]`` and rotated as ``positions[i]`` (the same, except
+    in a tree, where siblings share a position). ``mask`` ``[rows, 1, span, width]``: True
+    where a query may attend."""
 
+    tokens: torch.Tensor
     slot0: int
-    rows: int
-    span: int
     row_of: torch.Tensor
     step_of: torch.Tensor
     columns: torch.Tensor
     positions: torch.Tensor
     mask: torch.Tensor
-    padded: bool  # rows of different lengths: queries are scattered into a padded block
+    decode: bool  # few queries per row: attention as two matmuls (``_small_attention``)
     # A prompt chunk (one row, not a tree): where it starts; its attention is
     # ``_aligned_prefill_attention``.
     prefill_start: int | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.mask.shape[0]
+
+    @property
+    def span(self) -> int:
+        return self.mask.shape[2]
+
+    @property
+    def padded(self) -> bool:
+        """Rows of different lengths: queries are scattered into a padded block."""
+        return self.tokens.numel() != self.rows * self.span
+
+    @classmethod
+    def ragged(
+        cls,
+        slot0: int,
+        tokens: Sequence[Sequence[int]],
+        starts: Sequence[int],
+        decode: bool,
+        device: torch.device,
+    ) -> _Batch:
+        """``Qwen2Runner.forward``'s layout: row ``b`` feeds ``tokens[b]`` at positions
+        ``starts[b]..`` of slot ``slot0 + b``."""
+        lengths = [len(t) for t in tokens]
+        rows = len(tokens)
+        width = max(s + n for s, n in zip(starts, lengths, strict=True))
+        span = max(lengths)
+        # output_size: no device-to-host read of the total (a sync on a GPU)
+        row_of = torch.repeat_interleave(
+            torch.arange(rows, device=device),
+            torch.tensor(lengths, device=device),
+            output_size=sum(lengths),
+        )
+        step_of = (
+            torch.cat([torch.arange(n, device=device) for n in lengths])
+            if rows > 1
+            else torch.arange(span, device=device)
+        )
+        first = torch.tensor(starts, device=device)
+        positions = first[row_of] + step_of
+        # Query j of row b sees columns <= starts[b] + j (causal, and never past the row's end).
+        ends = first.view(rows, 1, 1, 1) + torch.arange(span, device=device).view(1, 1, span, 1)
+        flat = [t for row in tokens for t in row]
+        return cls(
+            tokens=torch.tensor(flat, dtype=torch.long, device=device),
+            slot0=slot0,
+            row_of=row_of,
+            step_of=step_of,
+            columns=positions,
+            positions=positions,
+            mask=torch.arange(width, device=device).view(1, 1, 1, width) <= ends,
+            decode=decode,
+            prefill_start=None if decode or rows > 1 else starts[0],
+        )
+
+    @classmethod
+    def tree(
+        cls,
+        slot: int,
+        start: int,
+        tokens: Sequence[int],
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        device: torch.device,
+    ) -> _Batch:
+        """``Qwen2Runner.forward_tree``'s layout: one row of ``tokens`` at columns
+        ``start..`` of ``slot``, rotated as ``positions``, attending where ``mask``."""
+        n = len(tokens)
+        step_of = torch.arange(n, device=device)
+        return cls(
+            tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+            slot0=slot,
+            row_of=torch.zeros(n, dtype=torch.long, device=device),
+            step_of=step_of,
+            columns=start + step_of,
+            positions=positions.to(device),  # the caller's (a CPU tree); no copy on CPU
+            mask=mask.reshape(1, 1, n, start + n).to(device),
+            decode=False,
+        )
 
 
 # Prompt attention in blocks of this many positions, aligned at multiples of it (see

@@ -1,0 +1,110 @@
+"""Preparing the runner's weights: which decode weights ``auto`` picks, int4/int8 packs and
+first-position entries saved on disk and mapped, and the dense layers left unread (or
+handed back) once they are.
+"""
+
+from __future__ import annotations
+
+import copy
+import mmap
+import os
+import struct
+
+import torch
+
+from serve_app.engine.loader import load_model
+from serve_app.engine.runner.prepare import build_runner, cpu_has_bf16_compute, decode_weights
+from tests.runner_support import PROMPTS, encode
+
+
+def test_auto_weights_follow_the_cpu(loaded, tmp_path) -> None:
+    """auto: int8 where the CPU has no native bf16 (the int4 kernel's activations), else int4."""
+    runner = build_runner(loaded.model, weights="auto", cache_dir=tmp_path)
+    expect_int8 = not cpu_has_bf16_compute()
+    assert decode_weights("auto") == ("int8" if expect_int8 else "int4")
+    assert (runner.layers[0].down.int8 is not None) == expect_int8
+    assert (runner.layers[0].down.int4 is not None) == (not expect_int8)
+    assert decode_weights("dense") == "dense"
+
+
+def test_int4_packs_are_cached_on_disk_and_mapped(loaded, tmp_path) -> None:
+    first = build_runner(loaded.model, weights="int4", cache_dir=tmp_path)
+    files = list(tmp_path.glob("runner-int4-*.pt"))
+    assert len(files) == 1
+    second = build_runner(loaded.model, weights="int4", cache_dir=tmp_path)
+    x = torch.randn(2, loaded.model.config.hidden_size)
+    torch.testing.assert_close(
+        first.layers[0].qkv(x, True), second.layers[0].qkv(x, True), rtol=0, atol=0
+    )
+
+
+def test_saved_weights_leave_the_dense_layers_unread(loaded, tmp_path) -> None:
+    """With int8 decode and prompts on it, everything a replica reads of the layers comes
+    from the files the first replica saved (int8 values, the first-position entries of the
+    tokens prompts start with): the dense weights poisoned after saving change nothing, so
+    the memory-mapped model file stays out of every later replica's memory."""
+    model = copy.deepcopy(loaded.model)
+    start = loaded.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    prompt = [start, *encode(loaded, PROMPTS[0])]
+    options = {"weights": "int8", "prompt_weights": "decode", "cache_dir": tmp_path}
+    options |= {"first_tokens": [start]}
+
+    def run(runner) -> torch.Tensor:
+        cache = runner.new_cache(1, 16, 4096)
+        with torch.inference_mode():
+            out = [runner.forward(cache, 0, [prompt], [0], decode=False)]
+            for step in range(3):
+                token = [[int(out[-1][-1].argmax())]]
+                out.append(runner.forward(cache, 0, token, [len(prompt) + step], decode=True))
+        return torch.cat(out)
+
+    saved = run(build_runner(model, **options))
+    assert len(list(tmp_path.glob("runner-int8-*.pt"))) == 1
+    assert len(list(tmp_path.glob("runner-first-float32-*.pt"))) == 1
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for linear in (*vars(layer.self_attn)["_modules"].values(), *layer.mlp.children()):
+                if isinstance(linear, torch.nn.Linear):
+                    linear.weight.view(-1)[32:-32] = float("nan")
+    assert torch.isnan(run(build_runner(model, weights="dense"))).all()
+    torch.testing.assert_close(run(build_runner(model, **options)), saved, rtol=0, atol=0)
+
+
+def resident_pages(tensors: list[torch.Tensor]) -> int:
+    """How many pages of ``tensors`` this process has in memory (``/proc/self/pagemap``'s
+    present bit)."""
+    present = 0
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        for t in tensors:
+            first = t.data_ptr() // mmap.PAGESIZE
+            last = (t.data_ptr() + t.numel() * t.element_size() - 1) // mmap.PAGESIZE
+            pagemap.seek(first * 8)
+            entries = pagemap.read((last - first + 1) * 8)
+            present += sum(e >> 63 for e in struct.unpack(f"{len(entries) // 8}Q", entries))
+    return present
+
+
+def test_a_first_start_hands_back_the_dense_layers_it_quantized(tmp_path) -> None:
+    """The first replica reads every dense weight of the mapped model file to quantize it;
+    where prompts and decode both run on the saved int8 weights, it hands those pages back
+    once built, as a later replica never reads them (the 1.5B's 7 GB stayed resident)."""
+    lm = load_model("tiny:" + str(tmp_path / "model"))
+    for path in (tmp_path / "model").iterdir():  # written back, as a converted model is
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    layers = [
+        linear.weight
+        for layer in lm.model.model.layers
+        for linear in (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.down_proj)
+    ]
+    assert all(torch.isfinite(w).all() for w in layers)
+    read = resident_pages(layers)
+    assert read >= sum(w.numel() * w.element_size() for w in layers) // mmap.PAGESIZE
+    runner = build_runner(lm.model, weights="int8", prompt_weights="decode", cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("runner-int8-*.pt"))) == 1
+    assert resident_pages(layers) < read // 4  # at most pages shared with a neighbouring tensor
+    with torch.inference_mode():  # and read again from the file where needed
+        dense = lm.model.model.layers[-1].mlp.down_proj(torch.ones(1, layers[-1].shape[1]))
+        assert torch.isfinite(dense).all() and resident_pages(layers[-1:]) > 0
+    assert runner.quantized_prompts
