@@ -13,7 +13,8 @@ The step loop drives a backend through these calls, never through a model direct
   logits ``[1 + len(draft), V]`` per row (drafts stay empty unless ``supports_speculation``);
 - ``score(state, row, check)``: a tree row (``engine.tree``) on top of a prefilled request's
   KV, in one forward; the log-probabilities of the row's reads (a scoring request's pass);
-- ``release(states)`` frees ended requests' KV; ``reset()`` frees everything after a failure.
+- ``release(states)`` frees ended requests' KV; ``idle()`` gives memory back once the engine
+  has had nothing to do for ``IDLE_TRIM_S``; ``reset()`` frees everything after a failure.
 
 ``check`` (prefill and score) runs between decoder layers where the backend can, and raises
 ``RequestAborted`` for an aborted request: a long chunk stops within one layer's work.
@@ -63,6 +64,8 @@ class ModelBackend(Protocol):
     def score(self, state: Any, row: Row, check: Callable[[], None]) -> list[float]: ...
 
     def release(self, states: Sequence[Any]) -> None: ...
+
+    def idle(self) -> None: ...
 
     def reset(self) -> None: ...
 

@@ -220,5 +220,8 @@ class HFBackend:
         for state in states:
             state.kv = None
 
+    def idle(self) -> None:
+        """Nothing held between requests (each request's cache is its own)."""
+
     def reset(self) -> None:
         self.batch = DecodeBatch(self.device)

@@ -107,6 +107,9 @@ class RunnerBackend:
                 if last is not state:  # the last decode row fills the hole
                     self.rows[slot] = last
                     self._move(last, slot)
+
+    def idle(self) -> None:
+        """The engine has been idle a while: the cache goes back to its initial size."""
         if not any(self.owner):
             self.cache.shrink()
 
