@@ -363,3 +363,20 @@ def test_a_stream_whose_replica_dies_is_billed_once_for_what_it_delivered(
     assert (input_tokens, output_tokens) == (usage["prompt_tokens"], usage["completion_tokens"])
     assert row_status == status
     assert used == input_tokens + output_tokens  # the reservation settled to the row, once
+
+
+def test_only_ray_saying_the_replica_is_gone_makes_the_router_bill():
+    """An error the replica raised (even one about another actor) reaches the router as a
+    ``RayTaskError``: the replica lived and bills it. Ray's own actor errors mean it did not."""
+    from ray import exceptions as ray_errors
+    from ray.serve.exceptions import ReplicaUnavailableError
+
+    from serve_app.errors import UpstreamTimeoutError
+    from serve_app.serving.billing import replica_lost
+
+    gone = [ray_errors.ActorDiedError(), ray_errors.ActorUnavailableError("gone", None)]
+    gone.append(ReplicaUnavailableError("the replica stopped"))
+    assert all(replica_lost(error) for error in gone)
+    raised_by_replica = ray_errors.RayTaskError("stream", "traceback", ray_errors.ActorDiedError())
+    assert not replica_lost(raised_by_replica.as_instanceof_cause())
+    assert not replica_lost(UpstreamTimeoutError()) and not replica_lost(RuntimeError())
