@@ -61,6 +61,7 @@ class AuthService:
         input_tokens: int,
         output_tokens: int,
         status: int,
+        request_id: str | None = None,
     ) -> None:
         await self._in_thread(
             self.authorizer.record_usage,
@@ -70,6 +71,7 @@ class AuthService:
             input_tokens,
             output_tokens,
             status,
+            request_id,
         )
 
     @staticmethod

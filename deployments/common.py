@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from deployments.metrics import LatencyMetrics, report_engine_stats
 from serve_app.config import AppConfig, ModelConfig
-from serve_app.serving.billing import RequestContext, UsageRecorder
+from serve_app.serving.billing import UsageRecorder, ledger_write
 from serve_app.serving.generation import EngineClient, start_engine
 
 logger = logging.getLogger(__name__)
@@ -27,14 +27,7 @@ def replica_cpus() -> float | None:
 def usage_recorder(auth: Any, timeout_s: float) -> UsageRecorder:
     """The model side's ledger writer: rows go to the auth deployment (``auth``: its handle;
     None where nothing bills, e.g. a deployment built on its own)."""
-
-    async def write(context: RequestContext, input_tokens: int, output_tokens: int, status: int):
-        if auth is not None:
-            await auth.record_usage.remote(
-                context.grant, context.model, context.endpoint, input_tokens, output_tokens, status
-            )
-
-    return UsageRecorder(write, timeout_s)
+    return UsageRecorder(ledger_write(auth), timeout_s)
 
 
 class EngineDeployment:

@@ -21,6 +21,7 @@ import pytest
 from serve_app.auth import cli, ratelimit
 from serve_app.auth.authorizer import AuthConfig, Authorizer, bootstrap_local
 from serve_app.auth.keys import KEY_PREFIX, generate_key, hash_key, key_hint
+from serve_app.auth.migrations import MIGRATIONS
 from serve_app.auth.records import StoreError
 from serve_app.auth.store import open_store
 from serve_app.errors import AccountError, AuthenticationError, ModelNotFoundError, RateLimitError
@@ -236,6 +237,29 @@ def test_quota_exhausted_is_account_error_and_ledger_is_complete(store, db, cloc
     replica(db, clock).authorize(key, "m1", "/v1/completions")
 
 
+def test_a_request_is_billed_once_however_many_write_its_row(store, db, clock):
+    """The router bills a stream whose replica died; a replica that was not dead after all
+    writes too. The first row of a request id stands, and only it charges; rows without an
+    id (older writers) are all kept."""
+    key = new_key(store, "acme", quota_tokens=1000)
+    router, model_replica = replica(db, clock), replica(db, clock)
+    grant = router.authorize(key, "m1", "fim", estimated_tokens=200)
+    router.record_usage(grant, "m1", "fim", 30, 7, 503, request_id="req-1")
+    model_replica.record_usage(grant, "m1", "fim", 30, 90, 499, request_id="req-1")
+    for _ in range(2):
+        grant = router.authorize(key, "m1", "fim")
+        router.record_usage(grant, "m1", "fim", 1, 1, 200)
+    account = store.get_account_by_name("acme")
+    rows = [
+        (r.status, r.input_tokens, r.output_tokens, r.request_id)
+        for r in store.list_usage(account.id)
+    ]
+    assert sorted(rows, key=str) == sorted(
+        [(503, 30, 7, "req-1"), (200, 1, 1, None), (200, 1, 1, None)], key=str
+    )
+    assert account.tokens_used_at(clock()) == 37 + 2 * 2  # the reservation settled once
+
+
 def test_monthly_quota_restarts_next_month(store, db):
     clock = FakeClock(1_798_761_599.0)  # 2026-12-31T23:59:59Z
     key = new_key(store, "acme", quota_tokens=10, quota_period="monthly")
@@ -287,7 +311,7 @@ def test_reopening_keeps_accounts_keys_and_usage(db, clock):
     service.record_usage(service.authorize(key, "m1", "/v1/chat"), "m1", "/v1/chat", 3, 4, 200)
     store.close()
     reopened = open_store(db, clock=clock)
-    assert reopened.schema_version() == 2
+    assert reopened.schema_version() == max(MIGRATIONS)
     account = reopened.get_account_by_name("acme")
     assert (account.rpm, account.models, account.tokens_used_at(clock())) == (10, ("m1",), 7)
     assert len(reopened.list_usage(account.id)) == 1

@@ -18,8 +18,9 @@ Then FIM streams, FIM and chat requests are in flight when the worker's whole pr
 (raylet and every replica on it) is killed with SIGKILL. Afterwards: every request answered
 200, a 503 with Retry-After, or (a stream already under way) an SSE error event and [DONE],
 within a bound that tells an answer from a hang; the ledger rows written in PostgreSQL are
-exactly the delivered answers' usage (one row each, same tokens); Serve restarts the model
-replicas on the head and new requests answer 200.
+exactly the delivered answers' usage (one row each, same tokens), a stream cut by the kill
+included: the router bills what it had delivered and tells the client in a usage chunk before
+the error event; Serve restarts the model replicas on the head and new requests answer 200.
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ RECOVERY_S = 180
 
 @dataclass
 class Answer:
-    """What a client got: status, Retry-After, the usage of a whole answer (None if there was
-    none), whether a stream ended in an error event, and how long it took; for a stream, how
-    many events with text it delivered."""
+    """What a client got: status, Retry-After, the usage it was told (a whole answer's, or a
+    cut stream's usage chunk of what it delivered; None if there was none), whether a stream
+    ended in an error event, and how long it took; for a stream, how many events with text it
+    delivered."""
 
     kind: str
     status: int
@@ -318,7 +320,9 @@ def assert_clean(answer: Answer) -> None:
         return
     if answer.status == 200:  # the stream was under way: the error travels as an event
         error = ErrorResponse.model_validate(answer.error_event).error
-        assert answer.usage is None, answer
+        if answer.text_events:  # and what it delivered is billed: the usage chunk says what
+            assert answer.usage is not None, answer
+            assert answer.usage["completion_tokens"] >= answer.text_events, answer
     else:
         assert answer.status == 503, answer
         assert answer.retry_after is not None and int(answer.retry_after) >= 1, answer
@@ -366,8 +370,8 @@ def test_losing_the_model_node_under_load(cluster):
         answers = [future.result(timeout=ANSWER_WITHIN_S * 2) for future in futures]
     outcomes = [(a.kind, a.status, "error event" if a.error_event else "") for a in answers]
     print(f"\ncluster: in flight at the kill: {outcomes}")
-    cut = [a.text_events for a in answers if a.error_event]
-    print(f"cluster: streams cut by the kill had delivered {cut} text events (not billed)")
+    cut = [(a.text_events, a.usage) for a in answers if a.error_event]
+    print(f"cluster: streams cut by the kill delivered (text events, usage billed): {cut}")
     print(f"cluster: probes after it: {[(a.kind, a.status) for a in probes]}")
 
     for answer in answers + probes:
@@ -385,19 +389,31 @@ def test_losing_the_model_node_under_load(cluster):
 
     # billing: exactly one ledger row per delivered answer, with its tokens
     time.sleep(2)  # ledger writes are detached from the answer
-    delivered = sorted(
-        (a.usage["prompt_tokens"], a.usage["completion_tokens"])
-        for a in answers + probes + after
-        if a.status == 200 and a.error_event is None
-    )
+    answered = answers + probes + after
+
+    def told(status: int) -> list[tuple[int, int]]:
+        """(input, output) tokens of the answers that ended as ``status`` would bill them:
+        200 a whole answer, 503 a stream cut by the kill (the usage chunk before its error)."""
+        return sorted(
+            (a.usage["prompt_tokens"], a.usage["completion_tokens"])
+            for a in answered
+            if a.status == 200 and a.usage is not None and bool(a.error_event) == (status == 503)
+        )
+
     rows = [r for r in ledger(dsn) if r.id not in before]
-    billed = sorted((r.input_tokens, r.output_tokens) for r in rows if r.status == 200)
-    assert billed == delivered
+    # one row per request: every row names its request, no request twice
+    assert all(r.request_id for r in rows) and len({r.request_id for r in rows}) == len(rows)
+    for status in (200, 503):
+        billed = sorted((r.input_tokens, r.output_tokens) for r in rows if r.status == status)
+        assert billed == told(status), status
+    cut = [a for a in answered if a.error_event and a.text_events]
+    assert cut and all(a.usage is not None for a in cut), "a cut stream's text went unbilled"
     # Any other row is work a replica did and the router cancelled at its backstop, just as
     # the replica took the request (a race with the replica's start): billed as a client that
     # left (499), as serve_app.serving.billing bills any cancelled request.
-    others = [r for r in rows if r.status != 200]
-    print(f"cluster: {len(rows)} ledger rows, {len(delivered)} answers delivered, others {others}")
+    others = [r for r in rows if r.status not in (200, 503)]
+    print(f"cluster: {len(rows)} ledger rows, {len(told(200))} answers and {len(cut)} cut streams "
+          f"delivered, others {others}")  # fmt: skip
     assert all(r.status == 499 for r in others), others
 
 

@@ -22,7 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
+from deployments.fim_model import FimModel
 from serve_app.api.common import ErrorResponse
+from serve_app.auth.store import open_store
 from serve_app.config import AppConfig, HttpLimits
 from tests.conftest import AUTH, LONG_FIM, TEST_KEY, TINY_ID, tiny_config
 from tests.graph import MODEL, auth
@@ -270,3 +272,111 @@ def test_no_answer_from_the_model_is_a_503_with_retry_after_at_the_backstop(
             assert int(response.headers["Retry-After"]) >= 1
             assert_unavailable(response.json())
             assert waited < limits.request_timeout_s + BACKSTOP_GRACE_S + 5, waited
+
+
+# --- a replica lost mid-stream: the router bills what was delivered (in-process) ------------
+
+
+class FimModelLosingItsNode(FimModel):
+    """The real FIM deployment (engine, service, billing) whose replica dies in a stream:
+    after ``die_after`` chunks, or once its stream has ended (None), Ray fails the stream
+    with ``ActorDiedError``, as it does when the replica's node is lost. ``auth`` None: the
+    replica dies before it bills (a killed process runs no ``finally``)."""
+
+    deployment_name = "FimModelLosingItsNode"
+
+    def __init__(self, config: AppConfig, auth: Any, die_after: int | None) -> None:
+        super().__init__(config, auth)
+        self.die_after = die_after
+
+    async def stream(self, body: Any, context: Any) -> AsyncIterator[Any]:
+        from ray.exceptions import ActorDiedError
+
+        sent = 0
+        async for chunk in super().stream(body, context):
+            yield chunk
+            sent += 1
+            if sent == self.die_after:
+                raise ActorDiedError()
+        raise ActorDiedError()
+
+
+def read_events(client: Any, body: dict, headers: dict) -> list[dict]:
+    """A stream read to its end: its events' payloads; it must end with [DONE]."""
+    with client.stream("POST", "/v1/fim/completions", json=body, headers=headers) as response:
+        assert response.status_code == 200, response.read()
+        data = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]", data[-3:]
+    return [json.loads(event) for event in data[:-1]]
+
+
+@pytest.mark.parametrize(
+    ("die_after", "replica_bills", "status"),
+    [(5, False, 503), (None, True, 200)],
+    ids=["dies-mid-stream-unbilled", "dies-after-billing-its-row"],
+)
+def test_a_stream_whose_replica_dies_is_billed_once_for_what_it_delivered(
+    tiny_source, tmp_path, monkeypatch, die_after, replica_bills, status
+):
+    """The replica dies with text delivered: the client gets a usage chunk of what it
+    received, then the 503 error event and [DONE], and the ledger one row of exactly that
+    usage (503), settling the reservation. A replica that wrote its row before it died
+    (200, the whole answer) keeps that row: the router's adds nothing."""
+    from fastapi.testclient import TestClient
+
+    from deployments.auth import AuthService
+    from serve_app.app import deploy
+    from serve_app.http.app import Backends, build_router_app
+    from serve_app.testing import local_handle
+    from tests.fixtures.auth import new_account
+
+    monkeypatch.setenv("SERVE_APP_API_KEY", TEST_KEY)
+    config = tiny_config(tiny_source, tmp_path)
+    billing = deploy(AuthService, config).bind(config) if replica_bills else None
+    fim = local_handle(FimModelLosingItsNode, config, billing, die_after)
+    auth_handle = local_handle(AuthService, config)
+    backends = Backends(auth=auth_handle, scorer=fim, edit=fim, fim=fim)
+    key, account = new_account(config.auth_db, "loses-a-node", quota_tokens=100_000)
+    body = {"model": TINY_ID, **LONG_FIM, "max_tokens": 40 if die_after else 6,
+            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    with TestClient(build_router_app(config, backends)) as client:
+        events = read_events(client, body, {"Authorization": f"Bearer {key}"})
+
+    *content, usage_chunk, error_event = events
+    assert_unavailable(error_event)
+    assert usage_chunk["choices"] == []  # one usage chunk, the replica's or the router's
+    assert all(chunk["choices"] and "usage" not in chunk for chunk in content)
+    usage = usage_chunk["usage"]
+    texts = [chunk for chunk in content if chunk["choices"][0]["text"]]
+    assert 0 < len(texts) <= usage["completion_tokens"]  # each text event: a token or more
+    if die_after is not None:
+        assert len(content) == die_after
+    store = open_store(config.auth_db)
+    try:
+        rows = store.list_usage(account)
+        used = store.get_account(account).tokens_used_at(store.now())
+    finally:
+        store.close()
+    ((row_status, input_tokens, output_tokens),) = [
+        (row.status, row.input_tokens, row.output_tokens) for row in rows
+    ]
+    assert (input_tokens, output_tokens) == (usage["prompt_tokens"], usage["completion_tokens"])
+    assert row_status == status
+    assert used == input_tokens + output_tokens  # the reservation settled to the row, once
+
+
+def test_only_ray_saying_the_replica_is_gone_makes_the_router_bill():
+    """An error the replica raised (even one about another actor) reaches the router as a
+    ``RayTaskError``: the replica lived and bills it. Ray's own actor errors mean it did not."""
+    from ray import exceptions as ray_errors
+    from ray.serve.exceptions import ReplicaUnavailableError
+
+    from serve_app.errors import UpstreamTimeoutError
+    from serve_app.serving.billing import replica_lost
+
+    gone = [ray_errors.ActorDiedError(), ray_errors.ActorUnavailableError("gone", None)]
+    gone.append(ReplicaUnavailableError("the replica stopped"))
+    assert all(replica_lost(error) for error in gone)
+    raised_by_replica = ray_errors.RayTaskError("stream", "traceback", ray_errors.ActorDiedError())
+    assert not replica_lost(raised_by_replica.as_instanceof_cause())
+    assert not replica_lost(UpstreamTimeoutError()) and not replica_lost(RuntimeError())

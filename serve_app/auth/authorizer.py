@@ -152,12 +152,14 @@ class Authorizer:
         input_tokens: int,
         output_tokens: int,
         status: int,
+        request_id: str | None = None,
     ) -> None:
         """Append to the ledger and charge quota and TPM window in one store transaction,
         settling the grant's reservation to the actual count.
 
         Call it for every admitted request, failed ones included (with the tokens actually
-        spent, often 0), so the ledger is a complete record.
+        spent, often 0), so the ledger is a complete record. With ``request_id``, a second
+        call for the same request is a no-op: the first row stands.
         """
         record = UsageRecord(
             account_id=grant.account_id,
@@ -168,6 +170,7 @@ class Authorizer:
             output_tokens=max(0, int(output_tokens)),
             status=int(status),
             created_at=0.0,  # the store sets it from its own clock
+            request_id=request_id,
         )
         used = self.store.record_usage(record, grant.reservation_id)
         self._update_cached_usage(grant.account_id, used, self.store.now())

@@ -149,7 +149,9 @@ class AuthStore(abc.ABC):
     def record_usage(self, record: UsageRecord, reservation_id: int | None = None) -> int:
         """Append to the ledger and charge the actual tokens in one transaction, settling the
         reservation (charge ``actual - reserved``) when it is still held. ``created_at`` is
-        set from the store's clock. Returns the tokens used in the current quota period."""
+        set from the store's clock. A record whose ``request_id`` already has a row is
+        dropped and charges nothing (a request is billed once, by its first row). Returns the
+        tokens used in the current quota period."""
 
     @abc.abstractmethod
     def release(self, reservation_id: int) -> None:

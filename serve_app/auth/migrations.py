@@ -62,4 +62,11 @@ MIGRATIONS: dict[int, list[str]] = {
         )""",
         "CREATE INDEX reservations_account ON reservations (account_id, expires_at)",
     ],
+    # One row per request: the request's id, so that a second writer for the same request
+    # (the router billing a stream whose replica died, the replica itself) adds nothing.
+    # NULL for rows written without one; NULLs never collide.
+    3: [
+        "ALTER TABLE usage_ledger ADD COLUMN request_id TEXT",
+        "CREATE UNIQUE INDEX usage_ledger_request ON usage_ledger (request_id)",
+    ],
 }

@@ -72,7 +72,9 @@ class ApiKey:
 
 @dataclass(frozen=True)
 class UsageRecord:
-    """One ledger row: a completed (or failed) request and what it cost."""
+    """One ledger row: a completed (or failed) request and what it cost. ``request_id``
+    names the request (the router's ``RequestContext.request_id``): the ledger keeps one row
+    per id, the first written."""
 
     account_id: int
     key_id: int | None
@@ -83,6 +85,7 @@ class UsageRecord:
     status: int
     created_at: float
     id: int | None = None
+    request_id: str | None = None
 
     @property
     def total_tokens(self) -> int:

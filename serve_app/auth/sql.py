@@ -320,10 +320,14 @@ class SqlAuthStore(AuthStore):
     def record_usage(self, record: UsageRecord, reservation_id: int | None = None) -> int:
         with self._write() as db:
             record = dataclasses.replace(record, created_at=self._now(db))
-            self._execute(
+            # Insert-if-absent in one statement: two writers of one request (the router and
+            # the replica, on different nodes) cannot both pass a check made before it.
+            inserted = self._execute(
                 db,
                 "INSERT INTO usage_ledger (account_id, key_id, model, endpoint, input_tokens, "
-                "output_tokens, status, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "output_tokens, status, created_at, request_id) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (request_id) DO NOTHING RETURNING id",
                 (
                     record.account_id,
                     record.key_id,
@@ -333,12 +337,27 @@ class SqlAuthStore(AuthStore):
                     record.output_tokens,
                     record.status,
                     record.created_at,
+                    record.request_id,
                 ),
-            )
+            ).fetchall()
+            if not inserted:  # the request's row is there: it settled the reservation
+                return self._quota_used(db, record.account_id, record.created_at)
             held = self._take_reservation(db, reservation_id)
             used = self._charge(db, record, held)
             self._prune(db, record.account_id, record.created_at)
         return used
+
+    def _quota_used(self, db: Any, account_id: int, now: float) -> int:
+        """The tokens charged to the account in the quota period of ``now``."""
+        row = self._execute(
+            db,
+            "SELECT quota_period, tokens_used, usage_period FROM accounts WHERE id = ?",
+            (account_id,),
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"no account with id {account_id}")
+        period, used, used_period = row
+        return used if used_period == period_key(period, now) else 0
 
     def release(self, reservation_id: int) -> None:
         with self._write() as db:
@@ -406,7 +425,8 @@ class SqlAuthStore(AuthStore):
     def list_usage(self, account_id: int, limit: int = 100) -> list[UsageRecord]:
         rows = self._query(
             "SELECT account_id, key_id, model, endpoint, input_tokens, output_tokens, status, "
-            "created_at, id FROM usage_ledger WHERE account_id = ? ORDER BY id DESC LIMIT ?",
+            "created_at, id, request_id FROM usage_ledger WHERE account_id = ? "
+            "ORDER BY id DESC LIMIT ?",
             (account_id, limit),
         )
         return [UsageRecord(*row) for row in rows]

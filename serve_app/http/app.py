@@ -40,7 +40,13 @@ from serve_app.http.middleware import Authenticate, BoundedBody, RequestId, Requ
 from serve_app.http.openapi import openapi_without_implicit_422
 from serve_app.http.sse import open_event_stream, sse_event, within
 from serve_app.serving.admission import Refunds, estimate_tokens
-from serve_app.serving.billing import RequestContext, cache_salt_for
+from serve_app.serving.billing import (
+    Ledger,
+    RequestContext,
+    bill_if_replica_lost,
+    cache_salt_for,
+    ledger_write,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +170,8 @@ class RouteHandlers:
         self.model_ids = frozenset(model.id for model in config.models)
         self.recent_keys: dict[str, float] = {}  # key digest -> trusted until (monotonic)
         self.refunds = Refunds(backends.auth.release)
+        # The rows only the router can write: streams whose replica died (billing.py).
+        self.ledger = Ledger(ledger_write(backends.auth))
 
     def register(self, app: FastAPI) -> None:
         app.post("/v1/decisions", response_model=DecisionResponse, responses=DECISION_ERRORS)(
@@ -347,7 +355,8 @@ class RouteHandlers:
             context = self.context(grant, body.model, route.endpoint)
             streaming = handle.options(stream=True)
             chunks = getattr(streaming, route.stream_method).remote(body, context)
-            return await self.stream(grant, body.model, route.endpoint, chunks, body.include_usage)
+            billed = bill_if_replica_lost(_cancel_on_close(chunks), self.ledger, context)
+            return await self.stream(grant, body.model, route.endpoint, billed, body.include_usage)
         method = getattr(handle, route.method)
         return await self.call(grant, body.model, route.endpoint, method, body, route.answer)
 
@@ -355,7 +364,9 @@ class RouteHandlers:
         self, grant: Any, model: str, endpoint: str, chunks: Any, include_usage: bool
     ) -> Response:
         """SSE answer; the model deployment always ends with a usage chunk (no choices) and
-        bills the stream itself, however it ends (serve_app.serving.billing)."""
+        bills the stream itself, however it ends, unless its replica dies mid-stream: then
+        ``chunks`` (``bill_if_replica_lost``) bills what was delivered and ends with a usage
+        chunk of it before the error (serve_app.serving.billing)."""
 
         def render(chunk: FimCompletionChunk | ChatCompletionChunk) -> str | None:
             is_usage_chunk = not chunk.choices
@@ -364,14 +375,15 @@ class RouteHandlers:
             return sse_event(chunk.model_dump(exclude=None if is_usage_chunk else {"usage"}))
 
         async def on_finish(last: Any) -> None:
-            usage = last.usage if last is not None else None
+            # Content chunks carry running usage too; only the usage chunk ends a whole answer.
+            usage = last.usage if last is not None and not last.choices else None
             if usage is None:  # ended early: the model side billed what it processed
                 self.release(grant)
             _count_tokens(model, endpoint, usage)
 
         try:
             return await open_event_stream(
-                _cancel_on_close(chunks),
+                chunks,
                 render,
                 on_finish,
                 headers=_rate_headers(grant),

@@ -97,10 +97,13 @@ class ApplyService:
         so the content arrives after generation, line by line."""
         chunk = chunk_maker(ChatCompletionChunk, "chatcmpl", body.model)
         content, usage = await self.merge(body, call)
-        yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(role="assistant", content=""))])
+        # Every chunk carries the whole usage: the work was done before the first was sent.
+        yield chunk(
+            [ChatChunkChoice(index=0, delta=ChatDelta(role="assistant", content=""))], usage
+        )
         for line in content.splitlines(keepends=True):
-            yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(content=line))])
-        yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(), finish_reason="stop")])
+            yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(content=line))], usage)
+        yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(), finish_reason="stop")], usage)
         yield chunk([], usage)
 
 

@@ -19,6 +19,14 @@ reservation to settle, the prefix-cache salt), and ``UsageRecorder`` runs the ca
 
 A prompt whose request is cancelled after it reached the engine is billed in full: the step
 loop may have read any part of it by then.
+
+One case the model side cannot cover: its replica dies (its node is lost) in the middle of a
+stream, and its meter with it. The router bills that one (``bill_if_replica_lost``): every
+content chunk carries its running usage (the router strips it on the wire), so the router
+knows the counts of the last chunk it passed on, and writes them when the stream fails with
+Ray's "the actor is gone" (503, what the client's error event says). Rows are keyed by the
+request id (``RequestContext.request_id``) and the ledger keeps the first row of an id, so a
+replica that wrote its row before dying, or was not dead after all, is never billed twice.
 """
 
 from __future__ import annotations
@@ -26,8 +34,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from serve_app.engine.protocol import SHARED_CACHE
@@ -38,6 +47,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CLIENT_GONE = 499  # nginx's status for a client that closed the connection first
+# A stream whose replica died: billed by the router, with the status of the client's error
+# event (serve_app.http.errors maps Ray's actor errors to it).
+REPLICA_LOST = UpstreamUnavailableError.status_code
 WRITE_ATTEMPTS = 3
 WRITE_RETRY_S = 0.2
 
@@ -51,7 +63,8 @@ class RequestContext:
     ``grant``: the auth service's grant (account, key, reservation). ``cache_salt``: the
     prefix-cache partition (``cache_salt_for``), never left out. ``deadline``: when the
     request's time is up (``time.time()``), counted from the router, so time spent queued for a
-    replica counts; None: ``timeout_s`` from when work starts.
+    replica counts; None: ``timeout_s`` from when work starts. ``request_id``: the request's
+    key in the ledger (one row per id), new for every context.
     """
 
     grant: Any
@@ -59,6 +72,7 @@ class RequestContext:
     endpoint: str
     cache_salt: str
     deadline: float | None = None
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 @dataclass
@@ -115,19 +129,71 @@ class _Outcome:
         return False  # the error goes on to the caller
 
 
+Write = Callable[[RequestContext, int, int, int], Awaitable[None]]
+
+
+def ledger_write(auth: Any) -> Write:
+    """``write(context, input_tokens, output_tokens, status)`` through the auth deployment's
+    handle ``auth`` (its ``record_usage``, keyed by the request id); None: nothing is billed
+    (a deployment built on its own)."""
+
+    async def write(context: RequestContext, input_tokens: int, output_tokens: int, status: int):
+        if auth is not None:
+            await auth.record_usage.remote(
+                context.grant,
+                context.model,
+                context.endpoint,
+                input_tokens,
+                output_tokens,
+                status,
+                context.request_id,
+            )
+
+    return write
+
+
+class Ledger:
+    """Writes ledger rows with ``write`` (``ledger_write``): each in a task of its own that
+    cancelling the caller cannot stop, a failed write retried."""
+
+    def __init__(self, write: Write) -> None:
+        self.write = write
+        self._detached: set[asyncio.Task] = set()
+
+    async def settle(self, call: BilledCall, status: int) -> bool:
+        """Write ``call``'s row with ``status``; whether it was written (True too when the
+        caller was cancelled meanwhile: the task goes on writing)."""
+        task = asyncio.ensure_future(self._write_with_retries(call, status))
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            return True
+
+    async def _write_with_retries(self, call: BilledCall, status: int) -> bool:
+        context, meter = call.context, call.meter
+        for attempt in range(WRITE_ATTEMPTS):
+            try:
+                await self.write(context, meter.input_tokens, meter.output_tokens, status)
+                return True
+            except Exception:
+                logger.warning("usage write failed (attempt %d of %d)", attempt + 1, WRITE_ATTEMPTS)
+                await asyncio.sleep(WRITE_RETRY_S * (attempt + 1))
+        logger.error("usage of a %s request was not recorded", context.endpoint)
+        return False
+
+
 class UsageRecorder:
     """Runs model calls under the request timeout and writes their ledger rows.
 
-    ``write(context, input_tokens, output_tokens, status)`` stores one row (the auth
-    deployment's ``record_usage`` through a handle); ``timeout_s`` is the request deadline.
+    ``write(context, input_tokens, output_tokens, status)`` stores one row (``ledger_write``);
+    ``timeout_s`` is the request deadline.
     """
 
-    def __init__(
-        self, write: Callable[[RequestContext, int, int, int], Awaitable[None]], timeout_s: float
-    ) -> None:
-        self.write = write
+    def __init__(self, write: Write, timeout_s: float) -> None:
+        self.ledger = Ledger(write)
         self.timeout_s = timeout_s
-        self._detached: set[asyncio.Task] = set()
 
     def time_left(self, context: RequestContext) -> float:
         """Seconds the request may still run. A request whose deadline passed while it waited
@@ -151,7 +217,7 @@ class UsageRecorder:
                 async with asyncio.timeout(time_left):
                     result = await work(call)
         finally:
-            written = await self._settle(call, outcome.status)
+            written = await self.ledger.settle(call, outcome.status)
         if not written:
             raise UpstreamUnavailableError("Usage could not be recorded. Retry.")
         return result
@@ -175,31 +241,54 @@ class UsageRecorder:
                     yield chunk
         finally:
             await _close(iterator)
-            written = await self._settle(call, outcome.status)
+            written = await self.ledger.settle(call, outcome.status)
         if not written:
             raise UpstreamUnavailableError("Usage could not be recorded.")
 
-    async def _settle(self, call: BilledCall, status: int) -> bool:
-        """Write the row in a detached task, so cancelling the caller cannot stop it."""
-        task = asyncio.ensure_future(self._write_with_retries(call, status))
-        self._detached.add(task)
-        task.add_done_callback(self._detached.discard)
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            return True  # the caller is gone; the task goes on writing
 
-    async def _write_with_retries(self, call: BilledCall, status: int) -> bool:
-        context, meter = call.context, call.meter
-        for attempt in range(WRITE_ATTEMPTS):
-            try:
-                await self.write(context, meter.input_tokens, meter.output_tokens, status)
-                return True
-            except Exception:
-                logger.warning("usage write failed (attempt %d of %d)", attempt + 1, WRITE_ATTEMPTS)
-                await asyncio.sleep(WRITE_RETRY_S * (attempt + 1))
-        logger.error("usage of a %s request was not recorded", context.endpoint)
+def replica_lost(error: BaseException) -> bool:
+    """Whether ``error`` says the replica serving a call is gone (its process or its node
+    died), so it wrote no ledger row. Ray raises these itself; an error the replica raised
+    reaches the caller as a ``RayTaskError`` (and may subclass its cause): the replica lived
+    to bill it."""
+    from ray import exceptions as ray_errors
+    from ray.serve import exceptions as serve_errors
+
+    if isinstance(error, ray_errors.RayTaskError):
         return False
+    return isinstance(error, ray_errors.RayActorError | serve_errors.ReplicaUnavailableError)
+
+
+async def bill_if_replica_lost(
+    chunks: AsyncIterator[T], ledger: Ledger, context: RequestContext
+) -> AsyncIterator[T]:
+    """Pass a model deployment's stream on, and bill what it delivered if its replica dies.
+
+    Each chunk carries the running ``usage`` of the work behind it; once the consumer asks
+    for the next chunk, the last one was passed on. If the stream then fails with
+    ``replica_lost``, the row for those counts is written (503, the status of the error
+    event the client gets) before the error goes on, preceded by a usage chunk of the same
+    counts (``choices`` empty; sent where the client asked for usage) unless the replica's
+    own usage chunk was passed on already. A stream that failed before any chunk delivered
+    nothing and is not billed; any other failure is the replica's to bill.
+    """
+    delivered: Any = None  # the last chunk passed on that carries usage
+    try:
+        async for chunk in chunks:
+            yield chunk
+            if getattr(chunk, "usage", None) is not None:
+                delivered = chunk
+    except Exception as error:
+        if delivered is None or not replica_lost(error):
+            raise
+        logger.warning("a %s stream lost its replica; billing what it delivered", context.endpoint)
+        call = BilledCall(context, UsageMeter(*delivered.usage.token_counts))
+        await ledger.settle(call, REPLICA_LOST)
+        if delivered.choices:  # else the replica's own usage chunk was the last passed on
+            yield delivered.model_copy(update={"choices": []})
+        raise
+    finally:
+        await _close(chunks)
 
 
 async def _close(iterator: Any) -> None:

@@ -151,13 +151,15 @@ class EngineClient:
         chunk: Callable[..., T],
         choice_of: Callable[[GenerationChunk], Any],
     ) -> AsyncIterator[T]:
-        """The stream every streaming endpoint sends: ``chunk([choice_of(piece)])`` for each
-        piece worth sending (new text or a finish), then ``chunk([], usage)`` once."""
+        """The stream every streaming endpoint sends: ``chunk([choice_of(piece)], usage)`` for
+        each piece worth sending (new text or a finish), then ``chunk([], usage)`` once. A
+        content chunk's usage is the running count (the router bills it if the replica dies
+        mid-stream, and leaves it off the wire)."""
         last = None
         async for piece in self.stream(call, request):
             last = piece
             if piece.text or piece.finish_reason:
-                yield chunk([choice_of(piece)])
+                yield chunk([choice_of(piece)], usage_of(piece))
         if last is not None:
             yield chunk([], usage_of(last))
 
