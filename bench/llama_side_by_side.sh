@@ -15,6 +15,7 @@ PORT=${PORT:-8123}
 LLAMA_PORT=${LLAMA_PORT:-8090}
 WORK=${WORK:-/tmp/side-by-side}
 BENCHES=${BENCHES:-fim keystroke edit}  # which of bench.fim, bench.keystroke, bench.edit run
+KEYSTROKE_ARGS=${KEYSTROKE_ARGS:-}  # e.g. "--seed 956705" to replay the same sessions
 export PYTHONPATH=$PWD RAY_TMPDIR=$WORK/ray SERVE_APP_DATA_DIR=$WORK/data RAY_AUTH_MODE=disabled
 mkdir -p "$WORK/ray" "$WORK/data"
 
@@ -51,7 +52,7 @@ for bench in $BENCHES; do
   echo "== $(date -u +%T) bench.$bench"; uptime
   case $bench in
     fim) "$VENV/bin/python" -m bench.fim --url "$URL" --key "$KEY" --llama-url "$LLAMA_URL" --no-baseline ;;
-    keystroke) "$VENV/bin/python" -m bench.keystroke --url "$URL" --key "$KEY" --llama-url "$LLAMA_URL" ;;
+    keystroke) "$VENV/bin/python" -m bench.keystroke --url "$URL" --key "$KEY" --llama-url "$LLAMA_URL" $KEYSTROKE_ARGS ;;
     edit) "$VENV/bin/python" -m bench.edit --url "$URL" --key "$KEY" --repeats 5 ;;
   esac
 done
