@@ -280,7 +280,7 @@ def test_stop_lists_are_bounded(client, stop, endpoint):
 # --------------------------------------------------------------------------- large prompts
 
 
-@pytest.mark.parametrize("endpoint", ["chat", "fim", "edit", "apply"])
+@pytest.mark.parametrize("endpoint", ["chat", "edit", "apply"])
 def test_huge_prompt_is_refused_before_tokenising(client, endpoint):
     text = "word " * 180_000  # 900 KB: far over what 4,096 tokens can spell
     if endpoint == "chat":
@@ -299,13 +299,23 @@ def test_huge_prompt_is_refused_before_tokenising(client, endpoint):
             "/v1/apply/completions",
             {**CHAT_PROBE, "messages": [{"role": "user", "content": content}]},
         )
-    else:
-        path, body = "/v1/fim/completions", {"model": TINY_ID, "prompt": text, "max_tokens": 1}
     response = assert_never_blocks(
-        client, lambda attempt: client.post(path, json=body, headers=AUTH), endpoint == "fim"
+        client, lambda attempt: client.post(path, json=body, headers=AUTH), False
     )
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_huge_fim_prompt_is_cut_without_tokenising_it_whole(client):
+    """FIM cuts text over the context at its far end from the cursor (docs/fim.md), and
+    tokenises only windows near the cursor: 900 KB answers without freezing the replica,
+    billed for what fits."""
+    body = {"model": TINY_ID, "prompt": "word " * 180_000, "max_tokens": 1}
+    response = assert_never_blocks(
+        client, lambda attempt: client.post("/v1/fim/completions", json=body, headers=AUTH), True
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens"] == 4096 - 1
 
 
 # --------------------------------------------------------------------------- bodies

@@ -37,7 +37,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
-from schemathesis.specs.openapi.checks import positive_data_acceptance
+from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from tests.conftest import AUTH, TINY_ID
 from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
@@ -127,7 +127,11 @@ def test_generated_requests_keep_the_contract(fuzz_schema, label, mode):
     @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
     def run(case: schemathesis.Case, use_served_model: bool) -> None:
         _shape(case, use_served_model and mode is GenerationMode.POSITIVE)
-        response = case.call_and_validate(excluded_checks=SKIPPED_CHECKS)
+        response = case.call()
+        # A generated body over limits.max_body_bytes is refused with 413 before it is read:
+        # a rejection, though not a status schemathesis lists for invalid data.
+        too_large = [negative_data_rejection] if response.status_code == 413 else []
+        case.validate_response(response, excluded_checks=SKIPPED_CHECKS + too_large)
         statuses[response.status_code] += 1
         if response.headers.get("content-type", [""])[0].startswith("text/event-stream"):
             statuses["sse"] += 1

@@ -99,11 +99,13 @@ def test_fim_stream_through_the_graph(graph):
 
 def test_errors_through_the_graph_keep_the_contract_shape(graph):
     url = graph["url"]
-    body = {"model": MODEL, "prompt": "x " * (LONG_CONTEXT + 1000), "max_tokens": 4}
-    response = httpx.post(url + "/v1/fim/completions", json=body, headers=auth(), timeout=60)
+    # A chat over the context (FIM would cut it near the cursor instead: docs/fim.md).
+    message = {"role": "user", "content": "x " * (LONG_CONTEXT + 1000)}
+    body = {"model": MODEL, "messages": [message], "max_tokens": 4}
+    response = httpx.post(url + "/v1/chat/completions", json=body, headers=auth(), timeout=60)
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "context_length_exceeded"
-    response = httpx.post(url + "/v1/fim/completions", json=body, timeout=60)
+    response = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "invalid_api_key"
 
