@@ -275,10 +275,32 @@ def test_prefix_cache_hit_gives_same_output(loaded, make_engine) -> None:
     stats = engine.stats()
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (2, 1)
 
-    # The very same prompt again: all but its last token come from the cache.
-    _, last3 = run(generate_text(engine, request("again", second)))
+    # The same prompt with other parameters: all but its last token come from the cache.
+    _, last3 = run(generate_text(engine, request("longer", second, max_tokens=20)))
     assert last3.cached_tokens == len(second) - 1
-    assert engine.tokens["again"] == engine.tokens["second"]
+    assert engine.tokens["longer"] == reference(loaded, second, 20)
+
+
+def test_the_same_greedy_request_again_is_its_answer_replayed(loaded, make_engine) -> None:
+    engine = make_engine()
+    prompt = encode(loaded, PROMPTS[1])
+    text, first = run(generate_text(engine, request("first", prompt)))
+    before = engine.stats()
+    again, last = run(generate_text(engine, request("again", prompt)))
+    after = engine.stats()
+    assert (again, last.finish_reason) == (text, first.finish_reason)
+    assert engine.tokens["again"] == engine.tokens["first"] == reference(loaded, prompt, 16)
+    # No forward pass, and usage says the whole prompt came from the cache.
+    assert after.prefill_tokens == before.prefill_tokens
+    assert after.decode_steps == before.decode_steps
+    assert after.answers_replayed == 1
+    assert (last.cached_tokens, last.completion_tokens) == (len(prompt), first.completion_tokens)
+    # Not for another account, not for sampled requests, not for other parameters.
+    other = GenerationRequest("other", prompt, SamplingParams(max_tokens=16), "another-account")
+    run(generate_text(engine, other))
+    run(generate_text(engine, request("sampled", prompt, temperature=0.8, seed=1)))
+    run(generate_text(engine, request("shorter", prompt, max_tokens=8)))
+    assert engine.stats().answers_replayed == 1
 
 
 def test_prefix_cache_disabled(loaded, make_engine) -> None:

@@ -32,7 +32,9 @@ bound by.
 
 The parts, each its own module: ``scheduler`` (waiting queue, admission, lifecycle lists),
 ``backend`` (the forward passes: the engine's own runner or the HF reference, picked once),
-``output`` (detokenization, stop strings, finish reasons), ``stats`` (counters), all
+``output`` (detokenization, stop strings, finish reasons), ``reuse`` (what a request takes
+from its account's earlier ones: a replayed greedy answer, cached KV, drafts), ``stats``
+(counters), all
 configured by one ``EngineConfig``. This module is the loop that drives them.
 """
 
@@ -41,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import torch
@@ -51,7 +53,7 @@ from serve_app.engine.constraints import TokenTexts
 from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import LoadedModel
 from serve_app.engine.output import OutputProcessor
-from serve_app.engine.prefix_cache import PrefixCache, crop_kv
+from serve_app.engine.prefix_cache import PrefixCache
 from serve_app.engine.protocol import (
     Engine,
     GenerationChunk,
@@ -68,6 +70,7 @@ from serve_app.engine.requests import (
     StreamEnd,
     new_request_state,
 )
+from serve_app.engine.reuse import PromptReuse
 from serve_app.engine.runner.speculation import propose_draft
 from serve_app.engine.scheduler import Scheduler
 from serve_app.engine.stats import EngineCounters, EngineStats
@@ -124,8 +127,9 @@ class LLMEngine(Engine):
         self.counters = EngineCounters()
         self.max_columns = self.context_length + score_columns
         self.backend = make_backend(loaded, self.config, self.max_columns, scoring)
+        self.reuse = PromptReuse(self.prefix_cache, self.backend, self._draft_tokens)
         self.scheduler = Scheduler(
-            self.backend, self.config.max_batch_size, self.config.max_waiting, self._keep_kv
+            self.backend, self.config.max_batch_size, self.config.max_waiting, self.reuse.keep
         )
         self.output = OutputProcessor(self.eos_token_ids, self.counters, self.scheduler.forget)
         self._wakeup = threading.Event()
@@ -330,7 +334,11 @@ class LLMEngine(Engine):
         """Read up to ``budget`` more prompt tokens of one request; returns how many."""
         prompt = state.prompt_ids
         if state.kv is None:
-            cached, kv = self._cache_lookup(state)
+            answer = self.reuse.answer(state)
+            if answer is not None:
+                self._replay(state, answer)
+                return 0
+            cached, kv = self.reuse.lookup(state)
             self.backend.begin(state, kv)
             state.num_computed = state.cached_tokens = cached
         start = state.num_computed
@@ -345,46 +353,23 @@ class LLMEngine(Engine):
             self._finish_prefill(state, logits)
         return end - start
 
-    # The prefix cache's key is the account's salt and the token ids (one account's prompt is
-    # never a hit for another: see prefix_cache); these are its only callers.
-    def _cache_lookup(self, state: State) -> tuple[int, Any]:
-        salt = state.request.cache_salt
-        cached, kv = self.prefix_cache.lookup(state.lookup_ids, salt)
-        if isinstance(state, RequestState) and self._draft_tokens(state):
-            state.draft_corpus = self.prefix_cache.continuation(state.lookup_ids, salt)
-        return cached, kv
-
-    def _cache_insert(self, state: State) -> None:
-        """Keep the KV of the prompt read so far, and the ids of what followed it.
-
-        Output tokens are kept as ids only (for drafts), not as KV: a decode step computes a
-        token's keys and values in other kernels than a prompt chunk, and a prompt reusing
-        them would answer differently from the same prompt read cold."""
-        kv = self.backend.computed_kv(state)
-        if kv is None:
-            return
-        length = state.prompt_computed
-        self.prefix_cache.insert(
-            state.prompt_ids[:length],
-            crop_kv(kv, length),
-            state.request.cache_salt,
-            following=state.following_ids if length == len(state.prompt_ids) else (),
-        )
-
-    def _keep_kv(self, states: Sequence[State]) -> None:
-        """An ended request's prompt KV goes to the prefix cache with its output's ids, and
-        so does a prompt read only in part: a client that cancels on every keystroke and asks
-        again with one more character reads only what is new, even if no request ever
-        finished. (Passes of a scoring request write past its prefix; only the prefix is
-        kept.)"""
-        for state in states:
-            if state.prompt_computed > state.cached_tokens or state.following_ids:
-                self._cache_insert(state)
+    def _replay(self, state: RequestState, answer: list[int]) -> None:
+        """The same greedy request again: its stored answer, through the output processor as
+        if sampled, with the whole prompt counted as cached (see ``reuse``)."""
+        state.num_computed = state.cached_tokens = len(state.prompt_ids)
+        self.counters.answers_replayed += 1
+        for token in answer:
+            self.output.on_token(state, token)
+            if state.is_done:
+                break
+        if not state.is_done:  # equal parameters end where they ended: never expected
+            raise RuntimeError("a replayed answer did not end its request")
+        self.scheduler.prefilled(state)
 
     def _finish_prefill(self, state: State, logits: torch.Tensor | None) -> None:
         """Cache the prompt's KV; sample the first token of a generation, and move the
         request on (to the decode batch, or to its scoring passes)."""
-        self._cache_insert(state)
+        self.reuse.insert(state)
         if isinstance(state, RequestState):
             self.output.on_token(state, state.sampler(logits, state.history))
         self.scheduler.prefilled(state)

@@ -17,6 +17,11 @@ unless the deployment opted into one shared cache. A lookup only ever matches en
 with the same salt, so a request can never learn (through ``cached_tokens`` or timing)
 what another account's prompts contained.
 
+An entry also keeps the ids of the answer that followed its prompt (drafts for the next
+prompt that extends it) and, when that answer was greedy and ran to its end, what asked for it
+(``recipe``: the sampling parameters): the same greedy request again is that answer, replayed
+without a forward pass.
+
 Memory is bounded by bytes (the tensors' actual size); the least recently used entries go
 first. Not thread-safe: only the engine's step-loop thread calls it (stats may be read from
 anywhere).
@@ -47,6 +52,7 @@ class _Entry:
     kv: KV
     nbytes: int
     following: list[int]  # what came after ``token_ids`` (ids only, no KV): drafts
+    recipe: object | None = None  # set when ``following`` is the whole answer to it
 
     @property
     def sequence(self) -> list[int]:
@@ -157,11 +163,26 @@ class PrefixCache:
                 best_len, best = n, sequence
         return [] if best is None else best[max(0, best_len - overlap) :]
 
+    def answer(self, token_ids: Sequence[int], salt: str, recipe: object) -> list[int] | None:
+        """The whole answer stored for exactly this prompt of ``salt``, if it was produced by
+        ``recipe`` (equal sampling parameters, greedy): a deterministic request asked again."""
+        entry = self._entries.get((salt, tuple(token_ids))) if self.enabled else None
+        if entry is None or entry.recipe is None or entry.recipe != recipe:
+            return None
+        self._entries.move_to_end((salt, tuple(token_ids)))
+        return list(entry.following)
+
     def insert(
-        self, token_ids: Sequence[int], kv: KV, salt: str, following: Sequence[int] = ()
+        self,
+        token_ids: Sequence[int],
+        kv: KV,
+        salt: str,
+        following: Sequence[int] = (),
+        recipe: object | None = None,
     ) -> bool:
         """Store the KV of ``token_ids`` under ``salt``, with the ids of what ``following``
-        them (an answer); False when no KV was stored (too small/large, covered).
+        them (an answer; ``recipe``: what it is the whole answer to, for ``answer``); False
+        when no KV was stored (too small/large, covered).
 
         Among entries of the same salt, a stored prompt that is a prefix of the new one is
         dropped (the new entry covers it); if the new prompt is a prefix of a stored one, the
@@ -181,6 +202,7 @@ class PrefixCache:
                 self._entries.move_to_end(other)
                 if following and other_ids == ids:
                     self._entries[other].following = list(following)
+                    self._entries[other].recipe = recipe
                 return False
             if ids[: len(other_ids)] == other_ids:
                 self._remove(other)
@@ -188,7 +210,7 @@ class PrefixCache:
         nbytes = kv_nbytes(kv)
         if nbytes > self.max_bytes:
             return False
-        self._entries[(salt, ids)] = _Entry(salt, list(ids), kv, nbytes, list(following))
+        self._entries[(salt, ids)] = _Entry(salt, list(ids), kv, nbytes, list(following), recipe)
         self.bytes_used += nbytes
         while self.bytes_used > self.max_bytes:
             self._remove(next(iter(self._entries)))

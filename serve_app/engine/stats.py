@@ -23,6 +23,7 @@ class EngineCounters:
     requests_failed: int = 0
     draft_tokens: int = 0  # speculative tokens proposed, and of those accepted
     accepted_draft_tokens: int = 0
+    answers_replayed: int = 0  # greedy requests asked again, answered from the cache
 
     def decode_batch(self, rows: int) -> None:
         self.decode_steps += 1

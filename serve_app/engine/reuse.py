@@ -1,0 +1,94 @@
+"""What a request reuses from its account's earlier requests, through the prefix cache.
+
+Three kinds of reuse, cheapest first, all within one cache partition (the request's
+``cache_salt``: one account's prompts are never a hit for another's):
+
+- **the answer**: the same greedy request again (equal prompt ids, equal sampling parameters)
+  is the answer given last time, replayed token by token through the output processor with no
+  forward pass. Greedy decoding is a function of the prompt and the parameters, so this is
+  the answer a forward pass would give; only answers that ran to their end are kept;
+- **the KV** of the longest common token prefix with any stored prompt, loaded into the
+  request's slot so that only the rest of its prompt is read;
+- **the suggestion**: the ids of the answer that followed a stored prompt which this one
+  extends, as drafts (the user typing what was suggested).
+
+Every ended request's prompt KV goes back into the cache, with its answer's ids, including a
+prompt read only in part (a client that cancels on each keystroke).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from serve_app.engine.backend import ModelBackend
+from serve_app.engine.prefix_cache import PrefixCache, crop_kv
+from serve_app.engine.requests import RequestState, State
+
+
+class PromptReuse:
+    """The engine's prefix cache and the rules for reading and filling it (step-loop thread
+    only). ``drafts(state)``: how many tokens the request's role drafts (0: no corpus needed)."""
+
+    def __init__(
+        self,
+        cache: PrefixCache,
+        backend: ModelBackend,
+        drafts: Callable[[RequestState], int],
+    ) -> None:
+        self.cache = cache
+        self.backend = backend
+        self.drafts = drafts
+
+    def answer(self, state: State) -> list[int] | None:
+        """The stored whole answer to this very request, or None (only greedy ones keep one)."""
+        if not isinstance(state, RequestState) or not state.request.params.greedy:
+            return None
+        request = state.request
+        return self.cache.answer(request.prompt_token_ids, request.cache_salt, request.params)
+
+    def lookup(self, state: State) -> tuple[int, Any]:
+        """``(cached_len, kv)`` of the longest stored prefix of the prompt; a generation that
+        drafts also gets what followed it (``draft_corpus``)."""
+        salt = state.request.cache_salt
+        cached, kv = self.cache.lookup(state.lookup_ids, salt)
+        if isinstance(state, RequestState) and self.drafts(state):
+            state.draft_corpus = self.cache.continuation(state.lookup_ids, salt)
+        return cached, kv
+
+    def insert(self, state: State) -> None:
+        """Keep the KV of the prompt read so far, and the ids of what followed it.
+
+        Output tokens are kept as ids only (for drafts and replayed answers), not as KV: a
+        decode step computes a token's keys and values in other kernels than a prompt chunk,
+        and a prompt reusing them would answer differently from the same prompt read cold."""
+        kv = self.backend.computed_kv(state)
+        if kv is None:
+            return
+        length = state.prompt_computed
+        whole_prompt = length == len(state.prompt_ids)
+        self.cache.insert(
+            state.prompt_ids[:length],
+            crop_kv(kv, length),
+            state.request.cache_salt,
+            following=state.following_ids if whole_prompt else (),
+            recipe=_recipe(state) if whole_prompt else None,
+        )
+
+    def keep(self, states: Sequence[State]) -> None:
+        """Ended requests' prompt KV, with their output's ids; a prompt read only in part
+        too, so a client that cancels on every keystroke and asks again with one more
+        character reads only what is new, even if no request ever finished. (Passes of a
+        scoring request write past its prefix; only the prefix is kept.)"""
+        for state in states:
+            if state.prompt_computed > state.cached_tokens or state.following_ids:
+                self.insert(state)
+
+
+def _recipe(state: State) -> object | None:
+    """What the stored answer is the whole answer to: a greedy generation's parameters, once
+    it finished by itself (a stop, eos or its length; not a failure or an abort)."""
+    if not isinstance(state, RequestState) or state.finish_reason is None:
+        return None
+    params = state.request.params
+    return params if params.greedy else None
