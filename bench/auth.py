@@ -16,6 +16,7 @@ from pathlib import Path
 
 from serve_app.auth.authorizer import AuthConfig, Authorizer
 from serve_app.auth.keys import generate_key, hash_key, key_hint
+from serve_app.auth.records import Usage
 from serve_app.auth.sqlite import SQLiteAuthStore
 from serve_app.auth.store import open_store
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
                 lambda: cached.authorize(keys["limited"], "m", "/v1/chat", 100), args.n
             ),
             "record_usage": per_call_us(
-                lambda: cached.record_usage(grant, "m", "/v1/chat", 10, 10, 200), args.n
+                lambda: cached.record_usage(grant, Usage("m", "/v1/chat", 10, 10, 200)), args.n
             ),
         }
         store.close()

@@ -41,6 +41,7 @@ from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.engine.loader import LoadedModel, pick_device
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
+from serve_app.engine.tiny import TINY_SHAPE
 
 # Published config.json values of Qwen/Qwen2.5-Coder-{0.5B,1.5B,7B}(-Instruct).
 SHAPES: dict[str, dict[str, Any]] = {
@@ -72,15 +73,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         tie_word_embeddings=False,
     ),
     # --smoke: the tiny test model's size.
-    "tiny": dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=1024,
-        tie_word_embeddings=True,
-    ),
+    "tiny": dict(TINY_SHAPE, vocab_size=1024),
 }
 COMMON = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
 STREAM_PROMPT_TOKENS = 128

@@ -9,6 +9,7 @@ from typing import Any
 
 from serve_app.auth.authorizer import AuthConfig, Authorizer, Grant
 from serve_app.auth.local_key import bootstrap_key_file
+from serve_app.auth.records import Usage
 from serve_app.auth.store import open_store
 from serve_app.config import AppConfig
 from serve_app.errors import ServiceError, UpstreamUnavailableError
@@ -53,26 +54,8 @@ class AuthService:
     async def release(self, grant: Grant) -> None:
         await self._in_thread(self.authorizer.release, grant)
 
-    async def record_usage(
-        self,
-        grant: Grant,
-        model: str,
-        endpoint: str,
-        input_tokens: int,
-        output_tokens: int,
-        status: int,
-        request_id: str | None = None,
-    ) -> None:
-        await self._in_thread(
-            self.authorizer.record_usage,
-            grant,
-            model,
-            endpoint,
-            input_tokens,
-            output_tokens,
-            status,
-            request_id,
-        )
+    async def record_usage(self, grant: Grant, usage: Usage) -> None:
+        await self._in_thread(self.authorizer.record_usage, grant, usage)
 
     @staticmethod
     async def _in_thread(function, *args):

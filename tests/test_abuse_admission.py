@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from serve_app.auth.authorizer import AuthConfig, Authorizer
+from serve_app.auth.records import Usage
 from serve_app.auth.store import open_store
 from serve_app.errors import RateLimitError, UpstreamTimeoutError, UpstreamUnavailableError
 from serve_app.serving.billing import BilledCall, RequestContext, UsageRecorder
@@ -31,7 +32,7 @@ def test_concurrent_requests_per_account_are_capped(tmp_path: Path):
     with pytest.raises(RateLimitError) as caught:
         service.authorize(key, "m", "fim", estimated_tokens=10)
     assert caught.value.headers["Retry-After"] == "1"
-    service.record_usage(first, "m", "fim", 3, 4, 200)  # settling frees the slot
+    service.record_usage(first, Usage("m", "fim", 3, 4, 200))  # settling frees the slot
     service.authorize(key, "m", "fim", estimated_tokens=10)
 
 
@@ -42,7 +43,7 @@ def test_reservations_settle_to_the_actual_count_and_refunds_are_idempotent(tmp_
     service = Authorizer(store, AuthConfig({"m"}))
     grant = service.authorize(key, "m", "fim", estimated_tokens=600)
     assert store.get_account(account).tokens_used_at(store.now()) == 600  # reserved up front
-    service.record_usage(grant, "m", "fim", 50, 20, 200)
+    service.record_usage(grant, Usage("m", "fim", 50, 20, 200))
     service.release(grant)  # after settlement: a no-op, never a second refund
     assert store.get_account(account).tokens_used_at(store.now()) == 70
     other = service.authorize(key, "m", "fim", estimated_tokens=900)

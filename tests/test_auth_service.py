@@ -22,7 +22,7 @@ from serve_app.auth import cli, ratelimit
 from serve_app.auth.authorizer import AuthConfig, Authorizer, bootstrap_local
 from serve_app.auth.keys import KEY_PREFIX, generate_key, hash_key, key_hint
 from serve_app.auth.migrations import MIGRATIONS
-from serve_app.auth.records import StoreError
+from serve_app.auth.records import StoreError, Usage
 from serve_app.auth.store import open_store
 from serve_app.errors import AccountError, AuthenticationError, ModelNotFoundError, RateLimitError
 from tests.conftest import new_postgres_schema
@@ -180,7 +180,7 @@ def test_tpm_counts_recorded_tokens_across_replicas(store, db, clock):
     first, second = replica(db, clock), replica(db, clock)
     grant = first.authorize(key, "m1", "/v1/chat", estimated_tokens=50)
     assert grant.headers["x-ratelimit-remaining-tokens"] == "100"
-    first.record_usage(grant, "m1", "/v1/chat", 40, 30, 200)
+    first.record_usage(grant, Usage("m1", "/v1/chat", 40, 30, 200))
     assert (
         second.authorize(key, "m1", "/v1/chat", estimated_tokens=30).headers[
             "x-ratelimit-remaining-tokens"
@@ -216,9 +216,8 @@ def test_quota_exhausted_is_account_error_and_ledger_is_complete(store, db, cloc
     service = replica(db, clock)
     for status, tokens in ((200, 60), (500, 0), (200, 45)):
         grant = service.authorize(key, "m1", "/v1/completions")
-        service.record_usage(
-            grant, "m1", "/v1/completions", tokens // 3, tokens - tokens // 3, status
-        )
+        usage = Usage("m1", "/v1/completions", tokens // 3, tokens - tokens // 3, status)
+        service.record_usage(grant, usage)
     with pytest.raises(AccountError) as caught:
         service.authorize(key, "m1", "/v1/completions")
     assert "quota" in caught.value.message
@@ -244,11 +243,11 @@ def test_a_request_is_billed_once_however_many_write_its_row(store, db, clock):
     key = new_key(store, "acme", quota_tokens=1000)
     router, model_replica = replica(db, clock), replica(db, clock)
     grant = router.authorize(key, "m1", "fim", estimated_tokens=200)
-    router.record_usage(grant, "m1", "fim", 30, 7, 503, request_id="req-1")
-    model_replica.record_usage(grant, "m1", "fim", 30, 90, 499, request_id="req-1")
+    router.record_usage(grant, Usage("m1", "fim", 30, 7, 503, request_id="req-1"))
+    model_replica.record_usage(grant, Usage("m1", "fim", 30, 90, 499, request_id="req-1"))
     for _ in range(2):
         grant = router.authorize(key, "m1", "fim")
-        router.record_usage(grant, "m1", "fim", 1, 1, 200)
+        router.record_usage(grant, Usage("m1", "fim", 1, 1, 200))
     account = store.get_account_by_name("acme")
     rows = [
         (r.status, r.input_tokens, r.output_tokens, r.request_id)
@@ -264,7 +263,9 @@ def test_monthly_quota_restarts_next_month(store, db):
     clock = FakeClock(1_798_761_599.0)  # 2026-12-31T23:59:59Z
     key = new_key(store, "acme", quota_tokens=10, quota_period="monthly")
     service = replica(db, clock)
-    service.record_usage(service.authorize(key, "m1", "/v1/chat"), "m1", "/v1/chat", 5, 5, 200)
+    service.record_usage(
+        service.authorize(key, "m1", "/v1/chat"), Usage("m1", "/v1/chat", 5, 5, 200)
+    )
     with pytest.raises(AccountError):
         service.authorize(key, "m1", "/v1/chat")
     clock.advance(2)  # January
@@ -308,7 +309,9 @@ def test_reopening_keeps_accounts_keys_and_usage(db, clock):
     store = open_store(db, clock=clock)
     key = new_key(store, "acme", rpm=10, models=["m1"])
     service = Authorizer(store, AuthConfig(MODELS))
-    service.record_usage(service.authorize(key, "m1", "/v1/chat"), "m1", "/v1/chat", 3, 4, 200)
+    service.record_usage(
+        service.authorize(key, "m1", "/v1/chat"), Usage("m1", "/v1/chat", 3, 4, 200)
+    )
     store.close()
     reopened = open_store(db, clock=clock)
     assert reopened.schema_version() == max(MIGRATIONS)
@@ -369,7 +372,9 @@ def test_cli_round_trip(db, capsys, monkeypatch):
     assert "rpm 5" in listing and "models m1" in listing
 
     service = replica(db)
-    service.record_usage(service.authorize(key, "m1", "/v1/chat"), "m1", "/v1/chat", 2, 3, 200)
+    service.record_usage(
+        service.authorize(key, "m1", "/v1/chat"), Usage("m1", "/v1/chat", 2, 3, 200)
+    )
     assert cli.main(["usage", "acme"]) == 0
     assert "5 tokens used" in capsys.readouterr().out
 

@@ -9,13 +9,14 @@ Use from a deployment::
     auth = Authorizer(store, AuthConfig(model_ids={"my-model"}))
     grant = auth.authorize(token, "my-model", "/v1/chat/completions", estimated_tokens=900)
     ...  # serve it; add grant.headers to the response
-    auth.record_usage(grant, "my-model", "/v1/chat/completions", 400, 120, 200)
+    auth.record_usage(grant, Usage("my-model", "/v1/chat/completions", 400, 120, 200))
 
-Layout: ``records`` (accounts, keys, ledger rows), ``interface`` (``AuthStore``), ``sql``
-(the SQL both stores share), ``sqlite`` and ``postgres`` (the dialects), ``migrations``,
-``store`` (``open_store``, ``resolve_auth_db``), ``keys`` (generation, sha256 hashing),
-``ratelimit`` (sliding-window arithmetic), ``authorizer`` (``Authorizer``, ``Grant``,
-``bootstrap_local``), ``local_key`` (the local key file), ``cli`` (``serve-app-keys``).
+Layout: ``records`` (accounts, keys, a request's ``Usage``, ledger rows), ``interface``
+(``AuthStore``), ``sql`` (the SQL both stores share), ``sqlite`` and ``postgres`` (the
+dialects), ``migrations``, ``store`` (``open_store``, ``resolve_auth_db``), ``keys``
+(generation, sha256 hashing), ``ratelimit`` (sliding-window arithmetic), ``authorizer``
+(``Authorizer``, ``Grant``, ``bootstrap_local``), ``local_key`` (the local key file), ``cli``
+(``serve-app-keys``).
 
 Everything that must agree across replicas lives in the store: key status, account limits,
 per-account rate windows (5 s buckets, checked and counted in one transaction) and the
@@ -31,7 +32,7 @@ from serve_app.auth.authorizer import (
     bootstrap_local,
 )
 from serve_app.auth.interface import AuthStore
-from serve_app.auth.records import StoreError
+from serve_app.auth.records import StoreError, Usage
 from serve_app.auth.sqlite import SQLiteAuthStore
 from serve_app.auth.store import open_store
 
@@ -43,6 +44,7 @@ __all__ = [
     "AccountLimits",
     "SQLiteAuthStore",
     "StoreError",
+    "Usage",
     "bootstrap_local",
     "open_store",
 ]

@@ -30,7 +30,14 @@ from serve_app.auth.keys import (
     key_hint,
 )
 from serve_app.auth.ratelimit import Verdict
-from serve_app.auth.records import Account, ApiKey, StoreError, UsageRecord, period_key
+from serve_app.auth.records import (
+    Account,
+    ApiKey,
+    StoreError,
+    Usage,
+    UsageRecord,
+    period_key,
+)
 from serve_app.errors import AccountError, AuthenticationError, ModelNotFoundError, RateLimitError
 
 logger = logging.getLogger(__name__)
@@ -144,33 +151,24 @@ class Authorizer:
         if not self._lookup(api_key).account.active:
             raise AccountError("This account is inactive. Contact the server operator.")
 
-    def record_usage(
-        self,
-        grant: Grant,
-        model: str | None,
-        endpoint: str,
-        input_tokens: int,
-        output_tokens: int,
-        status: int,
-        request_id: str | None = None,
-    ) -> None:
+    def record_usage(self, grant: Grant, usage: Usage) -> None:
         """Append to the ledger and charge quota and TPM window in one store transaction,
         settling the grant's reservation to the actual count.
 
         Call it for every admitted request, failed ones included (with the tokens actually
-        spent, often 0), so the ledger is a complete record. With ``request_id``, a second
-        call for the same request is a no-op: the first row stands.
+        spent, often 0), so the ledger is a complete record. With ``usage.request_id``, a
+        second call for the same request is a no-op: the first row stands.
         """
         record = UsageRecord(
             account_id=grant.account_id,
             key_id=grant.key_id,
-            model=model,
-            endpoint=endpoint,
-            input_tokens=max(0, int(input_tokens)),
-            output_tokens=max(0, int(output_tokens)),
-            status=int(status),
+            model=usage.model,
+            endpoint=usage.endpoint,
+            input_tokens=max(0, int(usage.input_tokens)),
+            output_tokens=max(0, int(usage.output_tokens)),
+            status=int(usage.status),
             created_at=0.0,  # the store sets it from its own clock
-            request_id=request_id,
+            request_id=usage.request_id,
         )
         used = self.store.record_usage(record, grant.reservation_id)
         self._update_cached_usage(grant.account_id, used, self.store.now())

@@ -71,25 +71,33 @@ class ApiKey:
 
 
 @dataclass(frozen=True)
-class UsageRecord:
-    """One ledger row: a completed (or failed) request and what it cost. ``request_id``
-    names the request (the router's ``RequestContext.request_id``): the ledger keeps one row
-    per id, the first written."""
+class Usage:
+    """What one request cost, as its caller reports it (picklable: the router and the model
+    deployments send it to the auth deployment). ``request_id`` names the request (the
+    router's ``RequestContext.request_id``): the ledger keeps one row per id, the first
+    written."""
 
-    account_id: int
-    key_id: int | None
     model: str | None
     endpoint: str
     input_tokens: int
     output_tokens: int
     status: int
-    created_at: float
-    id: int | None = None
     request_id: str | None = None
 
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class UsageRecord(Usage):
+    """One ledger row: a request's ``Usage`` and who paid for it, when. The fields it adds
+    are keyword-only (``Usage``'s come first, positionally)."""
+
+    account_id: int
+    key_id: int | None
+    created_at: float
+    id: int | None = None
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,8 @@ _ACCOUNT_COLUMNS = (
     "usage_period, created_at"
 )
 _KEY_COLUMNS = "id, account_id, key_hash, hint, created_at, revoked_at, last_used_at"
+# Named, not positional: a ledger row's own fields are keyword-only (``UsageRecord``).
+_LEDGER_COLUMNS = tuple(column.name for column in dataclasses.fields(UsageRecord))
 _UPSERT_WINDOW = (
     "INSERT INTO rate_windows (account_id, bucket, requests, tokens) VALUES (?, ?, ?, ?) "
     "ON CONFLICT (account_id, bucket) DO UPDATE SET "
@@ -424,12 +426,11 @@ class SqlAuthStore(AuthStore):
 
     def list_usage(self, account_id: int, limit: int = 100) -> list[UsageRecord]:
         rows = self._query(
-            "SELECT account_id, key_id, model, endpoint, input_tokens, output_tokens, status, "
-            "created_at, id, request_id FROM usage_ledger WHERE account_id = ? "
+            f"SELECT {', '.join(_LEDGER_COLUMNS)} FROM usage_ledger WHERE account_id = ? "
             "ORDER BY id DESC LIMIT ?",
             (account_id, limit),
         )
-        return [UsageRecord(*row) for row in rows]
+        return [UsageRecord(**dict(zip(_LEDGER_COLUMNS, row, strict=True))) for row in rows]
 
     def usage_totals(self, account_id: int, since: float | None = None) -> list[UsageTotal]:
         since_clause, params = ("", [account_id])

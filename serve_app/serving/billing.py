@@ -39,6 +39,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from serve_app.auth.records import Usage
 from serve_app.engine.protocol import SHARED_CACHE
 from serve_app.errors import ServiceError, UpstreamTimeoutError, UpstreamUnavailableError
 
@@ -139,8 +140,7 @@ def ledger_write(auth: Any) -> Write:
 
     async def write(context: RequestContext, input_tokens: int, output_tokens: int, status: int):
         if auth is not None:
-            await auth.record_usage.remote(
-                context.grant,
+            usage = Usage(
                 context.model,
                 context.endpoint,
                 input_tokens,
@@ -148,6 +148,7 @@ def ledger_write(auth: Any) -> Write:
                 status,
                 context.request_id,
             )
+            await auth.record_usage.remote(context.grant, usage)
 
     return write
 
