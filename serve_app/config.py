@@ -110,6 +110,12 @@ class ModelConfig(StrictConfig):
         "the answer: a keystroke re-reads only the prompt's last tokens) or psm (prefix, "
         "suffix, middle). docs/fim.md has both layouts' figures from bench/fim_quality.py.",
     )
+    fim_token_healing: bool = Field(
+        default=True,
+        description="With fim_layout spm: a prompt that ends inside a word gives its last "
+        "token back for the model to choose again, constrained to spell it (docs/fim.md has "
+        "the figures from bench/keystroke.py).",
+    )
 
     @model_validator(mode="after")
     def _describe_from_source(self) -> ModelConfig:

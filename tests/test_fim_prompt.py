@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from serve_app.engine.prompts.fim import FIM_FORMATS, build_fim_prompt
+from serve_app.engine.json.token_bytes import TokenTexts
+from serve_app.engine.prompts.fim import FIM_FORMATS, build_fim_prompt, heal_cursor_token
 from serve_app.errors import InvalidRequestError
 from tests.conftest import AUTH, TINY_ID
 
@@ -99,7 +100,37 @@ def test_marker_spellings_inside_code_stay_text(tokenizer) -> None:
     assert [ids.count(token) for token in special] == [1, 1]  # the prompt's own, only
 
 
+def test_a_cursor_inside_a_word_gives_its_last_token_back(tokenizer) -> None:
+    prefix = "def main():\n    retur"
+    ids = build_fim_prompt(QWEN, tokenizer, prefix, "\n", "spm")
+    healed, answer_prefix = heal_cursor_token(TokenTexts.for_tokenizer(tokenizer), ids, prefix)
+    assert healed == ids[:-1] and answer_prefix and prefix.endswith(answer_prefix)
+    assert text_of(tokenizer, healed) + answer_prefix == text_of(tokenizer, ids)
+
+
+@pytest.mark.parametrize("prefix", ["def main():\n    ", "print(", "x = 1\n", "", "naïve é"])
+def test_a_cursor_after_a_word_is_left_as_it_is(tokenizer, prefix) -> None:
+    ids = build_fim_prompt(QWEN, tokenizer, prefix, "\n", "spm")
+    texts = TokenTexts.for_tokenizer(tokenizer)
+    healed, answer_prefix = heal_cursor_token(texts, ids, prefix)
+    if answer_prefix:  # a word of letters outside ASCII heals only a whole-character token
+        assert healed == ids[:-1] and prefix.endswith(answer_prefix)
+    else:
+        assert healed == ids
+
+
 # --------------------------------------------------------------------------- over HTTP (tiny)
+
+
+def test_a_word_typed_halfway_is_read_less_its_last_token(client, tokenizer):
+    prefix = "def main():\n    retur"
+    body = {"model": TINY_ID, "prompt": prefix, "suffix": "\n", "max_tokens": 4, "stop": []}
+    response = client.post("/v1/fim/completions", json=body, headers=AUTH)
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+    read = build_fim_prompt(QWEN, tokenizer, prefix, "\n", "spm")
+    assert usage["prompt_tokens"] == len(read) - 1
+    assert usage["completion_tokens"] == 4
 
 
 def test_a_file_longer_than_the_context_is_completed_from_the_text_near_the_cursor(client):

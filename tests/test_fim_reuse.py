@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from serve_app.engine.engine import LLMEngine
+from serve_app.engine.json.token_bytes import TokenTexts
 from serve_app.engine.loader import LoadedModel, load_model
-from serve_app.engine.protocol import GenerationRequest, SamplingParams
+from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
 from serve_app.engine.runner.prepare import build_runner
 from tests.conftest import engine_config, speculating
 
@@ -120,6 +121,34 @@ def test_the_suggestion_just_offered_is_checked_as_a_draft(loaded, engines) -> N
     accepted = after.accepted_draft_tokens - before.accepted_draft_tokens
     assert accepted >= 16  # the whole suggestion, not 2 prompt-lookup tokens a step
     assert after.steps - before.steps <= 4  # a prefill step and a couple of verify steps
+
+
+def test_an_answer_prefix_is_spelled_by_the_first_token_and_not_returned(loaded, engines):
+    """Token healing: the prompt's last token given back, the model's first token must spell
+    it (the best such token, exactly), and the client gets only what follows it."""
+    engine = engines()
+    texts = TokenTexts.for_tokenizer(loaded.tokenizer)
+    prompt = loaded.tokenizer.encode(PREFIX * 3 + "def loa")
+    answer_prefix = texts.token_bytes[prompt[-1]].decode()
+    allowed = texts.ids_starting_with(answer_prefix.encode())
+    assert prompt[-1] in allowed and all(
+        texts.token_bytes[i].startswith(answer_prefix.encode()) for i in allowed
+    )
+    request = GenerationRequest(
+        "healed", prompt[:-1], SamplingParams(max_tokens=6), "a", answer_prefix=answer_prefix
+    )
+    text, last = asyncio.run(asyncio.wait_for(generate_text(engine, request), timeout=60))
+
+    with torch.inference_mode():
+        logits = loaded.model(torch.tensor([prompt[:-1]])).logits[0, -1]
+        first = allowed[int(logits[allowed].argmax())]
+        ids = prompt[:-1] + [first]
+        for _ in range(5):
+            ids.append(int(loaded.model(torch.tensor([ids])).logits[0, -1].argmax()))
+    expected = loaded.tokenizer.decode(ids[len(prompt) - 1 :])
+    assert expected.startswith(answer_prefix)
+    assert text == expected[len(answer_prefix) :]
+    assert (last.prompt_tokens, last.completion_tokens) == (len(prompt) - 1, 6)
 
 
 @pytest.mark.embedded

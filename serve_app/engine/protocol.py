@@ -81,13 +81,17 @@ class GenerationRequest:
     account's; ``SHARED_CACHE`` only where the deployment opted into one shared cache). It has
     no default: a request that names no partition is a type error, never a shared cache.
     ``role``: which service asked (``fim``, ``edit``, ``chat``); per-role engine settings
-    (speculation) key on it."""
+    (speculation) key on it. ``answer_prefix``: text the answer must begin with, which is not
+    returned (token healing: the cursor sat inside a word, and its last token was taken off
+    the prompt for the model to choose again; the first token must spell this text, and may
+    go on)."""
 
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     cache_salt: str
     role: str = ""
+    answer_prefix: str = ""
 
 
 @dataclass

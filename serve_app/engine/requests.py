@@ -25,7 +25,7 @@ from serve_app.engine.protocol import (
     ScoringChunk,
     ScoringRequest,
 )
-from serve_app.engine.sampling import Sampler, TokenHistory
+from serve_app.engine.sampling import FirstTokenAmong, Sampler, TokenHistory
 from serve_app.engine.text import IncrementalDetokenizer, StopMatcher
 from serve_app.errors import ContextLengthExceededError, InvalidRequestError
 
@@ -223,6 +223,9 @@ def new_request_state(
     except ValueError as e:
         raise InvalidRequestError(str(e)) from e
     attach_constraint(sampler, constraint)
+    if request.answer_prefix:  # token healing: the first token spells the prefix
+        allowed = token_texts.ids_starting_with(request.answer_prefix.encode())
+        attach_constraint(sampler, FirstTokenAmong(allowed))
     return RequestState(
         request=request,
         history=TokenHistory(prompt_ids=prompt, output_ids=[]),
@@ -231,6 +234,7 @@ def new_request_state(
             tokenizer,
             prompt_ids=prompt,
             skip_special_tokens=True,  # the text a client reads: no eos, no FIM markers
+            hidden=len(request.answer_prefix),
         ),
         stop_matcher=StopMatcher(params.stop),
         queue=asyncio.Queue(),

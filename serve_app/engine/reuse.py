@@ -45,7 +45,7 @@ class PromptReuse:
         if not isinstance(state, RequestState) or not state.request.params.greedy:
             return None
         request = state.request
-        return self.cache.answer(request.prompt_token_ids, request.cache_salt, request.params)
+        return self.cache.answer(request.prompt_token_ids, request.cache_salt, _asked(state))
 
     def lookup(self, state: State) -> tuple[int, Any]:
         """``(cached_len, kv)`` of the longest stored prefix of the prompt; a generation that
@@ -86,9 +86,13 @@ class PromptReuse:
 
 
 def _recipe(state: State) -> object | None:
-    """What the stored answer is the whole answer to: a greedy generation's parameters, once
-    it finished by itself (a stop, eos or its length; not a failure or an abort)."""
+    """What the stored answer is the whole answer to: a greedy generation's parameters and
+    answer prefix, once it finished by itself (a stop, eos or its length; not a failure or an
+    abort)."""
     if not isinstance(state, RequestState) or state.finish_reason is None:
         return None
-    params = state.request.params
-    return params if params.greedy else None
+    return _asked(state) if state.request.params.greedy else None
+
+
+def _asked(state: RequestState) -> object:
+    return state.request.params, state.request.answer_prefix

@@ -27,6 +27,8 @@ class IncrementalDetokenizer:
 
     ``prompt_ids`` seeds the context with the prompt's last ``context_tokens`` tokens (none of
     it is emitted); ``max_pending`` bounds how long a run of invalid bytes is held back.
+    ``hidden``: how many characters at the start of the output are not emitted (an answer
+    prefix the client already has: ``GenerationRequest.answer_prefix``).
     """
 
     def __init__(
@@ -37,8 +39,10 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = False,
         context_tokens: int = 5,
         max_pending: int = 8,
+        hidden: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
+        self.hidden = hidden
         self.max_pending = max_pending
         self.skip_special_tokens = skip_special_tokens
         self.ids: list[int] = list(prompt_ids[-context_tokens:]) if context_tokens else []
@@ -92,11 +96,14 @@ class IncrementalDetokenizer:
         return ""
 
     def _advance(self, text: str, read_to: int) -> str:
-        """Emit ``text`` (the decode of ``ids[prefix_offset:read_to]``) past what was emitted."""
+        """Emit ``text`` (the decode of ``ids[prefix_offset:read_to]``) past what was emitted,
+        less what is still hidden."""
         delta = text[len(self._prefix_text) :]
         self.prefix_offset, self.read_offset = self.read_offset, read_to
         self._prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        return delta
+        cut = min(self.hidden, len(delta))
+        self.hidden -= cut
+        return delta[cut:]
 
 
 class StopMatcher:

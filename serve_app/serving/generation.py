@@ -109,6 +109,7 @@ class EngineClient:
         params: SamplingParams,
         prompt_param: str,
         role: str = "",
+        answer_prefix: str = "",
     ) -> GenerationRequest:
         """Check the limits of the contract, then shape an engine request in the prefix-cache
         partition of the account ``call`` serves; ``role`` (fim, edit, chat) picks per-role
@@ -121,7 +122,9 @@ class EngineClient:
             )
         if len(prompt_ids) + params.max_tokens > self.model.context_length:
             raise ContextLengthExceededError.for_limit(self.model.context_length, prompt_param)
-        return GenerationRequest(uuid.uuid4().hex, prompt_ids, params, call.cache_salt, role=role)
+        return GenerationRequest(
+            uuid.uuid4().hex, prompt_ids, params, call.cache_salt, role, answer_prefix
+        )
 
     async def stream(
         self, call: BilledCall, request: GenerationRequest

@@ -6,6 +6,7 @@ bytes, never on decoded text.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import weakref
@@ -57,9 +58,23 @@ class TokenTexts:
         self.max_token_bytes = max((len(b) for b in self.token_bytes), default=1)
         self._first_bytes = torch.tensor([b[0] if b else 256 for b in self.token_bytes])
         self._first_bytes_sized: dict[int, torch.Tensor] = {}
+        self._sorted: tuple[list[bytes], list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.token_bytes)
+
+    def ids_starting_with(self, prefix: bytes) -> list[int]:
+        """The ids of the (non-special) tokens whose bytes begin with ``prefix``."""
+        if self._sorted is None:  # built on first use: ~0.1 s for 151k tokens
+            order = sorted(range(len(self.token_bytes)), key=self.token_bytes.__getitem__)
+            self._sorted = ([self.token_bytes[i] for i in order], order)
+        spelled, ids = self._sorted
+        found = []
+        for position in range(bisect.bisect_left(spelled, prefix), len(spelled)):
+            if not spelled[position].startswith(prefix):
+                break
+            found.append(ids[position])
+        return [i for i in found if i not in self.special_ids]
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any) -> TokenTexts:

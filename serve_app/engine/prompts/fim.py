@@ -31,11 +31,15 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from serve_app.engine.json.token_bytes import TokenTexts
 from serve_app.engine.prompts.chat_encoding import encode_trusted, encode_untrusted
 from serve_app.errors import InvalidRequestError
 
 # Continue sends this literal suffix when there is nothing after the cursor.
 EMPTY_SUFFIX_SPELLING = "<|endoftext|>"
+
+# A prefix ending inside a word (see heal_cursor_token).
+_WORD_END = re.compile(r"\w\Z")
 
 FimLayout = Literal["psm", "spm"]
 FIM_LAYOUTS: tuple[FimLayout, ...] = ("psm", "spm")
@@ -151,6 +155,31 @@ def build_fim_prompt(
     if layout == "spm":
         return context_ids + pre + suf + suffix_ids + mid + prefix_ids
     return context_ids + pre + prefix_ids + suf + suffix_ids + mid
+
+
+def heal_cursor_token(
+    token_texts: TokenTexts, prompt_ids: list[int], prefix: str
+) -> tuple[list[int], str]:
+    """Token healing for a cursor inside a word: ``(prompt_ids, answer_prefix)``.
+
+    A word typed halfway is tokenised as the model rarely saw it in training (``re`` of
+    ``return`` is its own token only when the word ends there), so the model continues it
+    badly, and as the word grows its last token changes on every keystroke. When the prompt
+    ends with ``prefix`` (``spm``: the prefix is last) and the prefix ends in a letter, digit
+    or underscore, the last token is taken off and becomes the answer's prefix: the model's
+    first token must spell it (``GenerationRequest.answer_prefix``), and the client gets only
+    what follows. The prompt before it is also what the previous keystrokes sent, so the
+    prefix cache and the previous suggestion serve the next one.
+    """
+    if not prompt_ids or not _WORD_END.search(prefix):
+        return prompt_ids, ""
+    try:
+        last = token_texts.token_bytes[prompt_ids[-1]].decode()
+    except UnicodeDecodeError:  # part of a character: leave it
+        return prompt_ids, ""
+    if not last or not prefix.endswith(last):
+        return prompt_ids, ""
+    return prompt_ids[:-1], last
 
 
 def _encode_near_cursor(tokenizer: Any, text: str, limit: int | None, keep_end: bool) -> list[int]:
