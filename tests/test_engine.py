@@ -275,9 +275,12 @@ def test_prefix_cache_hit_gives_same_output(loaded, make_engine) -> None:
     stats = engine.stats()
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (2, 1)
 
-    # The same prompt with other parameters: all but its last token come from the cache.
+    # The same prompt with other parameters: its KV and last logits come from the cache, and
+    # nothing is read.
+    read = engine.stats().prefill_tokens
     _, last3 = run(generate_text(engine, request("longer", second, max_tokens=20)))
-    assert last3.cached_tokens == len(second) - 1
+    assert last3.cached_tokens == len(second)
+    assert engine.stats().prefill_tokens == read
     assert engine.tokens["longer"] == reference(loaded, second, 20)
 
 

@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from serve_app.engine.json.token_bytes import TokenTexts
-from serve_app.engine.prompts.fim import FIM_FORMATS, build_fim_prompt, heal_cursor_token
+from serve_app.engine.prompts.fim import FIM_FORMATS, build_fim_prompt, heal_cursor
 from serve_app.errors import InvalidRequestError
 from tests.conftest import AUTH, TINY_ID
 
@@ -100,36 +100,56 @@ def test_marker_spellings_inside_code_stay_text(tokenizer) -> None:
     assert [ids.count(token) for token in special] == [1, 1]  # the prompt's own, only
 
 
-def test_a_cursor_inside_a_word_gives_its_last_token_back(tokenizer) -> None:
-    prefix = "def main():\n    retur"
+def healed(tokenizer, prefix: str) -> tuple[list[int], list[int], str]:
     ids = build_fim_prompt(QWEN, tokenizer, prefix, "\n", "spm")
-    healed, answer_prefix = heal_cursor_token(TokenTexts.for_tokenizer(tokenizer), ids, prefix)
-    assert healed == ids[:-1] and answer_prefix and prefix.endswith(answer_prefix)
-    assert text_of(tokenizer, healed) + answer_prefix == text_of(tokenizer, ids)
+    return ids, *heal_cursor(TokenTexts.for_tokenizer(tokenizer), ids, prefix)
 
 
-@pytest.mark.parametrize("prefix", ["def main():\n    ", "print(", "x = 1\n", "", "naïve é"])
-def test_a_cursor_after_a_word_is_left_as_it_is(tokenizer, prefix) -> None:
-    ids = build_fim_prompt(QWEN, tokenizer, prefix, "\n", "spm")
-    texts = TokenTexts.for_tokenizer(tokenizer)
-    healed, answer_prefix = heal_cursor_token(texts, ids, prefix)
-    if answer_prefix:  # a word of letters outside ASCII heals only a whole-character token
-        assert healed == ids[:-1] and prefix.endswith(answer_prefix)
-    else:
-        assert healed == ids
+def test_a_cursor_inside_a_word_gives_the_word_back(tokenizer) -> None:
+    ids, prompt, answer_prefix = healed(tokenizer, "def main():\n    retur")
+    assert answer_prefix.strip() == "retur"  # the whole partial word, whatever its tokens
+    assert prompt == ids[: len(prompt)] and len(prompt) < len(ids)
+    assert text_of(tokenizer, prompt) + answer_prefix == text_of(tokenizer, ids)
+
+
+def test_every_keystroke_of_a_lines_first_word_sends_the_same_prompt(tokenizer) -> None:
+    typed = [healed(tokenizer, "def main():\n    " + "return"[:n]) for n in range(6)]
+    assert len({tuple(prompt) for _, prompt, _ in typed}) == 1
+    assert [answer_prefix for _, _, answer_prefix in typed] == [
+        "    " + "return"[:n] for n in range(6)
+    ]
+
+
+@pytest.mark.parametrize(
+    "prefix, answer_prefix",
+    [
+        ("def main():\n    ", "    "),  # the indentation after Enter: blanks, not the newline
+        ("def main():\n    retu", "    retu"),  # the line's first word, with its indentation
+        ("    x = os.path.jo", ".jo"),
+        ("foo(a, ", ", "),
+        ('    """Retu', ('    """Retu', ' """Retu')),  # at most MAX_HEALED_TOKENS
+        ("naïve é", ("", " é")),  # healed only where whole characters are tokens
+        ("x = 1\n", ""),
+        ("", ""),
+    ],
+)
+def test_what_the_cursor_gives_back(tokenizer, prefix, answer_prefix) -> None:
+    ids, prompt, healed_text = healed(tokenizer, prefix)
+    assert healed_text in (answer_prefix if isinstance(answer_prefix, tuple) else [answer_prefix])
+    assert text_of(tokenizer, prompt) + healed_text == text_of(tokenizer, ids)
 
 
 # --------------------------------------------------------------------------- over HTTP (tiny)
 
 
-def test_a_word_typed_halfway_is_read_less_its_last_token(client, tokenizer):
+def test_a_word_typed_halfway_is_read_without_it(client, tokenizer):
     prefix = "def main():\n    retur"
     body = {"model": TINY_ID, "prompt": prefix, "suffix": "\n", "max_tokens": 4, "stop": []}
     response = client.post("/v1/fim/completions", json=body, headers=AUTH)
     assert response.status_code == 200, response.text
     usage = response.json()["usage"]
-    read = build_fim_prompt(QWEN, tokenizer, prefix, "\n", "spm")
-    assert usage["prompt_tokens"] == len(read) - 1
+    ids, prompt, _ = healed(tokenizer, prefix)
+    assert usage["prompt_tokens"] == len(prompt) < len(ids)
     assert usage["completion_tokens"] == 4
 
 

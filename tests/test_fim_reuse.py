@@ -123,32 +123,68 @@ def test_the_suggestion_just_offered_is_checked_as_a_draft(loaded, engines) -> N
     assert after.steps - before.steps <= 4  # a prefill step and a couple of verify steps
 
 
-def test_an_answer_prefix_is_spelled_by_the_first_token_and_not_returned(loaded, engines):
-    """Token healing: the prompt's last token given back, the model's first token must spell
-    it (the best such token, exactly), and the client gets only what follows it."""
+def test_an_answer_prefix_is_spelled_first_and_not_returned(loaded, engines):
+    """Token healing: the prompt's last tokens given back, the output spells them again with
+    tokens the model picks among those that continue them (exactly greedy under that rule),
+    and the client gets only what follows."""
     engine = engines()
     texts = TokenTexts.for_tokenizer(loaded.tokenizer)
-    prompt = loaded.tokenizer.encode(PREFIX * 3 + "def loa")
-    answer_prefix = texts.token_bytes[prompt[-1]].decode()
-    allowed = texts.ids_starting_with(answer_prefix.encode())
-    assert prompt[-1] in allowed and all(
-        texts.token_bytes[i].startswith(answer_prefix.encode()) for i in allowed
-    )
+    prompt = loaded.tokenizer.encode(PREFIX * 3 + "    def loa")
+    answer_prefix = b"".join(texts.token_bytes[i] for i in prompt[-2:]).decode()
     request = GenerationRequest(
-        "healed", prompt[:-1], SamplingParams(max_tokens=6), "a", answer_prefix=answer_prefix
+        "healed", prompt[:-2], SamplingParams(max_tokens=6), "a", answer_prefix=answer_prefix
     )
     text, last = asyncio.run(asyncio.wait_for(generate_text(engine, request), timeout=60))
 
+    ids, rest = prompt[:-2], answer_prefix.encode()
     with torch.inference_mode():
-        logits = loaded.model(torch.tensor([prompt[:-1]])).logits[0, -1]
-        first = allowed[int(logits[allowed].argmax())]
-        ids = prompt[:-1] + [first]
-        for _ in range(5):
-            ids.append(int(loaded.model(torch.tensor([ids])).logits[0, -1].argmax()))
-    expected = loaded.tokenizer.decode(ids[len(prompt) - 1 :])
+        for _ in range(6):
+            logits = loaded.model(torch.tensor([ids])).logits[0, -1]
+            allowed = sorted(texts.ids_continuing(rest)) if rest else list(range(len(logits)))
+            token = allowed[int(logits[allowed].argmax())]
+            spelled = texts.token_bytes[token]
+            rest = b"" if spelled.startswith(rest) else rest[len(spelled) :]
+            ids.append(token)
+    expected = loaded.tokenizer.decode(ids[len(prompt) - 2 :])
     assert expected.startswith(answer_prefix)
     assert text == expected[len(answer_prefix) :]
-    assert (last.prompt_tokens, last.completion_tokens) == (len(prompt) - 1, 6)
+    assert (last.prompt_tokens, last.completion_tokens) == (len(prompt) - 2, 6)
+
+
+def test_typing_along_the_suggestion_is_answered_from_the_cache(loaded, engines):
+    """Healed, a keystroke along the suggestion sends the same prompt with a longer answer
+    prefix: the stored answer is replayed (no forward pass), and it is the answer a cold
+    engine gives; a keystroke that leaves the suggestion is decoded."""
+    warm, cold = engines(), engines()
+
+    def ask(engine: LLMEngine, prompt: list[int], answer_prefix: str, rid: str) -> str:
+        params = SamplingParams(max_tokens=8)
+        request = GenerationRequest(rid, prompt, params, "a", answer_prefix=answer_prefix)
+        text, _ = asyncio.run(asyncio.wait_for(generate_text(engine, request), timeout=60))
+        return text
+
+    # The random model writes bytes that are not text; take a prompt whose answer starts with
+    # two characters a user could type.
+    for n in range(40):
+        prompt = loaded.tokenizer.encode(PREFIX + f"value_{n} = ")
+        suggestion = ask(warm, prompt, "", f"first-{n}")
+        typed = suggestion[:2]
+        if len(typed) == 2 and typed.isascii() and typed.isprintable():
+            break
+    else:
+        pytest.fail("no answer starts with two printable characters")
+    before = warm.stats()
+    along = ask(warm, prompt, typed, "along")
+    after = warm.stats()
+    assert after.answers_replayed == before.answers_replayed + 1
+    assert after.prefill_tokens == before.prefill_tokens
+    assert after.decode_steps == before.decode_steps
+    assert along == suggestion[2:] == ask(cold, prompt, typed, "cold")
+
+    off = typed[0] + ("x" if typed[1] != "x" else "y")
+    left = ask(warm, prompt, off, "off")
+    assert warm.stats().answers_replayed == after.answers_replayed
+    assert left == ask(cold, prompt, off, "cold-off")
 
 
 @pytest.mark.embedded
@@ -200,3 +236,8 @@ def test_cached_and_cold_prompts_answer_alike(loaded, engines, weights) -> None:
     warm, cached_warm = complete(warm_engine, prompt, 16)
     assert cached_cold == 0 and cached_warm >= len(prompt) - 3
     assert warm == cold
+    # The same prompt again (other parameters, so not the replayed answer): read whole before,
+    # its first token comes from the stored last-position logits.
+    again, cached_again = complete(warm_engine, prompt, 12, rid="again")
+    assert cached_again == len(prompt)
+    assert again == cold[:12]

@@ -57,9 +57,10 @@ from serve_app.engine.json.grammar import ANY_OBJECT, SchemaError
 from serve_app.engine.json.postcheck import validate_output
 from serve_app.engine.json.schema import Grammar, SchemaTooComplexError, compile_schema
 from serve_app.engine.json.token_bytes import TokenTexts
-from serve_app.engine.sampling import LogitsProcessor, Temperature, TopK, TopP
+from serve_app.engine.sampling import LogitsProcessor, Temperature, TokenHistory, TopK, TopP
 
 __all__ = [
+    "AnswerPrefixConstraint",
     "Grammar",
     "JsonConstraint",
     "JsonValidator",
@@ -239,6 +240,34 @@ def constraint_for_response_format(
     else:
         raise SchemaError(f"unknown response_format type {kind!r}")
     return JsonConstraint(token_texts, eos_token_ids, schema, max_tokens=max_tokens)
+
+
+class AnswerPrefixConstraint:
+    """The output begins with ``text`` (``GenerationRequest.answer_prefix``): until it is
+    spelled, each token must spell the rest of it (and may go on) or a beginning of the rest,
+    so the model picks its own tokens for it (``"        "`` as ``"       "`` + ``" if"``)."""
+
+    def __init__(self, text: str, token_texts: TokenTexts) -> None:
+        self.text = text.encode()
+        self.token_texts = token_texts
+
+    def still_to_spell(self, output_ids: list[int]) -> bytes:
+        rest = self.text
+        for token in output_ids:
+            spelled = self.token_texts.token_bytes[token]
+            if spelled.startswith(rest):
+                return b""
+            rest = rest[len(spelled) :]  # a beginning of it: the mask allowed nothing else
+        return rest
+
+    def __call__(self, logits: torch.Tensor, history: TokenHistory) -> torch.Tensor:
+        rest = self.still_to_spell(history.output_ids)
+        if not rest:
+            return logits
+        index = torch.tensor(self.token_texts.ids_continuing(rest), device=logits.device)
+        kept = torch.full_like(logits, float("-inf"))
+        kept[index] = logits[index]
+        return kept
 
 
 def attach_constraint(sampler: Any, constraint: LogitsProcessor | None) -> None:

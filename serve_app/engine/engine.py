@@ -127,7 +127,9 @@ class LLMEngine(Engine):
         self.counters = EngineCounters()
         self.max_columns = self.context_length + score_columns
         self.backend = make_backend(loaded, self.config, self.max_columns, scoring)
-        self.reuse = PromptReuse(self.prefix_cache, self.backend, self._draft_tokens)
+        self.reuse = PromptReuse(
+            self.prefix_cache, self.backend, self.token_texts, self._draft_tokens
+        )
         self.scheduler = Scheduler(
             self.backend, self.config.max_batch_size, self.config.max_waiting, self.reuse.keep
         )
@@ -338,13 +340,13 @@ class LLMEngine(Engine):
             if answer is not None:
                 self._replay(state, answer)
                 return 0
-            cached, kv = self.reuse.lookup(state)
+            cached, kv, logits = self.reuse.lookup(state)
             self.backend.begin(state, kv)
             state.num_computed = state.cached_tokens = cached
+            if cached == len(prompt):  # read before, whole (a scoring prefix: no logits)
+                self._finish_prefill(state, logits)
+                return 0
         start = state.num_computed
-        if start == len(prompt):  # a scoring prefix wholly in the cache: nothing to read
-            self._finish_prefill(state, None)
-            return 0
         end = min(len(prompt), start + budget)
         logits = self.backend.prefill(state, start, end, self._abort_check(state))
         state.num_computed = end
@@ -369,7 +371,7 @@ class LLMEngine(Engine):
     def _finish_prefill(self, state: State, logits: torch.Tensor | None) -> None:
         """Cache the prompt's KV; sample the first token of a generation, and move the
         request on (to the decode batch, or to its scoring passes)."""
-        self.reuse.insert(state)
+        self.reuse.insert(state, logits)
         if isinstance(state, RequestState):
             self.output.on_token(state, state.sampler(logits, state.history))
         self.scheduler.prefilled(state)

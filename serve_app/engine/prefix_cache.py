@@ -17,10 +17,11 @@ unless the deployment opted into one shared cache. A lookup only ever matches en
 with the same salt, so a request can never learn (through ``cached_tokens`` or timing)
 what another account's prompts contained.
 
-An entry also keeps the ids of the answer that followed its prompt (drafts for the next
-prompt that extends it) and, when that answer was greedy and ran to its end, what asked for it
-(``recipe``: the sampling parameters): the same greedy request again is that answer, replayed
-without a forward pass.
+An entry also keeps the logits of its prompt's last position (a later prompt equal to it
+samples from them and reads nothing), the ids of the answer that followed its prompt (drafts
+for the next prompt that extends it) and, when that answer was greedy and ran to its end, what
+asked for it (``recipe``: the sampling parameters): the same greedy request again is that
+answer, replayed without a forward pass.
 
 Memory is bounded by bytes (the tensors' actual size); the least recently used entries go
 first. Not thread-safe: only the engine's step-loop thread calls it (stats may be read from
@@ -53,6 +54,7 @@ class _Entry:
     nbytes: int
     following: list[int]  # what came after ``token_ids`` (ids only, no KV): drafts
     recipe: object | None = None  # set when ``following`` is the whole answer to it
+    logits: torch.Tensor | None = None  # the last position's, when the prompt was read whole
 
     @property
     def sequence(self) -> list[int]:
@@ -163,14 +165,28 @@ class PrefixCache:
                 best_len, best = n, sequence
         return [] if best is None else best[max(0, best_len - overlap) :]
 
-    def answer(self, token_ids: Sequence[int], salt: str, recipe: object) -> list[int] | None:
-        """The whole answer stored for exactly this prompt of ``salt``, if it was produced by
-        ``recipe`` (equal sampling parameters, greedy): a deterministic request asked again."""
-        entry = self._entries.get((salt, tuple(token_ids))) if self.enabled else None
-        if entry is None or entry.recipe is None or entry.recipe != recipe:
+    def whole(self, token_ids: Sequence[int], salt: str) -> tuple[KV, torch.Tensor] | None:
+        """The KV and last-position logits of a stored prompt equal to ``token_ids``: a
+        prompt read before, whole, needs no forward pass to sample its first token."""
+        key = (salt, tuple(token_ids))
+        entry = self._entries.get(key) if self.enabled else None
+        if entry is None or entry.logits is None:
             return None
-        self._entries.move_to_end((salt, tuple(token_ids)))
-        return list(entry.following)
+        self.queries += 1
+        self.hits += 1
+        self.hit_tokens += len(entry.token_ids)
+        self._entries.move_to_end(key)
+        return entry.kv, entry.logits
+
+    def answer(self, token_ids: Sequence[int], salt: str) -> tuple[object, list[int]] | None:
+        """``(recipe, answer)``: the whole answer stored for exactly this prompt of ``salt``
+        and what it answered (``insert``'s ``recipe``); None when there is none."""
+        key = (salt, tuple(token_ids))
+        entry = self._entries.get(key) if self.enabled else None
+        if entry is None or entry.recipe is None:
+            return None
+        self._entries.move_to_end(key)
+        return entry.recipe, list(entry.following)
 
     def insert(
         self,
@@ -179,10 +195,12 @@ class PrefixCache:
         salt: str,
         following: Sequence[int] = (),
         recipe: object | None = None,
+        logits: torch.Tensor | None = None,
     ) -> bool:
         """Store the KV of ``token_ids`` under ``salt``, with the ids of what ``following``
-        them (an answer; ``recipe``: what it is the whole answer to, for ``answer``); False
-        when no KV was stored (too small/large, covered).
+        them (an answer; ``recipe``: what it is the whole answer to, for ``answer``) and the
+        last position's ``logits`` (for ``whole``); False when no KV was stored (too
+        small/large, covered).
 
         Among entries of the same salt, a stored prompt that is a prefix of the new one is
         dropped (the new entry covers it); if the new prompt is a prefix of a stored one, the
@@ -200,17 +218,18 @@ class PrefixCache:
                 continue
             if other_ids[: len(ids)] == ids:
                 self._entries.move_to_end(other)
-                if following and other_ids == ids:
-                    self._entries[other].following = list(following)
-                    self._entries[other].recipe = recipe
+                if other_ids == ids:
+                    self._update(self._entries[other], following, recipe, logits)
                 return False
             if ids[: len(other_ids)] == other_ids:
                 self._remove(other)
         kv = tuple((_owned(k), _owned(v)) for k, v in kv)
-        nbytes = kv_nbytes(kv)
+        logits = None if logits is None else logits.detach().clone()
+        nbytes = kv_nbytes(kv) + (0 if logits is None else logits.nbytes)
         if nbytes > self.max_bytes:
             return False
-        self._entries[(salt, ids)] = _Entry(salt, list(ids), kv, nbytes, list(following), recipe)
+        entry = _Entry(salt, list(ids), kv, nbytes, list(following), recipe, logits)
+        self._entries[(salt, ids)] = entry
         self.bytes_used += nbytes
         while self.bytes_used > self.max_bytes:
             self._remove(next(iter(self._entries)))
@@ -219,6 +238,22 @@ class PrefixCache:
     def clear(self) -> None:
         self._entries.clear()
         self.bytes_used = 0
+
+    def _update(
+        self,
+        entry: _Entry,
+        following: Sequence[int],
+        recipe: object | None,
+        logits: torch.Tensor | None,
+    ) -> None:
+        """The very same prompt stored again: a new answer replaces the old; logits are
+        kept once (they are the same for the same prompt)."""
+        if following:
+            entry.following, entry.recipe = list(following), recipe
+        if logits is not None and entry.logits is None:
+            entry.logits = logits.detach().clone()
+            entry.nbytes += entry.logits.nbytes
+            self.bytes_used += entry.logits.nbytes
 
     def _remove(self, key: _Key) -> None:
         self.bytes_used -= self._entries.pop(key).nbytes

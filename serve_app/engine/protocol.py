@@ -82,9 +82,8 @@ class GenerationRequest:
     no default: a request that names no partition is a type error, never a shared cache.
     ``role``: which service asked (``fim``, ``edit``, ``chat``); per-role engine settings
     (speculation) key on it. ``answer_prefix``: text the answer must begin with, which is not
-    returned (token healing: the cursor sat inside a word, and its last token was taken off
-    the prompt for the model to choose again; the first token must spell this text, and may
-    go on)."""
+    returned (token healing: the prompt's last tokens, a partial word or blanks at the cursor,
+    were taken off for the model to spell again with tokens of its choice)."""
 
     request_id: str
     prompt_token_ids: list[int]

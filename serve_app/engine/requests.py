@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serve_app.engine.constraints import (
+    AnswerPrefixConstraint,
     SchemaError,
     TokenTexts,
     attach_constraint,
@@ -25,7 +26,7 @@ from serve_app.engine.protocol import (
     ScoringChunk,
     ScoringRequest,
 )
-from serve_app.engine.sampling import FirstTokenAmong, Sampler, TokenHistory
+from serve_app.engine.sampling import Sampler, TokenHistory
 from serve_app.engine.text import IncrementalDetokenizer, StopMatcher
 from serve_app.errors import ContextLengthExceededError, InvalidRequestError
 
@@ -223,9 +224,8 @@ def new_request_state(
     except ValueError as e:
         raise InvalidRequestError(str(e)) from e
     attach_constraint(sampler, constraint)
-    if request.answer_prefix:  # token healing: the first token spells the prefix
-        allowed = token_texts.ids_starting_with(request.answer_prefix.encode())
-        attach_constraint(sampler, FirstTokenAmong(allowed))
+    if request.answer_prefix:  # token healing: the output spells the prefix first
+        attach_constraint(sampler, AnswerPrefixConstraint(request.answer_prefix, token_texts))
     return RequestState(
         request=request,
         history=TokenHistory(prompt_ids=prompt, output_ids=[]),

@@ -54,22 +54,6 @@ def _index(ids: Sequence[int] | set[int], logits: torch.Tensor) -> torch.Tensor:
     return torch.tensor(sorted(ids), dtype=torch.long, device=logits.device)
 
 
-class FirstTokenAmong:
-    """The first sampled token is one of ``allowed`` (``GenerationRequest.answer_prefix``:
-    the tokens that spell it); later tokens are free."""
-
-    def __init__(self, allowed: Sequence[int]) -> None:
-        self.allowed = list(allowed)
-
-    def __call__(self, logits: torch.Tensor, history: TokenHistory) -> torch.Tensor:
-        if history.output_ids:
-            return logits
-        index = _index(self.allowed, logits)
-        kept = torch.full_like(logits, float("-inf"))
-        kept[index] = logits[index]
-        return kept
-
-
 class RepetitionPenalty:
     """CTRL/HF rule over prompt and output tokens: divide positive logits, multiply negative.
 

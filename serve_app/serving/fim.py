@@ -12,7 +12,7 @@ from serve_app.api.fim import (
     FimCompletionRequest,
 )
 from serve_app.engine.json.token_bytes import TokenTexts
-from serve_app.engine.prompts.fim import build_fim_prompt, fim_format_for, heal_cursor_token
+from serve_app.engine.prompts.fim import build_fim_prompt, fim_format_for, heal_cursor
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest
 from serve_app.serving.billing import BilledCall
 from serve_app.serving.generation import EngineClient, chunk_maker, completion, usage_of
@@ -41,7 +41,7 @@ class FimService:
         )
         answer_prefix = ""
         if model.fim_layout == "spm" and model.fim_token_healing:
-            prompt_ids, answer_prefix = heal_cursor_token(self.token_texts, prompt_ids, body.prompt)
+            prompt_ids, answer_prefix = heal_cursor(self.token_texts, prompt_ids, body.prompt)
         return self.client.request(
             call, prompt_ids, params, "prompt", role="fim", answer_prefix=answer_prefix
         )

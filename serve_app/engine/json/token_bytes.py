@@ -10,7 +10,7 @@ import bisect
 import logging
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -63,18 +63,26 @@ class TokenTexts:
     def __len__(self) -> int:
         return len(self.token_bytes)
 
-    def ids_starting_with(self, prefix: bytes) -> list[int]:
-        """The ids of the (non-special) tokens whose bytes begin with ``prefix``."""
+    def ids_continuing(self, text: bytes) -> list[int]:
+        """The (non-special) tokens that can come next while ``text`` is still to be spelled:
+        those that spell it (and maybe more), and those that spell a beginning of it."""
+        found = self._ids_where(text, bytes.startswith)
+        for end in range(1, len(text)):
+            found += self._ids_where(text[:end], bytes.__eq__)
+        return [i for i in found if i not in self.special_ids]
+
+    def _ids_where(self, text: bytes, matches: Callable[[bytes, bytes], bool]) -> list[int]:
+        """Ids whose bytes ``matches`` ``text``, among the tokens sorted at and after it."""
         if self._sorted is None:  # built on first use: ~0.1 s for 151k tokens
             order = sorted(range(len(self.token_bytes)), key=self.token_bytes.__getitem__)
             self._sorted = ([self.token_bytes[i] for i in order], order)
         spelled, ids = self._sorted
         found = []
-        for position in range(bisect.bisect_left(spelled, prefix), len(spelled)):
-            if not spelled[position].startswith(prefix):
+        for position in range(bisect.bisect_left(spelled, text), len(spelled)):
+            if not matches(spelled[position], text):
                 break
             found.append(ids[position])
-        return [i for i in found if i not in self.special_ids]
+        return found
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any) -> TokenTexts:

@@ -38,8 +38,12 @@ from serve_app.errors import InvalidRequestError
 # Continue sends this literal suffix when there is nothing after the cursor.
 EMPTY_SUFFIX_SPELLING = "<|endoftext|>"
 
-# A prefix ending inside a word (see heal_cursor_token).
-_WORD_END = re.compile(r"\w\Z")
+# Token healing (heal_cursor): what the tokens it takes off may spell, together: the cursor's
+# word as typed so far, with the blanks around it and the punctuation right before it
+# (``"        ret"``, ``".jo"``, ``", "``, a docstring's quotes), never a newline; and how
+# many tokens at most.
+_HEALABLE = re.compile(r"[ \t]*[^\w\s]*\w*[ \t]*")
+MAX_HEALED_TOKENS = 6
 
 FimLayout = Literal["psm", "spm"]
 FIM_LAYOUTS: tuple[FimLayout, ...] = ("psm", "spm")
@@ -157,29 +161,35 @@ def build_fim_prompt(
     return context_ids + pre + prefix_ids + suf + suffix_ids + mid
 
 
-def heal_cursor_token(
+def heal_cursor(
     token_texts: TokenTexts, prompt_ids: list[int], prefix: str
 ) -> tuple[list[int], str]:
-    """Token healing for a cursor inside a word: ``(prompt_ids, answer_prefix)``.
+    """Token healing at the cursor: ``(prompt_ids, answer_prefix)``.
 
-    A word typed halfway is tokenised as the model rarely saw it in training (``re`` of
-    ``return`` is its own token only when the word ends there), so the model continues it
-    badly, and as the word grows its last token changes on every keystroke. When the prompt
-    ends with ``prefix`` (``spm``: the prefix is last) and the prefix ends in a letter, digit
-    or underscore, the last token is taken off and becomes the answer's prefix: the model's
-    first token must spell it (``GenerationRequest.answer_prefix``), and the client gets only
-    what follows. The prompt before it is also what the previous keystrokes sent, so the
-    prefix cache and the previous suggestion serve the next one.
+    The text before a cursor is tokenised as the model rarely saw it in training: a word
+    typed halfway (``retu`` is `` ret`` + ``u``; the whole word is one token, `` return``),
+    or the indentation after Enter (``"    "`` is one token, but before code the model saw
+    ``"   "`` + ``" if"``). So the model continues it badly (an extra space before the
+    line's code), and as a word grows its tokens change on every keystroke. When the prompt
+    ends with ``prefix`` (``spm``: the prefix is last), its last tokens, as long as together
+    they spell the cursor's word with the blanks around it (``_HEALABLE``, at most
+    ``MAX_HEALED_TOKENS``), are taken off and become the answer's prefix: the model spells
+    it again with tokens of its choice (``GenerationRequest.answer_prefix``), and the client
+    gets only what follows. The keystrokes of a line's first word then all send the prompt
+    that the line's first request sent: the prefix cache holds it whole, and while the user
+    types what was suggested, the suggestion is the answer (``engine.reuse``).
     """
-    if not prompt_ids or not _WORD_END.search(prefix):
-        return prompt_ids, ""
-    try:
-        last = token_texts.token_bytes[prompt_ids[-1]].decode()
-    except UnicodeDecodeError:  # part of a character: leave it
-        return prompt_ids, ""
-    if not last or not prefix.endswith(last):
-        return prompt_ids, ""
-    return prompt_ids[:-1], last
+    text, taken = "", 0
+    # At least one token stays: the model reads something before it writes.
+    while taken < min(MAX_HEALED_TOKENS, len(prompt_ids) - 1):
+        try:
+            longer = token_texts.token_bytes[prompt_ids[-taken - 1]].decode() + text
+        except UnicodeDecodeError:  # part of a character: stop before it
+            break
+        if not longer or not _HEALABLE.fullmatch(longer) or not prefix.endswith(longer):
+            break
+        text, taken = longer, taken + 1
+    return (prompt_ids[:-taken], text) if taken else (prompt_ids, "")
 
 
 def _encode_near_cursor(tokenizer: Any, text: str, limit: int | None, keep_end: bool) -> list[int]:
