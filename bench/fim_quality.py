@@ -13,6 +13,13 @@ reads them), and a case counts when the completion's first line equals the remov
 With ``--llama-url`` the same prompts, rendered as text with the same markers, also go to a
 running ``llama-server`` on the model's own GGUF (``/completion``, greedy, no prompt cache),
 so the table shows what llama.cpp reaches with each layout on the same cases.
+
+``--cursor``: where the cursor is. ``line-start`` (the default): the prefix ends with the
+newline before the removed line, which is the expected answer. ``indented``: it also holds
+the line's indentation, as an editor leaves the cursor after Enter, and the answer is the
+line's code. The service's prompt is what the FIM service sends the engine
+(``service_fim_prompt``: token healing on, as ``fim_token_healing`` defaults); llama.cpp gets
+the same text.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from bench.fim_cases import CASE_SETS, FimCase
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.engine.loader import load_model
-from serve_app.engine.prompts.fim import FIM_LAYOUTS, FimFormat, build_fim_prompt, fim_format_for
+from serve_app.engine.prompts.fim import FIM_LAYOUTS, FimFormat, fim_format_for, service_fim_prompt
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
 
 MAX_TOKENS = 48
@@ -51,13 +58,18 @@ def cpu_flags() -> str:
     return f"{name}; flags: {' '.join(f for f in wanted if f in flags)}"
 
 
-async def _engine_answers(engine: LLMEngine, prompts: list[list[int]], tag: str) -> list[str]:
+async def _engine_answers(
+    engine: LLMEngine, prompts: list[tuple[list[int], str]], tag: str
+) -> list[str]:
     params = SamplingParams(max_tokens=MAX_TOKENS, stop=("\n",))
     limit = asyncio.Semaphore(8)
 
-    async def one(i: int, ids: list[int]) -> str:
+    async def one(i: int, prompt: tuple[list[int], str]) -> str:
+        ids, answer_prefix = prompt
         async with limit:
-            request = GenerationRequest(f"{tag}-{i}", ids, params, f"bench-{tag}-{i}", role="fim")
+            request = GenerationRequest(
+                f"{tag}-{i}", ids, params, f"bench-{tag}-{i}", "fim", answer_prefix
+            )
             text, _ = await generate_text(engine, request)
             return text
 
@@ -80,6 +92,15 @@ def _llama_answer(url: str, prompt: str) -> str:
         return json.loads(response.read())["content"]
 
 
+def at_cursor(case: FimCase, cursor: str) -> FimCase:
+    """The case with the cursor after the line's indentation (``indented``) or before it."""
+    if cursor == "line-start":
+        return case
+    code = case.line.lstrip(" \t")
+    indent = case.line[: len(case.line) - len(code)]
+    return FimCase(case.source, case.prefix + indent, code, case.suffix)
+
+
 def render(fmt: FimFormat, case: FimCase, layout: str) -> str:
     if layout == "spm":
         return f"{fmt.prefix}{fmt.suffix}{case.suffix}{fmt.middle}{case.prefix}"
@@ -94,6 +115,7 @@ def main() -> None:
     parser.add_argument("--sets", default=",".join(CASE_SETS))
     parser.add_argument("--layouts", default=",".join(FIM_LAYOUTS))
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--cursor", choices=("line-start", "indented"), default="line-start")
     parser.add_argument("--llama-url", default=None)
     parser.add_argument("--show-misses", action="store_true")
     parser.add_argument(
@@ -101,7 +123,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     layouts = args.layouts.split(",")
-    sets = {name: CASE_SETS[name](args.cases, args.seed) for name in args.sets.split(",")}
+    sets = {
+        name: [at_cursor(case, args.cursor) for case in CASE_SETS[name](args.cases, args.seed)]
+        for name in args.sets.split(",")
+    }
 
     loaded = load_model(args.source, threads=args.threads)
     fmt = fim_format_for(loaded.tokenizer, loaded.model_type)
@@ -119,7 +144,9 @@ def main() -> None:
         for set_name, cases in sets.items():
             for layout in layouts:
                 prompts = [
-                    build_fim_prompt(fmt, loaded.tokenizer, c.prefix, c.suffix, layout)
+                    service_fim_prompt(
+                        fmt, loaded.tokenizer, c.prefix, c.suffix, layout, None, True
+                    )
                     for c in cases
                 ]
                 if not args.no_service:
@@ -140,7 +167,7 @@ def main() -> None:
                     _report_progress("llama.cpp", set_name, layout, hits, started)
     finally:
         engine.shutdown()
-    print(f"\n{args.source}, exact first line, greedy, {args.cases} cases per set")
+    print(f"\n{args.source}, exact first line, greedy, {args.cases} cases per set, {args.cursor}")
     print(f"CPU: {cpu_flags()}; engine backend: {engine.stats().backend}")
     print(_table(results, list(sets), layouts))
 

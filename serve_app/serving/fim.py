@@ -11,8 +11,7 @@ from serve_app.api.fim import (
     FimCompletionChunk,
     FimCompletionRequest,
 )
-from serve_app.engine.json.token_bytes import TokenTexts
-from serve_app.engine.prompts.fim import build_fim_prompt, fim_format_for, heal_cursor
+from serve_app.engine.prompts.fim import fim_format_for, service_fim_prompt
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest
 from serve_app.serving.billing import BilledCall
 from serve_app.serving.generation import EngineClient, chunk_maker, completion, usage_of
@@ -23,25 +22,22 @@ class FimService:
         self.client = client
         loaded = client.loaded
         self.format = fim_format_for(loaded.tokenizer, loaded.model_type)
-        self.token_texts = TokenTexts.for_tokenizer(loaded.tokenizer)
 
     async def _request(self, body: FimCompletionRequest, call: BilledCall) -> GenerationRequest:
         """Tokenise off the event loop, text over the context cut at its far end from the
         cursor (usage counts what was read); a cursor inside a word is healed (spm only)."""
         model = self.client.model
         params = body.to_sampling_params(model.default_temperature)
-        prompt_ids = await self.client.off_loop(
-            build_fim_prompt,
+        prompt_ids, answer_prefix = await self.client.off_loop(
+            service_fim_prompt,
             self.format,
             self.client.tokenizer,
             body.prompt,
             body.suffix or "",
             model.fim_layout,
             model.context_length - params.max_tokens,
+            model.fim_token_healing,
         )
-        answer_prefix = ""
-        if model.fim_layout == "spm" and model.fim_token_healing:
-            prompt_ids, answer_prefix = heal_cursor(self.token_texts, prompt_ids, body.prompt)
         return self.client.request(
             call, prompt_ids, params, "prompt", role="fim", answer_prefix=answer_prefix
         )

@@ -161,6 +161,23 @@ def build_fim_prompt(
     return context_ids + pre + prefix_ids + suf + suffix_ids + mid
 
 
+def service_fim_prompt(
+    fmt: FimFormat,
+    tokenizer: Any,
+    prompt: str,
+    suffix: str,
+    layout: FimLayout,
+    max_tokens: int | None,
+    token_healing: bool,
+) -> tuple[list[int], str]:
+    """What the FIM service asks the engine: ``(prompt_ids, answer_prefix)``, the prompt of
+    ``build_fim_prompt`` healed at the cursor where the layout allows it (``spm``)."""
+    ids = build_fim_prompt(fmt, tokenizer, prompt, suffix, layout, max_tokens)
+    if layout != "spm" or not token_healing:
+        return ids, ""
+    return heal_cursor(TokenTexts.for_tokenizer(tokenizer), ids, prompt)
+
+
 def heal_cursor(
     token_texts: TokenTexts, prompt_ids: list[int], prefix: str
 ) -> tuple[list[int], str]:
