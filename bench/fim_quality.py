@@ -36,8 +36,9 @@ from bench.fim_cases import CASE_SETS, FimCase
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.engine.loader import load_model
-from serve_app.engine.prompts.fim import FIM_LAYOUTS, FimFormat, fim_format_for, service_fim_prompt
+from serve_app.engine.prompts.fim import FIM_LAYOUTS, FimFormat, fim_format_for
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
+from serve_app.serving.fim import service_fim_prompt
 
 MAX_TOKENS = 48
 

@@ -7,7 +7,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from serve_app.engine.json.token_bytes import TokenTexts
-from serve_app.engine.prompts.fim import FIM_FORMATS, build_fim_prompt, heal_cursor
+from serve_app.engine.prompts.fim import FIM_FORMATS, build_fim_prompt
+from serve_app.engine.prompts.healing import heal_cursor
 from serve_app.errors import InvalidRequestError
 from tests.conftest import AUTH, TINY_ID
 

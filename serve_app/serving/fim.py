@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from serve_app.api.fim import (
     FimChoice,
@@ -11,7 +12,9 @@ from serve_app.api.fim import (
     FimCompletionChunk,
     FimCompletionRequest,
 )
-from serve_app.engine.prompts.fim import fim_format_for, service_fim_prompt
+from serve_app.engine.json.token_bytes import TokenTexts
+from serve_app.engine.prompts.fim import FimFormat, FimLayout, build_fim_prompt, fim_format_for
+from serve_app.engine.prompts.healing import heal_cursor
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest
 from serve_app.serving.billing import BilledCall
 from serve_app.serving.generation import EngineClient, chunk_maker, completion, usage_of
@@ -55,6 +58,23 @@ class FimService:
         chunk = chunk_maker(FimCompletionChunk, "cmpl", body.model)
         async for piece in self.client.stream_chunks(call, request, chunk, _text_choice):
             yield piece
+
+
+def service_fim_prompt(
+    fmt: FimFormat,
+    tokenizer: Any,
+    prompt: str,
+    suffix: str,
+    layout: FimLayout,
+    max_tokens: int | None,
+    token_healing: bool,
+) -> tuple[list[int], str]:
+    """What the FIM service asks the engine: ``(prompt_ids, answer_prefix)``, the prompt of
+    ``build_fim_prompt`` healed at the cursor where the layout allows it (``spm``)."""
+    ids = build_fim_prompt(fmt, tokenizer, prompt, suffix, layout, max_tokens)
+    if layout != "spm" or not token_healing:
+        return ids, ""
+    return heal_cursor(TokenTexts.for_tokenizer(tokenizer), ids, prompt)
 
 
 def _text_choice(piece: GenerationChunk) -> FimChunkChoice:

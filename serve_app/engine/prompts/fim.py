@@ -31,19 +31,12 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from serve_app.engine.json.token_bytes import TokenTexts
 from serve_app.engine.prompts.chat_encoding import encode_trusted, encode_untrusted
 from serve_app.errors import InvalidRequestError
 
 # Continue sends this literal suffix when there is nothing after the cursor.
 EMPTY_SUFFIX_SPELLING = "<|endoftext|>"
 
-# Token healing (heal_cursor): what the tokens it takes off may spell, together: the cursor's
-# word as typed so far, with the blanks around it and the punctuation right before it
-# (``"        ret"``, ``".jo"``, ``", "``, a docstring's quotes), never a newline; and how
-# many tokens at most.
-_HEALABLE = re.compile(r"[ \t]*[^\w\s]*\w*[ \t]*")
-MAX_HEALED_TOKENS = 6
 
 FimLayout = Literal["psm", "spm"]
 FIM_LAYOUTS: tuple[FimLayout, ...] = ("psm", "spm")
@@ -159,54 +152,6 @@ def build_fim_prompt(
     if layout == "spm":
         return context_ids + pre + suf + suffix_ids + mid + prefix_ids
     return context_ids + pre + prefix_ids + suf + suffix_ids + mid
-
-
-def service_fim_prompt(
-    fmt: FimFormat,
-    tokenizer: Any,
-    prompt: str,
-    suffix: str,
-    layout: FimLayout,
-    max_tokens: int | None,
-    token_healing: bool,
-) -> tuple[list[int], str]:
-    """What the FIM service asks the engine: ``(prompt_ids, answer_prefix)``, the prompt of
-    ``build_fim_prompt`` healed at the cursor where the layout allows it (``spm``)."""
-    ids = build_fim_prompt(fmt, tokenizer, prompt, suffix, layout, max_tokens)
-    if layout != "spm" or not token_healing:
-        return ids, ""
-    return heal_cursor(TokenTexts.for_tokenizer(tokenizer), ids, prompt)
-
-
-def heal_cursor(
-    token_texts: TokenTexts, prompt_ids: list[int], prefix: str
-) -> tuple[list[int], str]:
-    """Token healing at the cursor: ``(prompt_ids, answer_prefix)``.
-
-    The text before a cursor is tokenised as the model rarely saw it in training: a word
-    typed halfway (``retu`` is `` ret`` + ``u``; the whole word is one token, `` return``),
-    or the indentation after Enter (``"    "`` is one token, but before code the model saw
-    ``"   "`` + ``" if"``). So the model continues it badly (an extra space before the
-    line's code), and as a word grows its tokens change on every keystroke. When the prompt
-    ends with ``prefix`` (``spm``: the prefix is last), its last tokens, as long as together
-    they spell the cursor's word with the blanks around it (``_HEALABLE``, at most
-    ``MAX_HEALED_TOKENS``), are taken off and become the answer's prefix: the model spells
-    it again with tokens of its choice (``GenerationRequest.answer_prefix``), and the client
-    gets only what follows. The keystrokes of a line's first word then all send the prompt
-    that the line's first request sent: the prefix cache holds it whole, and while the user
-    types what was suggested, the suggestion is the answer (``engine.reuse``).
-    """
-    text, taken = "", 0
-    # At least one token stays: the model reads something before it writes.
-    while taken < min(MAX_HEALED_TOKENS, len(prompt_ids) - 1):
-        try:
-            longer = token_texts.token_bytes[prompt_ids[-taken - 1]].decode() + text
-        except UnicodeDecodeError:  # part of a character: stop before it
-            break
-        if not longer or not _HEALABLE.fullmatch(longer) or not prefix.endswith(longer):
-            break
-        text, taken = longer, taken + 1
-    return (prompt_ids[:-taken], text) if taken else (prompt_ids, "")
 
 
 def _encode_near_cursor(tokenizer: Any, text: str, limit: int | None, keep_end: bool) -> list[int]:
