@@ -33,7 +33,7 @@ async def report_engine_stats(engine: LLMEngine) -> None:
 
     Ray Serve tags each series with the deployment and replica itself."""
     reported_hit_tokens = 0
-    reported_drafts = {"drafted": 0, "accepted": 0}
+    reported_drafts = dict.fromkeys(("drafted", "accepted", "model_drafted", "model_accepted"), 0)
     while True:
         try:
             stats = engine.stats()
@@ -44,7 +44,12 @@ async def report_engine_stats(engine: LLMEngine) -> None:
             if new_hits > 0:
                 metrics.prefix_cache_hits().inc(new_hits)
             reported_hit_tokens = stats.prefix_cache_hit_tokens
-            drafts = {"drafted": stats.draft_tokens, "accepted": stats.accepted_draft_tokens}
+            drafts = {
+                "drafted": stats.draft_tokens,
+                "accepted": stats.accepted_draft_tokens,
+                "model_drafted": stats.model_draft_tokens,
+                "model_accepted": stats.accepted_model_draft_tokens,
+            }
             for outcome, total in drafts.items():
                 if total > reported_drafts[outcome]:
                     metrics.speculative_tokens().inc(

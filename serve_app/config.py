@@ -117,6 +117,13 @@ class ModelConfig(StrictConfig):
         "the figures from bench/keystroke.py).",
     )
 
+    draft_model: str | None = Field(
+        default=None,
+        description="Another configured model's id, of the same tokenizer and smaller, whose "
+        "greedy tokens this model checks k at a time for the roles in engine.speculation."
+        "draft_model_roles (docs/architecture.md). Null: no draft model.",
+    )
+
     @model_validator(mode="after")
     def _describe_from_source(self) -> ModelConfig:
         """Listings name what is really served: an embedded source brings its own metadata."""
@@ -241,6 +248,19 @@ class AppConfig(StrictConfig):
             if getattr(self.roles, role) not in known:
                 raise ValueError(
                     f"roles.{role} names an unknown model {getattr(self.roles, role)!r}"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _draft_models_are_other_known_models(self) -> AppConfig:
+        known = {model.id for model in self.models}
+        for model in self.models:
+            if model.draft_model is not None and (
+                model.draft_model not in known or model.draft_model == model.id
+            ):
+                raise ValueError(
+                    f"models[{model.id!r}].draft_model must name another configured model, "
+                    f"not {model.draft_model!r}"
                 )
         return self
 

@@ -89,10 +89,12 @@ def prefix_cache_hits() -> metrics.Counter:
 
 @cache
 def speculative_tokens() -> metrics.Counter:
-    """Acceptance rate = rate(outcome="accepted") / rate(outcome="drafted")."""
+    """Acceptance rate = rate(outcome="accepted") / rate(outcome="drafted"); the draft
+    model's alone: model_accepted / model_drafted (included in the first two)."""
     return metrics.Counter(
         "serve_app_speculative_tokens",
-        description="Prompt-lookup draft tokens, by outcome (drafted/accepted).",
+        description="Draft tokens by outcome: drafted/accepted (every draft), "
+        "model_drafted/model_accepted (the draft model's).",
         tag_keys=("outcome",),
     )
 

@@ -21,11 +21,14 @@ PROMPTS = [
 
 
 def generate_all(
-    loaded: LoadedModel, config: EngineConfig, requests: list[GenerationRequest]
+    loaded: LoadedModel,
+    config: EngineConfig,
+    requests: list[GenerationRequest],
+    draft: LoadedModel | None = None,
 ) -> tuple[list[str], LLMEngine]:
-    """Run requests concurrently on a new engine: each one's text, and the engine (its
-    stats stay readable after shutdown)."""
-    engine = LLMEngine(loaded, config)
+    """Run requests concurrently on a new engine (with ``draft`` as its draft model): each
+    one's text, and the engine (its stats stay readable after shutdown)."""
+    engine = LLMEngine(loaded, config, draft=draft)
     try:
 
         async def main():

@@ -30,13 +30,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.prefix_cache import KV
 from serve_app.engine.tree import Row
+
+if TYPE_CHECKING:
+    from serve_app.engine.runner.draft import DraftModel
 
 logger = logging.getLogger(__name__)
 
@@ -91,3 +94,30 @@ def make_backend(
         "decode" if runner.quantized_prompts else "dense",
     )
     return RunnerBackend(runner, config.max_batch_size, max_columns)
+
+
+def make_drafter(
+    draft: Any, config: EngineConfig, backend: ModelBackend, target: Any, max_columns: int
+) -> DraftModel | None:
+    """The draft model's runner for draft-model speculation, or None: no draft model, no role
+    drafting with it, or a backend that cannot check drafts. The draft must share the
+    target's tokenizer: its token ids are read as the target's. Its vocabulary may be
+    smaller (Qwen2.5's 7B pads its embedding to 152,064 rows, the 0.5B to 151,936), never
+    larger; otherwise start fails here."""
+    from serve_app.engine.runner.backend import configured_runner
+    from serve_app.engine.runner.draft import DraftModel
+
+    speculation = config.speculation
+    if draft is None or not speculation.draft_model_roles or not backend.supports_speculation:
+        return None
+    runner = configured_runner(draft, config, "draft model")
+    if runner is None:
+        logger.warning("draft model: not on the runner; draft-model speculation is off")
+        return None
+    target_vocab = target.model.config.vocab_size
+    if runner.vocab_size > target_vocab:
+        raise ValueError(
+            f"the draft model's vocabulary ({runner.vocab_size}) is larger than the target's "
+            f"({target_vocab})"
+        )
+    return DraftModel(runner, config.max_batch_size, max_columns, speculation.draft_model_tokens)

@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from serve_app.engine.backend import make_backend
+from serve_app.engine.backend import make_backend, make_drafter
 from serve_app.engine.constraints import TokenTexts
 from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import LoadedModel
@@ -115,6 +115,7 @@ class LLMEngine(Engine):
         *,
         scoring: bool = False,
         score_columns: int = 0,
+        draft: LoadedModel | None = None,
     ) -> None:
         self.loaded = loaded
         self.config = config or EngineConfig()
@@ -127,6 +128,7 @@ class LLMEngine(Engine):
         self.counters = EngineCounters()
         self.max_columns = self.context_length + score_columns
         self.backend = make_backend(loaded, self.config, self.max_columns, scoring)
+        self.drafter = make_drafter(draft, self.config, self.backend, loaded, self.max_columns)
         self.reuse = PromptReuse(
             self.prefix_cache, self.backend, self.token_texts, self._draft_tokens
         )
@@ -417,13 +419,15 @@ class LLMEngine(Engine):
         speculation = self.config.speculation
         drafting = len(rows) <= speculation.max_batch
         drafts = [self._draft(state) if drafting else [] for state in rows]
+        if drafting and self.drafter is not None:
+            self._draft_from_model(rows, drafts)
         try:
             logits = self.backend.decode(drafts)
         except Exception as e:  # cannot tell whose fault: fail the rows, rebuild from empty
             logger.exception("decode forward failed for %d requests", len(rows))
             for state in rows:
                 self.output.fail(state, e)
-            self.backend.reset()
+            self._reset_backend()
             return
         self.counters.decode_batch(len(rows))
         for state, draft, row_logits in zip(rows, drafts, logits, strict=True):
@@ -439,17 +443,22 @@ class LLMEngine(Engine):
             return 0
         return self.config.speculation.draft_tokens(state.request.role)
 
-    def _draft(self, state: RequestState) -> list[int]:
-        """A prompt-lookup draft when the request's role speculates (see speculation.py)."""
-        k = self._draft_tokens(state)
-        if not k:
-            return []
+    def _draft_room(self, state: RequestState) -> int:
+        """The most tokens a draft may hold: never past max_tokens (one token comes from the
+        last position) or the context."""
         params = state.request.params
-        # Never past max_tokens (one token comes from the last position) or the context.
-        limit = min(
+        return min(
             params.max_tokens - state.num_output_tokens - 1,
             self.context_length - state.num_computed - 1,
         )
+
+    def _draft(self, state: RequestState) -> list[int]:
+        """A prompt-lookup draft when the request's role speculates (see speculation.py)."""
+        state.drafted_by_model = False
+        k = self._draft_tokens(state)
+        if not k:
+            return []
+        limit = self._draft_room(state)
         k = min(k, limit)
         if k <= 0:
             return []
@@ -462,22 +471,57 @@ class LLMEngine(Engine):
                 return draft
         return propose_draft(tokens, k)
 
+    def _draft_from_model(self, rows: list[RequestState], drafts: list[list[int]]) -> None:
+        """The draft model's tokens for the rows whose role uses it and whose prompt lookup
+        found nothing (free drafts first), at most the drafter's row count."""
+        assert self.drafter is not None
+        roles = self.config.speculation.draft_model_roles
+        requests: list[tuple[int, list[int], int]] = []
+        chosen: list[tuple[int, RequestState]] = []
+        for index, state in enumerate(rows):
+            room = self._draft_room(state)
+            if drafts[index] or state.request.role not in roles or room <= 0:
+                continue
+            tokens = state.history.prompt_ids + state.history.output_ids
+            if self.drafter.reads(tokens) and len(chosen) < self.drafter.max_rows:
+                requests.append((id(state), tokens, room))
+                chosen.append((index, state))
+        if not chosen:
+            return
+        try:
+            proposed = self.drafter.propose(requests, {id(state) for state in rows})
+        except Exception:  # a draft only saves time: decode without one
+            logger.exception("draft model failed; this step decodes without its drafts")
+            self.drafter.release()
+            return
+        for (index, state), draft in zip(chosen, proposed, strict=True):
+            drafts[index] = draft
+            state.drafted_by_model = bool(draft)
+
     def _verify(self, state: RequestState, draft: list[int], logits: torch.Tensor) -> None:
         """Sample position by position, as plain decoding would; stop at the first token that
         differs from the draft (it is the step's last token) or when the request ends."""
         start = state.num_computed
-        self.counters.draft_tokens += len(draft)
+        accepted = 0
         for position, row in enumerate(logits):
             token = state.sampler(row, state.history)
             state.num_computed = start + position + 1
             self.output.on_token(state, token)
             if position == len(draft) or state.is_done or token != draft[position]:
                 break
-            self.counters.accepted_draft_tokens += 1
+            accepted += 1
+        self.counters.count_drafts(len(draft), accepted, state.drafted_by_model)
+        if state.drafted_by_model and self.drafter is not None:
+            self.drafter.verified(id(state), len(draft), accepted)
         if draft and position == 0 and state.drafted_from_corpus:
             state.draft_corpus = []  # the answer left the old suggestion: stop paying for it
 
     def _fail_all(self, error: BaseException, include_waiting: bool) -> None:
         for state in self.scheduler.clear(include_waiting):
             self.output.fail(state, error)
+        self._reset_backend()
+
+    def _reset_backend(self) -> None:
         self.backend.reset()
+        if self.drafter is not None:
+            self.drafter.release()

@@ -23,9 +23,10 @@ class _Strict(BaseModel):
 
 
 class SpeculationConfig(_Strict):
-    """Prompt-lookup draft tokens per request role (0 = off; needs ``runner: auto``). Output is
-    unchanged either way; it pays where answers copy their prompt (next-edit rewrites a region
-    it was given; a completion reuses the names around it) and while few requests decode."""
+    """Prompt-lookup draft tokens per request role (0 = off; needs ``runner: auto``), and the
+    roles that fall back to a draft model's tokens. Output is unchanged either way; lookup
+    pays where answers copy their prompt (next-edit rewrites a region it was given; a
+    completion reuses the names around it), both only while few requests decode."""
 
     edit: int = Field(default=6, ge=0, le=16)
     fim: int = Field(default=2, ge=0, le=16)
@@ -43,6 +44,21 @@ class SpeculationConfig(_Strict):
         description="Draft only while the decode batch has at most this many requests: with "
         "few rows a step of k + 1 rows per request costs little more than a plain step, with "
         "more it costs more than the accepted drafts save (docs/benchmarks.md).",
+    )
+
+    draft_model_roles: list[Literal["edit", "fim", "chat", "apply"]] = Field(
+        default_factory=list,
+        description="Roles whose requests, when prompt lookup finds no draft, take the draft "
+        "model's (the model's draft_model; docs/architecture.md). Empty, the default: off. On "
+        "one CPU thread checking k tokens costs several plain steps and a draft model loses "
+        "(python -m bench.draft_model); on a GPU checking k costs about one.",
+    )
+    draft_model_tokens: int = Field(
+        default=4,
+        ge=1,
+        le=8,
+        description="A request's first draft-model draft length; it then grows by one after "
+        "a step whose drafts were all kept and shrinks by one after a rejection (1..8).",
     )
 
     def draft_tokens(self, role: str) -> int:

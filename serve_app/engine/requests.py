@@ -116,6 +116,7 @@ class RequestState(InFlight):
     # and completion): drafts for speculation, e.g. the rest of the suggestion a user types.
     draft_corpus: list[int] = field(default_factory=list)
     drafted_from_corpus: bool = False  # the last draft came from it (dropped on a miss)
+    drafted_by_model: bool = False  # the last draft came from the draft model
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -23,7 +23,16 @@ class EngineCounters:
     requests_failed: int = 0
     draft_tokens: int = 0  # speculative tokens proposed, and of those accepted
     accepted_draft_tokens: int = 0
+    model_draft_tokens: int = 0  # the same, of the draft model's drafts only
+    accepted_model_draft_tokens: int = 0
     answers_replayed: int = 0  # greedy requests asked again, answered from the cache
+
+    def count_drafts(self, drafted: int, accepted: int, by_model: bool) -> None:
+        self.draft_tokens += drafted
+        self.accepted_draft_tokens += accepted
+        if by_model:
+            self.model_draft_tokens += drafted
+            self.accepted_model_draft_tokens += accepted
 
     def decode_batch(self, rows: int) -> None:
         self.decode_steps += 1

@@ -56,8 +56,11 @@ _CORPUS = [
 ]
 
 
-def build_tiny_model(path: str | Path, *, vocab_size: int = 600, seed: int = 0) -> Path:
-    """Write a tiny Qwen2 model and tokenizer to ``path`` (reused when already there)."""
+def build_tiny_model(
+    path: str | Path, *, vocab_size: int = 600, seed: int = 0, shape: dict[str, Any] | None = None
+) -> Path:
+    """Write a tiny Qwen2 model and tokenizer to ``path`` (reused when already there);
+    ``shape``: sizes that differ from ``TINY_SHAPE`` (a draft model for tests)."""
     path = Path(path)
     if (path / "config.json").exists() and (path / "tokenizer.json").exists():
         return path
@@ -77,7 +80,7 @@ def build_tiny_model(path: str | Path, *, vocab_size: int = 600, seed: int = 0) 
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
-        **TINY_SHAPE,
+        **{**TINY_SHAPE, **(shape or {})},
         max_position_embeddings=4096,
         bos_token_id=None,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),

@@ -44,9 +44,13 @@ def load_configured_model(
 
 
 def start_engine(config: AppConfig, model: ModelConfig, cpus: float | None = None) -> LLMEngine:
-    """Load ``model`` and start its generation engine."""
+    """Load ``model`` (and its draft model, where one is configured and a role uses it) and
+    start its generation engine."""
     loaded = load_configured_model(config, model, cpus)
-    return LLMEngine(loaded, config.engine, model.context_length)
+    draft = None
+    if model.draft_model is not None and config.engine.speculation.draft_model_roles:
+        draft = load_configured_model(config, config.model(model.draft_model), cpus)
+    return LLMEngine(loaded, config.engine, model.context_length, draft=draft)
 
 
 class GenerationObserver(Protocol):
