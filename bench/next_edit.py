@@ -221,10 +221,10 @@ def start_services(args: argparse.Namespace, rejected: dict[str, Any]) -> tuple[
     from serve_app.serving.edit import EditService
     from serve_app.serving.generation import EngineClient, start_engine
 
-    model = ModelConfig(id=MODEL_ID, source=f"embedded:{MODEL_ID}", dtype="float32")
+    model = ModelConfig(id=args.model, source=f"embedded:{args.model}", dtype="float32")
     config = AppConfig(
         models=[model],
-        roles=Roles(fim=MODEL_ID, edit=MODEL_ID, decisions=MODEL_ID),
+        roles=Roles(fim=args.model, edit=args.model, decisions=args.model),
         engine=EngineConfig(torch_threads=args.threads, seed=0),
     )
     engine = start_engine(config, model)
@@ -237,7 +237,9 @@ def start_services(args: argparse.Namespace, rejected: dict[str, Any]) -> tuple[
     return engine, services
 
 
-async def answer(service: Any, call: ClientCall, fields: dict, read: Callable, salt: str) -> tuple:
+async def answer(
+    service: Any, call: ClientCall, fields: dict, read: Callable, salt: str, model: str
+) -> tuple:
     """One request as the deployment serves it, in the prefix-cache partition ``salt`` (one
     per variant, as one per account: a variant never reads another's cached prompts)."""
     from serve_app.api.edit import EditCompletionRequest
@@ -247,7 +249,7 @@ async def answer(service: Any, call: ClientCall, fields: dict, read: Callable, s
         return None
 
     body = EditCompletionRequest.model_validate({**call.body, **fields})
-    context = RequestContext(grant=None, model=MODEL_ID, endpoint="edit", cache_salt=salt)
+    context = RequestContext(grant=None, model=model, endpoint="edit", cache_salt=salt)
     start = time.perf_counter()
     completion = await UsageRecorder(unbilled, 600).run(context, partial(service.complete, body))
     seconds = time.perf_counter() - start
@@ -269,18 +271,21 @@ async def run(args: argparse.Namespace) -> list[dict]:
     try:
         for number, case in enumerate(cases, 1):
             build, read = SHAPES[case.shape]
-            call, repeat = build(case.scenario, MODEL_ID), build(one_keystroke_on(case), MODEL_ID)
+            call, repeat = (
+                build(case.scenario, args.model),
+                build(one_keystroke_on(case), args.model),
+            )
             prompt = parse_edit_prompt(call.body["messages"][0]["content"])
             expected_rejected[rejected_edit(case.expected, prompt) or "kept"] += 1
             for name, service in services.items():
                 fields = VARIANTS[name][1]
                 rejected[name].last = None
-                region, cold, tokens = await answer(service, call, fields, read, name)
+                region, cold, tokens = await answer(service, call, fields, read, name, args.model)
                 entry = {"case": case.name, "variant": name, "answer": region, "tokens": tokens}
                 entry |= {"rejected": rejected[name].last, "cold_s": cold}
                 if name in args.repeat_for:
                     _, entry["repeat_s"], entry["repeat_tokens"] = await answer(
-                        service, repeat, fields, read, name
+                        service, repeat, fields, read, name, args.model
                     )
                 log.append(entry)
                 if args.log:
@@ -369,6 +374,7 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=None, help="the first N cases only")
     parser.add_argument("--every", type=int, default=1, help="every K-th case only")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default=MODEL_ID, help="an embedded model's name")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
     parser.add_argument(
         "--repeat-for", default=",".join(VARIANTS), help="variants timed on a repeat too"

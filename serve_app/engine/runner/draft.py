@@ -74,14 +74,17 @@ class DraftModel:
         rows = [self._place(index, key) for index, (key, _, _) in enumerate(requests)]
         lengths = [min(row.k, limit) for row, (_, _, limit) in zip(rows, requests, strict=True)]
         drafts: list[list[int]] = [[] for _ in rows]
-        steps = max(lengths, default=0)
+        # Every row takes every step (one batched forward per position), so none may write
+        # past the cache's last column, whatever its own length.
+        room = min(self.cache.max_capacity - len(tokens) + 1 for _, tokens, _ in requests)
+        steps = min(max(lengths, default=0), room)
         if steps <= 0:
             return drafts
         feed = [
             self._catch_up(index, row, tokens)
             for index, (row, (_, tokens, _)) in enumerate(zip(rows, requests, strict=True))
         ]
-        for _ in range(steps):  # every row steps together: one batched forward per position
+        for _ in range(steps):
             starts = [len(row.read) for row in rows]
             logits = self.runner.forward(self.cache, 0, [[t] for t in feed], starts, decode=True)
             for row, token in zip(rows, feed, strict=True):
