@@ -37,3 +37,19 @@ def test_shapes_are_qwen25_coders() -> None:
         return (c.num_hidden_layers * layer + heads * c.vocab_size * c.hidden_size) / 1e9
 
     assert [round(parameters(s), 2) for s in ("0.5b", "1.5b", "7b")] == [0.49, 1.54, 7.62]
+
+
+def test_draft_model_bench_on_random_shapes_keeps_every_text(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """bench/draft_model.py's GPU path (bench.gpu's random models) on the tiny shape on CPU:
+    every mode prints its row, the same text as no speculation, and the step-cost table."""
+    from bench import draft_model
+
+    draft_model.main(["--random", "tiny:tiny", "--cases", "2", "--tokens", "12"])
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    for mode in draft_model.MODES:
+        assert rows[mode].rstrip(" |").endswith("yes"), out
+    assert re.search(r"^target step [\d.]+ ms; draft step [\d.]+ ms", out, re.M), out
+    assert "| 8 |" in out
