@@ -87,6 +87,22 @@ def test_lru_eviction_by_bytes() -> None:
     assert cache.lookup(c + [0], SALT)[0] == 10
 
 
+def test_logits_added_to_a_stored_prompt_stay_within_the_limit() -> None:
+    """The same prompt stored again with its last logits grows its entry: older entries
+    make room at once, not at the next insert."""
+    entry = kv_nbytes(make_kv([0] * 10))
+    logits = torch.zeros(entry // 8)  # float32: half an entry's bytes
+    cache = PrefixCache(entry * 2 + entry // 8)
+    a, b = [1] * 10, [2] * 10
+    cache.insert(a, make_kv(a), SALT)
+    cache.insert(b, make_kv(b), SALT)
+    assert cache.bytes_used <= cache.max_bytes
+    cache.insert(b, make_kv(b), SALT, logits=logits)
+    assert cache.bytes_used <= cache.max_bytes
+    assert cache.lookup(a + [0], SALT)[0] == 0  # the least recently used made room
+    assert cache.whole(b, SALT) is not None
+
+
 def test_too_large_entry_and_disabled_cache() -> None:
     cache = PrefixCache(16)
     assert not cache.insert([1, 2, 3], make_kv([1, 2, 3]), SALT)

@@ -231,8 +231,7 @@ class PrefixCache:
         entry = _Entry(salt, list(ids), kv, nbytes, list(following), recipe, logits)
         self._entries[(salt, ids)] = entry
         self.bytes_used += nbytes
-        while self.bytes_used > self.max_bytes:
-            self._remove(next(iter(self._entries)))
+        self._evict_to_fit()
         return True
 
     def clear(self) -> None:
@@ -254,6 +253,14 @@ class PrefixCache:
             entry.logits = logits.detach().clone()
             entry.nbytes += entry.logits.nbytes
             self.bytes_used += entry.logits.nbytes
+            self._evict_to_fit()
+
+    def _evict_to_fit(self) -> None:
+        """Drop least recently used entries until the cache is within ``max_bytes`` (the
+        entry just stored or refreshed is the most recent: it goes last, and only if it
+        alone is too large)."""
+        while self.bytes_used > self.max_bytes:
+            self._remove(next(iter(self._entries)))
 
     def _remove(self, key: _Key) -> None:
         self.bytes_used -= self._entries.pop(key).nbytes
