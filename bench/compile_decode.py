@@ -9,6 +9,10 @@ eager in one slot and ``torch.compile(forward, dynamic=True)`` in the other, ste
 alternating order, so a neighbour's load hits both alike. Reports single-stream tok/s of each,
 the compile time (the compiled forward's first calls) and whether both decoded the same tokens.
 The service does not use this: nothing here changes the runner.
+
+``--random SHAPE --device cuda``: bench.gpu's random bf16 model of that shape (dense weights)
+on a GPU instead, where the eager step is bound by kernel launches; ``--mode reduce-overhead``
+asks torch.compile for CUDA graphs.
 """
 
 from __future__ import annotations
@@ -52,11 +56,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--warm-steps", type=int, default=4, help="compiled steps not timed")
     parser.add_argument("--mode", default=None, help="torch.compile mode (default: default)")
+    parser.add_argument("--random", default=None, help="a bench.gpu shape, random weights")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
 
-    loaded = load_model(args.source, threads=args.threads)
-    runner = build_runner(loaded.model, weights="int4", cache_dir=loaded.location)
-    prompt = loaded.tokenizer.encode(PROMPT)
+    if args.random:
+        from bench.gpu import loaded_model
+
+        loaded = loaded_model(args.random, args.device, torch.bfloat16)
+        runner = build_runner(loaded.model, weights="dense", dense_dtype=torch.bfloat16)
+        prompt = list(range(100, 100 + len(PROMPT)))
+        weights = "dense bf16"
+    else:
+        loaded = load_model(args.source, threads=args.threads)
+        runner = build_runner(loaded.model, weights="int4", cache_dir=loaded.location)
+        prompt = loaded.tokenizer.encode(PROMPT)
+        weights = "int4"
     cache = runner.new_cache(2, 256, 4096)
     # The forward builds its index tensors from Python lists (repeat_interleave over them has a
     # data-dependent shape): let dynamo trace those instead of refusing.
@@ -79,11 +94,12 @@ def main() -> None:
         return len(seconds) / sum(seconds)
 
     base = tok_s(times["eager"])
-    rows = [["decode, 1 row, int4 weights", "tok/s", "median step ms", "vs eager"]]
+    print(f"{args.random or args.source} on {args.device}, mode {args.mode or 'default'}")
+    rows = [[f"decode, 1 row, {weights} weights", "tok/s", "median step ms", "vs eager"]]
     for name, seconds in times.items():
         median = statistics.median(seconds) * 1000
         rows.append(
-            [name, f"{tok_s(seconds):.2f}", f"{median:.0f}", f"{tok_s(seconds) / base:.2f}x"]
+            [name, f"{tok_s(seconds):.2f}", f"{median:.1f}", f"{tok_s(seconds) / base:.2f}x"]
         )
     print(table(rows))
     print(
