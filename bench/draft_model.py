@@ -7,7 +7,7 @@
 Real models (the default): lines cut from Python's standard library (``bench.int4_faithfulness``
 's FIM cases), one request at a time, greedy, 64 tokens with no stop sequence; each prompt is
 read once untimed first (the target's prompt is then a prefix-cache hit, as on a keystroke;
-the draft model keeps no prefix cache, so its read of the prompt is inside the timed decode).
+that request decodes nothing, so the draft model reads the prompt inside the timed decode).
 Engines, one per mode over the same loaded models:
 
 - ``none``: no speculation (the baseline of every ratio);

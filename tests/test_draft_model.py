@@ -5,6 +5,7 @@ drafts mostly kept, mostly rejected, and from a model of another size; rows come
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
 
@@ -15,7 +16,7 @@ from serve_app.config import AppConfig, ModelConfig
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import LoadedModel, load_model
-from serve_app.engine.protocol import GenerationRequest, SamplingParams
+from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
 from serve_app.engine.tiny import build_tiny_model
 from tests.conftest import engine_config, redrawn, speculating
 from tests.runner_support import PROMPTS, encode, generate_all
@@ -140,6 +141,37 @@ def test_tokens_past_a_smaller_draft_vocabulary_are_not_drafted(loaded, tmp_path
     spec, engine = generate_all(loaded, drafting(), reqs, draft=small)
     assert spec == plain
     assert engine.stats().model_draft_tokens > 0
+
+
+def test_the_draft_reuses_its_kv_for_the_same_account_only(loaded) -> None:
+    """A request after another of the same account (a keystroke after the last) catches the
+    draft up from what the ended request's slot read; another account's request reads its
+    whole prompt again. The text is the same either way."""
+    prompt = encode(loaded, PROMPTS[4])
+    engine = LLMEngine(loaded, drafting(), draft=perturbed(loaded, 0.05))
+
+    def ask(account: str, max_tokens: int) -> tuple[str, int]:
+        before = engine.stats().draft_model_read_tokens
+        request = GenerationRequest(
+            f"{account}{max_tokens}",
+            prompt,
+            SamplingParams(max_tokens=max_tokens),
+            account,
+            role="edit",
+        )
+        text, _ = asyncio.run(generate_text(engine, request))
+        return text, engine.stats().draft_model_read_tokens - before
+
+    try:
+        first, read_first = ask("alice", 12)
+        again, read_again = ask("alice", 16)  # not a replay: another max_tokens
+        other, read_other = ask("bob", 16)
+    finally:
+        engine.shutdown()
+    assert read_first >= len(prompt) - 1
+    assert read_again < len(prompt) // 2
+    assert read_other >= len(prompt) - 1
+    assert again == other and again.startswith(first)
 
 
 def test_draft_model_must_name_another_configured_model() -> None:

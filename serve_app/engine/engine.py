@@ -245,6 +245,7 @@ class LLMEngine(Engine):
             prefix_cache_hits=cache.hits,
             prefix_cache_hit_tokens=cache.hit_tokens,
             prefix_cache_bytes=cache.bytes_used,
+            draft_model_read_tokens=self.drafter.tokens_read if self.drafter else 0,
             backend=type(self.backend).__name__,
         )
 
@@ -476,7 +477,7 @@ class LLMEngine(Engine):
         found nothing (free drafts first), at most the drafter's row count."""
         assert self.drafter is not None
         roles = self.config.speculation.draft_model_roles
-        requests: list[tuple[int, list[int], int]] = []
+        requests: list[tuple[int, str, list[int], int]] = []
         chosen: list[tuple[int, RequestState]] = []
         for index, state in enumerate(rows):
             room = self._draft_room(state)
@@ -484,7 +485,7 @@ class LLMEngine(Engine):
                 continue
             tokens = state.history.prompt_ids + state.history.output_ids
             if self.drafter.reads(tokens) and len(chosen) < self.drafter.max_rows:
-                requests.append((id(state), tokens, room))
+                requests.append((id(state), state.request.cache_salt, tokens, room))
                 chosen.append((index, state))
         if not chosen:
             return

@@ -51,6 +51,7 @@ class EngineStats(EngineCounters):
     prefix_cache_hits: int = 0
     prefix_cache_hit_tokens: int = 0
     prefix_cache_bytes: int = 0
+    draft_model_read_tokens: int = 0  # tokens the draft model read to catch up with requests
     backend: str = "hf"
 
     @property

@@ -12,8 +12,9 @@ the KV of the tokens it has read. A step first catches a row up on what is new s
 (the whole prompt on its first step, the tokens the target accepted and sampled after), from
 the longest common prefix of what it read and the row's tokens now, so rejected drafts are
 simply overwritten; then one batched forward per drafted position. A slot belongs to one
-request from its first draft to its end: nothing is shared between requests, so nothing
-crosses accounts, and an aborted request's slot is freed with it.
+request from its first draft to its end; after that its KV may serve the next request of the
+same account (prefix-cache salt) whose tokens share a prefix with it, as a keystroke's request
+follows the last one's, and never another account's.
 
 k adapts per request, as transformers' assisted generation does: one more after a step whose
 drafts were all accepted, one fewer after a step that rejected one.
@@ -34,9 +35,10 @@ MAX_DRAFT_TOKENS = 8
 
 @dataclass(eq=False)
 class DraftRow:
-    """One request's draft state: the tokens its slot's KV holds, and its adaptive k."""
+    """A slot's draft state: the tokens its KV holds, whose they are, and the adaptive k."""
 
-    key: int  # id() of the engine's request state
+    key: int | None  # id() of the engine's request state; None: that request has ended
+    salt: str  # the request's prefix-cache partition (its account)
     k: int
     read: list[int] = field(default_factory=list)
 
@@ -53,6 +55,7 @@ class DraftModel:
         self.spare = max_batch
         self.cache = runner.new_cache(max_batch + 1, MIN_CAPACITY, max_columns)
         self.slots: list[DraftRow | None] = [None] * max_batch
+        self.tokens_read = 0  # tokens caught up on (prompts, accepted and sampled tokens)
 
     @property
     def max_rows(self) -> int:
@@ -65,24 +68,27 @@ class DraftModel:
         return max(tokens) < self.runner.vocab_size
 
     def propose(
-        self, requests: Sequence[tuple[int, list[int], int]], live: Collection[int]
+        self, requests: Sequence[tuple[int, str, list[int], int]], live: Collection[int]
     ) -> list[list[int]]:
-        """Greedy drafts for ``requests``: (key, every token so far, most tokens to draft),
-        at most ``max_rows`` of them. ``live``: the keys of every running request; the
-        others' slots are freed."""
+        """Greedy drafts for ``requests``: (key, cache salt, every token so far, most tokens
+        to draft), at most ``max_rows`` of them. ``live``: the keys of every running request;
+        the others' slots become reusable by a later request of the same salt."""
         self._forget(live)
-        rows = [self._place(index, key) for index, (key, _, _) in enumerate(requests)]
-        lengths = [min(row.k, limit) for row, (_, _, limit) in zip(rows, requests, strict=True)]
+        rows = [
+            self._place(index, key, salt, tokens)
+            for index, (key, salt, tokens, _) in enumerate(requests)
+        ]
+        lengths = [min(row.k, limit) for row, (*_, limit) in zip(rows, requests, strict=True)]
         drafts: list[list[int]] = [[] for _ in rows]
         # Every row takes every step (one batched forward per position), so none may write
         # past the cache's last column, whatever its own length.
-        room = min(self.cache.max_capacity - len(tokens) + 1 for _, tokens, _ in requests)
+        room = min(self.cache.max_capacity - len(tokens) + 1 for _, _, tokens, _ in requests)
         steps = min(max(lengths, default=0), room)
         if steps <= 0:
             return drafts
         feed = [
             self._catch_up(index, row, tokens)
-            for index, (row, (_, tokens, _)) in enumerate(zip(rows, requests, strict=True))
+            for index, (row, (_, _, tokens, _)) in enumerate(zip(rows, requests, strict=True))
         ]
         for _ in range(steps):
             starts = [len(row.read) for row in rows]
@@ -118,44 +124,57 @@ class DraftModel:
         missing = tokens[common:-1]
         if missing:
             self.runner.forward(self.cache, slot, [missing], [common], decode=False)
+            self.tokens_read += len(missing)
         row.read = tokens[:-1]
         return tokens[-1]
 
     def _forget(self, live: Collection[int]) -> None:
-        for index, row in enumerate(self.slots):
+        """Rows of ended requests keep their KV for the next request of their salt."""
+        for row in self.slots:
             if row is not None and row.key not in live:
-                self.slots[index] = None
+                row.key = None
 
     def _row(self, key: int) -> DraftRow | None:
         return next((row for row in self.slots if row is not None and row.key == key), None)
 
-    def _place(self, index: int, key: int) -> DraftRow:
-        """``key``'s row, moved into slot ``index`` (batched forwards read slots 0..B-1)."""
-        here = self.slots[index]
-        if here is not None and here.key == key:
-            return here
+    def _place(self, index: int, key: int, salt: str, tokens: list[int]) -> DraftRow:
+        """``key``'s row, moved into slot ``index`` (batched forwards read slots 0..B-1). A
+        request without one claims the ended row of its own salt that shares the longest
+        prefix with its tokens (a keystroke's request after the last one's), else a free or
+        ended slot, emptied: a row's KV is only ever read by requests of its salt."""
         row = self._row(key)
-        if row is None:
-            row = DraftRow(key, self.initial_k)
-            if here is not None:  # a live row not drafting this step: it moves to a free slot
-                free = self.slots.index(None)
-                self._copy(index, free)
-        else:
-            elsewhere = self.slots.index(row)
-            if here is not None:  # swap through the spare slot
-                self.cache.move(index, self.spare, len(here.read))
-            self.cache.move(elsewhere, index, len(row.read))
-            if here is not None:
-                self.cache.move(self.spare, elsewhere, len(here.read))
-            self.slots[elsewhere] = here
-        self.slots[index] = row
+        if row is not None and row.salt != salt:  # an ended request's id() given to another
+            row.key, row = None, None
+        row = row or self._claim(key, salt, tokens)
+        where = self.slots.index(row)
+        if where != index:
+            self._swap(where, index)
         return row
 
-    def _copy(self, source: int, dest: int) -> None:
-        row = self.slots[source]
-        assert row is not None
-        self.cache.move(source, dest, len(row.read))
-        self.slots[dest] = row
+    def _claim(self, key: int, salt: str, tokens: list[int]) -> DraftRow:
+        ended = [row for row in self.slots if row is not None and row.key is None]
+        same = [row for row in ended if row.salt == salt]
+        best = max(
+            same, key=lambda row: _common_prefix(row.read, tokens, len(tokens)), default=None
+        )
+        if best is not None and _common_prefix(best.read, tokens, len(tokens)) > 0:
+            best.key, best.k = key, self.initial_k
+            return best
+        # Live rows hold at most max_rows - 1 slots (this request is live too): one is free.
+        slot = self.slots.index(None) if None in self.slots else self.slots.index(ended[0])
+        row = self.slots[slot] = DraftRow(key, salt, self.initial_k)
+        return row
+
+    def _swap(self, a: int, b: int) -> None:
+        """Exchange two slots' KV and rows, through the spare slot."""
+        first, second = self.slots[a], self.slots[b]
+        if first is not None:
+            self.cache.move(a, self.spare, len(first.read))
+        if second is not None:
+            self.cache.move(b, a, len(second.read))
+        if first is not None:
+            self.cache.move(self.spare, b, len(first.read))
+        self.slots[a], self.slots[b] = second, first
 
 
 def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
