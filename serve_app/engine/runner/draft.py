@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
+from serve_app.engine.prefix_cache import common_prefix_len
 from serve_app.engine.runner.kv import MIN_CAPACITY
 from serve_app.engine.runner.qwen2 import Qwen2Runner
 
@@ -120,7 +121,7 @@ class DraftModel:
     def _catch_up(self, slot: int, row: DraftRow, tokens: list[int]) -> int:
         """Write the KV of ``tokens[:-1]`` the slot does not hold yet (it keeps the longest
         common prefix of what it read); the last token, to feed next."""
-        common = _common_prefix(row.read, tokens, len(tokens) - 1)
+        common = min(common_prefix_len(row.read, tokens), len(tokens) - 1)
         missing = tokens[common:-1]
         if missing:
             self.runner.forward(self.cache, slot, [missing], [common], decode=False)
@@ -153,11 +154,12 @@ class DraftModel:
 
     def _claim(self, key: int, salt: str, tokens: list[int]) -> DraftRow:
         ended = [row for row in self.slots if row is not None and row.key is None]
-        same = [row for row in ended if row.salt == salt]
-        best = max(
-            same, key=lambda row: _common_prefix(row.read, tokens, len(tokens)), default=None
+        shared, best = max(
+            ((common_prefix_len(row.read, tokens), row) for row in ended if row.salt == salt),
+            key=lambda pair: pair[0],
+            default=(0, None),
         )
-        if best is not None and _common_prefix(best.read, tokens, len(tokens)) > 0:
+        if best is not None and shared > 0:
             best.key, best.k = key, self.initial_k
             return best
         # Live rows hold at most max_rows - 1 slots (this request is live too): one is free.
@@ -175,18 +177,3 @@ class DraftModel:
         if first is not None:
             self.cache.move(self.spare, b, len(first.read))
         self.slots[a], self.slots[b] = second, first
-
-
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    """How many leading tokens ``a`` and ``b`` share, at most ``limit``."""
-    n = min(len(a), len(b), limit)
-    if a[:n] == b[:n]:  # the usual case: only the last step's rejected drafts differ
-        return n
-    low, high = 0, n  # a[:low] == b[:low], a[:high] != b[:high]
-    while high - low > 1:
-        middle = (low + high) // 2
-        if a[:middle] == b[:middle]:
-            low = middle
-        else:
-            high = middle
-    return low
