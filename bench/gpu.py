@@ -2,6 +2,7 @@
 
     python -m bench.gpu                              # 0.5B, 1.5B and 7B on the first CUDA GPU
     python -m bench.gpu --models 0.5b --tokens 256
+    python -m bench.gpu --graphs on                  # without the eager comparison
     python -m bench.gpu --smoke                      # a tiny config on CPU in seconds (tests)
 
 ``--smoke`` also reads 256- and 1,024-token prompts instead of 1k and 8k.
@@ -21,6 +22,12 @@ prefix cache and speculation off, eos ignored. Per model:
   wall time from the first submit to the last token;
 - TTFT: a 1k- and an 8k-token prompt alone (``max_tokens`` 1), after one warm-up of the same
   length; one slot, so the KV cache holds one 8k row, not 64.
+
+Decode runs twice per model by default (``--graphs on,off``): with CUDA graphs (``cuda_graphs``,
+prod's default) and eagerly, in the same run, with the ratio, and how many of the single
+stream's greedy tokens the two agree on before they first differ (a graph's attention reads
+the cache's whole allocation, so its last bits may differ from the eager step's). TTFT is
+measured once: prompts are read eagerly either way.
 """
 
 from __future__ import annotations
@@ -84,6 +91,7 @@ class Figures:
     single_tps: float
     streams_tps: dict[int, float]
     ttft_s: dict[int, float]
+    single_text: str  # the single stream's greedy words (``stand_in_tokenizer``)
 
 
 def random_model(shape: str, device: str, dtype: torch.dtype) -> Any:
@@ -120,17 +128,19 @@ def prompt(length: int, vocab: int, seed: int) -> list[int]:
 
 
 async def run_one(engine: LLMEngine, rid: str, ids: list[int], max_tokens: int) -> tuple:
-    """(completion tokens, submit time, first token's time, last token's time)."""
+    """(completion tokens, submit time, first token's time, last token's time, text)."""
     request = GenerationRequest(rid, ids, SamplingParams(max_tokens=max_tokens), "bench")
     start = time.perf_counter()
     first = last = 0.0
     tokens = 0
+    text = []
     async for chunk in engine.generate(request):
         last = time.perf_counter()
         if not tokens and chunk.completion_tokens:
             first = last
         tokens = chunk.completion_tokens
-    return tokens, start, first, last
+        text.append(chunk.text)
+    return tokens, start, first, last, "".join(text)
 
 
 async def streams(engine: LLMEngine, n: int, vocab: int, max_tokens: int) -> float:
@@ -146,9 +156,9 @@ async def streams(engine: LLMEngine, n: int, vocab: int, max_tokens: int) -> flo
 
 async def decode_figures(
     engine: LLMEngine, vocab: int, max_tokens: int, stream_counts: list[int]
-) -> tuple[float, dict[int, float]]:
+) -> tuple[float, dict[int, float], str]:
     await run_one(engine, "warm", prompt(STREAM_PROMPT_TOKENS, vocab, 99), 8)
-    tokens, _, first, last = await run_one(
+    tokens, _, first, last, text = await run_one(
         engine, "single", prompt(STREAM_PROMPT_TOKENS, vocab, 0), max_tokens
     )
     single = (tokens - 1) / (last - first)
@@ -156,21 +166,23 @@ async def decode_figures(
     for n in stream_counts:
         await streams(engine, n, vocab, 4)  # warm: this batch size's shapes and KV growth
         many[n] = await streams(engine, n, vocab, max_tokens)
-    return single, many
+    return single, many, text
 
 
 async def ttft_figures(engine: LLMEngine, vocab: int, lengths: list[int]) -> dict[int, float]:
     out = {}
     for length in lengths:
         await run_one(engine, f"warm{length}", prompt(length, vocab, 7), 1)
-        _, start, first, _ = await run_one(engine, f"ttft{length}", prompt(length, vocab, 8), 1)
+        _, start, first, *_ = await run_one(engine, f"ttft{length}", prompt(length, vocab, 8), 1)
         out[length] = first - start
     return out
 
 
-def engine_for(loaded: LoadedModel, max_batch: int, context: int) -> LLMEngine:
-    """prod.yaml's engine block, the prefix cache and speculation off (every prompt is read)."""
+def engine_for(loaded: LoadedModel, max_batch: int, context: int, graphs: bool = True) -> LLMEngine:
+    """prod.yaml's engine block, the prefix cache and speculation off (every prompt is read);
+    ``graphs``: its ``cuda_graphs``."""
     config = EngineConfig(
+        cuda_graphs=graphs,
         max_batch_size=max_batch,
         prefill_chunk_tokens=1024,
         prefix_cache_mb=0,
@@ -180,25 +192,37 @@ def engine_for(loaded: LoadedModel, max_batch: int, context: int) -> LLMEngine:
     return LLMEngine(loaded, config, context_length=context)
 
 
-def measure(loaded: LoadedModel, args: argparse.Namespace) -> Figures:
+def measure(loaded: LoadedModel, args: argparse.Namespace, graphs: bool, ttft: bool) -> Figures:
     vocab = int(loaded.model.config.vocab_size)
     counts = [int(n) for n in args.streams.split(",")]
     lengths = [int(n) for n in args.prompts.split(",")]
     context = max(lengths + [STREAM_PROMPT_TOKENS]) + args.tokens + 8
-    engine = engine_for(loaded, max(counts), context)
+    engine = engine_for(loaded, max(counts), context, graphs)
     try:
         backend = engine.stats().backend
         if backend != "RunnerBackend":
             raise SystemExit(f"{loaded.source}: the engine chose {backend}, not the runner")
-        single, many = asyncio.run(decode_figures(engine, vocab, args.tokens, counts))
+        single, many, text = asyncio.run(decode_figures(engine, vocab, args.tokens, counts))
     finally:
         engine.shutdown()
+    if not ttft:
+        return Figures(single, many, {}, text)
     engine = engine_for(loaded, 1, context)
     try:
-        ttft = asyncio.run(ttft_figures(engine, vocab, lengths))
+        first = asyncio.run(ttft_figures(engine, vocab, lengths))
     finally:
         engine.shutdown()
-    return Figures(single, many, ttft)
+    return Figures(single, many, first, text)
+
+
+def agreement(a: str, b: str) -> str:
+    """How many leading words two greedy texts share, of how many."""
+    left, right = a.split(), b.split()
+    same = next(
+        (i for i, (x, y) in enumerate(zip(left, right, strict=False)) if x != y),
+        min(len(left), len(right)),
+    )
+    return f"{same}/{max(len(left), len(right))}"
 
 
 def device_name(device: str) -> str:
@@ -217,8 +241,19 @@ def report(results: dict[str, Figures], args: argparse.Namespace, device: str) -
     rows = [head]
     for name, f in results.items():
         row = [name, f"{f.single_tps:.1f}"] + [f"{f.streams_tps[n]:.1f}" for n in counts]
-        rows.append(row + [f"{f.ttft_s[n]:.3f}" for n in lengths])
+        rows.append(row + [f"{f.ttft_s[n]:.3f}" if n in f.ttft_s else "-" for n in lengths])
     print(table(rows))
+    ratios = [["model", "graphs / eager, single"] + [f"{n} streams" for n in counts]]
+    ratios[0].append("same greedy tokens")
+    for name in dict.fromkeys(key.rsplit(" ", 1)[0] for key in results):
+        on, off = results.get(f"{name} graphs"), results.get(f"{name} eager")
+        if on is None or off is None:
+            continue
+        row = [name, f"{on.single_tps / off.single_tps:.2f}x"]
+        row += [f"{on.streams_tps[n] / off.streams_tps[n]:.2f}x" for n in counts]
+        ratios.append(row + [agreement(on.single_text, off.single_text)])
+    if len(ratios) > 1:
+        print(table(ratios))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -229,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=128, help="decode tokens per request")
     parser.add_argument("--streams", default="8,64", help="concurrent request counts")
     parser.add_argument("--prompts", default="1024,8192", help="TTFT prompt lengths")
+    parser.add_argument("--graphs", default="on,off", help="decode with CUDA graphs on, off")
     parser.add_argument("--smoke", action="store_true", help="the tiny config on CPU, seconds")
     args = parser.parse_args(argv)
     if args.smoke:  # every figure, every code path, in seconds
@@ -240,7 +276,10 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         loaded = loaded_model(name, device, dtype)
         print(f"{name}: built on {device} in {time.perf_counter() - started:.1f}s", flush=True)
-        results[name] = measure(loaded, args)
+        modes = args.graphs.split(",")
+        for mode in modes:
+            label = f"{name} {'graphs' if mode == 'on' else 'eager'}"
+            results[label] = measure(loaded, args, mode == "on", ttft=mode == modes[0])
         del loaded
         gc.collect()
         if device.startswith("cuda"):

@@ -11,16 +11,25 @@ from bench import gpu
 
 
 def test_smoke_prints_every_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    """Both decode modes (CUDA graphs on and off: the same eager step on CPU), TTFT once,
+    and their ratios with how many greedy tokens they agree on (all: the same step)."""
     gpu.main(["--smoke"])
-    out = capsys.readouterr().out
-    assert out.splitlines()[-3:-1] == [
-        "| model | single tok/s | 8-stream tok/s | 64-stream tok/s | TTFT 256 s | TTFT 1024 s |",
-        "| ----- | ------------ | -------------- | --------------- | ---------- | ----------- |",
-    ], out
+    lines = capsys.readouterr().out.splitlines()
+    out = "\n".join(lines)
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    head = rows.index(
+        ["model", "single tok/s", "8-stream tok/s", "64-stream tok/s", "TTFT 256 s", "TTFT 1024 s"]
+    )
     assert re.search(r"^device: CPU .+ threads$", out, re.M), out
-    cells = out.splitlines()[-1].strip("|").split("|")
-    assert cells[0].strip() == "tiny"
-    assert all(float(cell) > 0 for cell in cells[1:]), out
+    on, off = (
+        [c.strip() for c in line.strip("|").split("|")] for line in lines[head + 2 : head + 4]
+    )
+    assert on[0] == "tiny graphs" and off[0] == "tiny eager", out
+    assert all(float(cell) > 0 for cell in on[1:] + off[1:4]), out
+    assert off[4:] == ["-", "-"], out
+    ratios = rows[-1]
+    assert ratios[0] == "tiny" and ratios[-1] == "8/8", out
+    assert all(float(cell.removesuffix("x")) > 0 for cell in ratios[1:4]), out
 
 
 def test_shapes_are_qwen25_coders() -> None:

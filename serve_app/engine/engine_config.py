@@ -99,6 +99,12 @@ class EngineConfig(_Strict):
         "scale per row reads prompts ~1.5x faster than fp32 on AVX2 at the same measured "
         "quality; dense elsewhere).",
     )
+    cuda_graphs: bool = Field(
+        default=True,
+        description="On a CUDA GPU, decode steps whose rows feed one token each replay a "
+        "captured CUDA graph (one per batch-size bucket), not one kernel launch at a time. "
+        "false: every step eager (to compare). No effect on CPU.",
+    )
     small_prefill_tokens: int = Field(
         default=0,
         ge=0,

@@ -143,7 +143,9 @@ def configured_runner(
     """The runner ``config`` asks for (its ``runner``, ``weights``, ``prompt_weights``,
     ``prefill_dtype``), or None where the model runs on HF: ``runner: hf``, or a model the
     runner does not support. On a CUDA GPU the runner runs on the dense weights in the model's
-    dtype; int4/int8 asked for there raise ``DeviceError`` (at start, not at a request).
+    dtype; int4/int8 asked for there raise ``DeviceError`` (at start, not at a request). Its
+    decode steps replay CUDA graphs there unless ``cuda_graphs`` is off
+    (``graphs.DecodeGraphs``).
 
     The one decision for every user of the model (the generating engine, the decision
     scorer), so they fall back together and read prompts on the same weights. ``scoring``: a
@@ -154,6 +156,7 @@ def configured_runner(
     time (7.1 s against 7.0; 4.6 s with one rounding), without mapping the dense weights
     into the scorer.
     """
+    from serve_app.engine.runner.graphs import DecodeGraphs
     from serve_app.engine.runner.prepare import (
         build_runner,
         decode_weights,
@@ -172,7 +175,7 @@ def configured_runner(
     if scoring and not quantized_prompts(config.prompt_weights, weights):
         weights = "dense"
     model_dtype = next(loaded.model.parameters()).dtype
-    return build_runner(
+    runner = build_runner(
         loaded.model,
         weights=weights,
         dense_dtype=prefill_dtype(config.prefill_dtype, device, model_dtype),
@@ -182,6 +185,9 @@ def configured_runner(
         first_tokens=prompt_start_tokens(loaded.tokenizer),
         precise_activations=scoring,
     )
+    if device.type == "cuda" and config.cuda_graphs and not scoring:
+        runner.graphs = DecodeGraphs()
+    return runner
 
 
 def prompt_start_tokens(tokenizer: Any) -> list[int]:

@@ -47,6 +47,7 @@ class SlotCache:
         self.max_capacity = max_capacity
         self.initial_capacity = max(1, min(capacity, max_capacity))
         self.capacity = 0
+        self.allocation = 0  # counts allocations: a captured decode graph holds one's tensors
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._allocate(self.initial_capacity, keep=0)
@@ -71,6 +72,7 @@ class SlotCache:
             new_keys.append(k)
             new_values.append(v)
         self.keys, self.values, self.capacity = new_keys, new_values, capacity
+        self.allocation += 1
 
     def ensure(self, width: int) -> None:
         """Grow (doubling, keeping every slot's columns) so ``width`` columns fit."""

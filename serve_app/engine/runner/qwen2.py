@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from serve_app.engine.runner.graphs import DecodeGraphs
 from serve_app.engine.runner.kv import SlotCache
 from serve_app.engine.runner.weights import Linear
 
@@ -96,6 +97,8 @@ class Qwen2Runner:
         self.small_prefill_tokens = small_prefill_tokens
         self.quantized_prompts = quantized_prompts
         self.first_tokens: OrderedDict[int, tuple[Any, torch.Tensor]] = OrderedDict()
+        # Captured decode steps (``graphs.DecodeGraphs``); None: every step runs eagerly.
+        self.graphs: DecodeGraphs | None = None
         self.embed = model.model.embed_tokens.weight
         self.device = self.embed.device
         self.final_norm = norm_weight(model.model.norm.weight)
@@ -177,6 +180,10 @@ class Qwen2Runner:
             if len(tokens[0]) == 1:
                 return self.lm_head(self._norm(hidden, self.final_norm), True)
             return self.forward(cache, slot0, [tokens[0][1:]], [1], decode=False, check=check)
+        if decode and self.graphs is not None and slot0 == 0 and all(len(t) == 1 for t in tokens):
+            logits = self.graphs.decode(self, cache, [t[0] for t in tokens], starts)
+            if logits is not None:
+                return logits
         # Never a chunk holding position 0 on dense prompts: see ``first_token``.
         small = self.quantized_prompts or (
             sum(len(t) for t in tokens) <= self.small_prefill_tokens and min(starts) > 0
@@ -186,6 +193,22 @@ class Qwen2Runner:
         if not decode:
             ends_flat = torch.tensor([len(t) for t in tokens], device=self.device).cumsum(0) - 1
             x = x[ends_flat]
+        return self.lm_head(self._norm(x, self.final_norm), True)
+
+    def static_decode(
+        self,
+        cache: SlotCache,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> torch.Tensor:
+        """A decode step of fixed shape for ``DecodeGraphs``: logits ``[rows, V]`` of row
+        ``b`` feeding ``tokens[b]`` at ``positions[b]`` of slot ``b``, its keys/values written
+        into slot ``slots[b]`` (the spare for a padding row), attending over every column of
+        the cache's allocation (masked past its position). ``cache`` must already hold
+        ``max(positions) + 1`` columns."""
+        batch = _Batch.static_decode(tokens, positions, slots, cache.capacity)
+        x = self._layers(cache, batch, True, None)
         return self.lm_head(self._norm(x, self.final_norm), True)
 
     def first_token(self, cache: SlotCache, slot: int, token: int) -> torch.Tensor:
@@ -250,7 +273,7 @@ class Qwen2Runner:
         cache.ensure(width)
         if batch.prefill_start is not None:  # room for the aligned attention's widths
             cache.ensure(min(_aligned(width), cache.max_capacity))
-        slot_of = batch.slot0 + batch.row_of
+        slot_of = batch.slot0 + batch.row_of if batch.write_slots is None else batch.write_slots
         cos, sin = self.rotary(self.embed[:1].unsqueeze(0), batch.positions.unsqueeze(0))
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [N, 1, D]
         qk_heads = self.num_heads + self.num_kv_heads
@@ -313,6 +336,9 @@ class _Batch:
     # A prompt chunk (one row, not a tree): where it starts; its attention is
     # ``_aligned_prefill_attention``.
     prefill_start: int | None = None
+    # The slot each token's keys/values go to, where that is not its row's (``static_decode``:
+    # padding rows write into the spare slot); None: slot ``slot0 + row_of[i]``.
+    write_slots: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -368,6 +394,29 @@ class _Batch:
             mask=torch.arange(width, device=device).view(1, 1, 1, width) <= ends,
             decode=decode,
             prefill_start=None if decode or rows > 1 else starts[0],
+        )
+
+    @classmethod
+    def static_decode(
+        cls, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, width: int
+    ) -> _Batch:
+        """``Qwen2Runner.static_decode``'s layout: row ``b`` feeds ``tokens[b]`` at
+        ``positions[b]``, writes into slot ``slots[b]`` and attends over columns
+        ``<= positions[b]`` of slot ``b`` out of ``width``. Built from tensors only (no host
+        values), so a CUDA graph can capture it."""
+        rows = tokens.shape[0]
+        device = tokens.device
+        columns = torch.arange(width, device=device).view(1, 1, 1, width)
+        return cls(
+            tokens=tokens,
+            slot0=0,
+            row_of=torch.arange(rows, device=device),
+            step_of=torch.zeros(rows, dtype=torch.long, device=device),
+            columns=positions,
+            positions=positions,
+            mask=columns <= positions.view(rows, 1, 1, 1),
+            decode=True,
+            write_slots=slots,
         )
 
     @classmethod

@@ -1,0 +1,110 @@
+"""The static decode step that a CUDA GPU captures as a graph (``runner.graphs``).
+
+A graph cannot be captured on CPU, so these tests run the same static step eagerly
+(``DecodeGraphs(capture=False)``) in a real engine and check what the capture adds to the
+eager step: rows padded to a bucket with their keys/values written into the spare slot,
+attention over the cache's whole allocation, graphs dropped when the cache reallocates. The
+GPU itself is checked by ``bench.gpu`` (graphs against eager in the same run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from serve_app.engine.engine import LLMEngine
+from serve_app.engine.protocol import generate_text
+from serve_app.engine.runner.graphs import DecodeGraphs
+from tests.conftest import engine_config, speculating
+from tests.runner_support import PROMPTS, encode, greedy
+
+
+def requests(loaded, role: str = "") -> list:
+    """Every prompt at once, of different lengths and answer lengths: rows join and leave,
+    so the bucket a step is padded to changes from step to step."""
+    return [
+        greedy(f"r{i}", encode(loaded, text), 24 + 5 * i, role=role)
+        for i, text in enumerate(PROMPTS)
+    ]
+
+
+def generate(loaded, config, static: bool, role: str = "") -> tuple[list[str], LLMEngine]:
+    """Each request's text from an engine whose decode steps run eagerly, or (``static``)
+    as the captured step would; and the engine."""
+    engine = LLMEngine(loaded, config)
+    if static:
+        engine.backend.runner.graphs = DecodeGraphs(capture=False)
+    try:
+
+        async def main():
+            batch = requests(loaded, role)
+            return await asyncio.gather(*(generate_text(engine, r) for r in batch))
+
+        results = asyncio.run(asyncio.wait_for(main(), timeout=120))
+    finally:
+        engine.shutdown()
+    return [text for text, _ in results], engine
+
+
+def test_the_static_step_gives_the_eager_steps_text(loaded) -> None:
+    config = engine_config(max_batch_size=8)
+    eager, _ = generate(loaded, config, static=False)
+    static, engine = generate(loaded, config, static=True)
+    assert static == eager
+    sizes = {size for _, _, size in engine.backend.runner.graphs.graphs}
+    assert {1, 2, 4, 8} <= sizes  # six rows padded to 8, then fewer as they end
+
+
+def test_verify_steps_run_eagerly_between_static_ones(loaded) -> None:
+    """With prompt lookup, steps that verify drafts (several tokens a row) run eagerly and
+    the others on the static step, in the same requests: the text is the eager engine's."""
+    config = engine_config(max_batch_size=8, speculation=speculating(edit=4))
+    eager, _ = generate(loaded, config, static=False, role="edit")
+    static, engine = generate(loaded, config, static=True, role="edit")
+    assert static == eager
+    assert engine.stats().draft_tokens > 0
+    assert engine.backend.runner.graphs.graphs
+
+
+def test_padding_rows_write_only_the_spare_slot(loaded) -> None:
+    """Three rows padded to four: the fourth row's keys/values land in the spare slot, and
+    slot 3, which a prompt being read may own, keeps its columns."""
+    engine = LLMEngine(loaded, engine_config(max_batch_size=8))
+    try:
+        runner, cache = engine.backend.runner, engine.backend.cache
+        graphs = DecodeGraphs(capture=False)
+        cache.ensure(16)
+        marker = torch.full_like(cache.keys[0][3], 7.0)
+        for keys in cache.keys:
+            keys[3] = marker
+        with torch.inference_mode():
+            logits = graphs.decode(runner, cache, [5, 6, 7], [2, 4, 9])
+        assert logits.shape == (3, runner.vocab_size)
+        assert [size for _, _, size in graphs.graphs] == [4]
+        assert all(torch.equal(keys[3], marker) for keys in cache.keys)
+        assert cache.keys[0][cache.slots - 1, :, 0].abs().sum() > 0  # the padding row's
+    finally:
+        engine.shutdown()
+
+
+def test_graphs_of_an_earlier_allocation_are_dropped(loaded) -> None:
+    engine = LLMEngine(loaded, engine_config(max_batch_size=4))
+    try:
+        runner, cache = engine.backend.runner, engine.backend.cache
+        graphs = DecodeGraphs(capture=False)
+        with torch.inference_mode():
+            graphs.decode(runner, cache, [5], [3])
+            first = cache.allocation
+            graphs.decode(runner, cache, [5], [cache.capacity + 10])  # grows the cache
+        assert cache.allocation != first
+        assert [key[1] for key in graphs.graphs] == [cache.allocation]
+    finally:
+        engine.shutdown()
+
+
+def test_a_step_with_no_bucket_below_the_spare_slot_runs_eagerly() -> None:
+    assert DecodeGraphs.bucket(3, 9) == 4
+    assert DecodeGraphs.bucket(8, 9) == 8
+    assert DecodeGraphs.bucket(9, 9) is None
+    assert DecodeGraphs.bucket(5, 6) is None  # 8 rows would read past the spare slot
