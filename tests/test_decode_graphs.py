@@ -3,8 +3,9 @@
 A graph cannot be captured on CPU, so these tests run the same static step eagerly
 (``DecodeGraphs(capture=False)``) in a real engine and check what the capture adds to the
 eager step: rows padded to a bucket with their keys/values written into the spare slot,
-attention over the cache's whole allocation, graphs dropped when the cache reallocates. The
-GPU itself is checked by ``bench.gpu`` (graphs against eager in the same run).
+short rows of a verify step padded to the longest, attention over the cache's whole
+allocation, graphs dropped when the cache reallocates. The GPU itself is checked by
+``bench.gpu`` (graphs against eager in the same run).
 """
 
 from __future__ import annotations
@@ -52,24 +53,25 @@ def test_the_static_step_gives_the_eager_steps_text(loaded) -> None:
     eager, _ = generate(loaded, config, static=False)
     static, engine = generate(loaded, config, static=True)
     assert static == eager
-    sizes = {size for _, _, size in engine.backend.runner.graphs.graphs}
-    assert {1, 2, 4, 8} <= sizes  # six rows padded to 8, then fewer as they end
+    shapes = {key[2:] for key in engine.backend.runner.graphs.graphs}
+    assert {(1, 1), (2, 1), (4, 1), (8, 1)} <= shapes  # six rows padded to 8, then fewer
 
 
-def test_verify_steps_run_eagerly_between_static_ones(loaded) -> None:
-    """With prompt lookup, steps that verify drafts (several tokens a row) run eagerly and
-    the others on the static step, in the same requests: the text is the eager engine's."""
+def test_verify_steps_run_on_the_static_step(loaded) -> None:
+    """With prompt lookup, steps that verify drafts feed several tokens in some rows (rows
+    without drafts padded to the longest): the text is the eager engine's."""
     config = engine_config(max_batch_size=8, speculation=speculating(edit=4))
     eager, _ = generate(loaded, config, static=False, role="edit")
     static, engine = generate(loaded, config, static=True, role="edit")
     assert static == eager
     assert engine.stats().draft_tokens > 0
-    assert engine.backend.runner.graphs.graphs
+    assert any(span > 1 for *_, span in engine.backend.runner.graphs.graphs)
 
 
 def test_padding_rows_write_only_the_spare_slot(loaded) -> None:
-    """Three rows padded to four: the fourth row's keys/values land in the spare slot, and
-    slot 3, which a prompt being read may own, keeps its columns."""
+    """Three rows padded to four, spans padded to two: the fourth row's keys/values land in
+    the spare slot, and slot 3, which a prompt being read may own, keeps its columns; the
+    logits are those of the real tokens only, in order."""
     engine = LLMEngine(loaded, engine_config(max_batch_size=8))
     try:
         runner, cache = engine.backend.runner, engine.backend.cache
@@ -79,9 +81,9 @@ def test_padding_rows_write_only_the_spare_slot(loaded) -> None:
         for keys in cache.keys:
             keys[3] = marker
         with torch.inference_mode():
-            logits = graphs.decode(runner, cache, [5, 6, 7], [2, 4, 9])
-        assert logits.shape == (3, runner.vocab_size)
-        assert [size for _, _, size in graphs.graphs] == [4]
+            logits = graphs.decode(runner, cache, [[5], [6, 8], [7]], [2, 4, 9])
+        assert logits.shape == (4, runner.vocab_size)
+        assert [key[2:] for key in graphs.graphs] == [(4, 2)]
         assert all(torch.equal(keys[3], marker) for keys in cache.keys)
         assert cache.keys[0][cache.slots - 1, :, 0].abs().sum() > 0  # the padding row's
     finally:
@@ -94,17 +96,19 @@ def test_graphs_of_an_earlier_allocation_are_dropped(loaded) -> None:
         runner, cache = engine.backend.runner, engine.backend.cache
         graphs = DecodeGraphs(capture=False)
         with torch.inference_mode():
-            graphs.decode(runner, cache, [5], [3])
+            graphs.decode(runner, cache, [[5]], [3])
             first = cache.allocation
-            graphs.decode(runner, cache, [5], [cache.capacity + 10])  # grows the cache
+            graphs.decode(runner, cache, [[5]], [cache.capacity + 10])  # grows the cache
         assert cache.allocation != first
         assert [key[1] for key in graphs.graphs] == [cache.allocation]
     finally:
         engine.shutdown()
 
 
-def test_a_step_with_no_bucket_below_the_spare_slot_runs_eagerly() -> None:
-    assert DecodeGraphs.bucket(3, 9) == 4
-    assert DecodeGraphs.bucket(8, 9) == 8
-    assert DecodeGraphs.bucket(9, 9) is None
-    assert DecodeGraphs.bucket(5, 6) is None  # 8 rows would read past the spare slot
+def test_a_step_with_no_bucket_runs_eagerly() -> None:
+    assert DecodeGraphs.bucket(3, 1, 9) == 4
+    assert DecodeGraphs.bucket(8, 1, 9) == 8
+    assert DecodeGraphs.bucket(9, 1, 9) is None
+    assert DecodeGraphs.bucket(5, 1, 6) is None  # 8 rows would read past the spare slot
+    assert DecodeGraphs.bucket(9, 17, 65) == 12
+    assert DecodeGraphs.bucket(16, 17, 65) is None  # 16 x 17 tokens: past MAX_TOKENS

@@ -7,10 +7,14 @@ a whole step's kernels at once (vLLM and SGLang capture theirs the same way).
 
 A graph replays fixed shapes at fixed addresses, so a captured step is static:
 
-- rows are padded up to a bucket (``BUCKETS``): one graph per bucket, not per batch size.
-  A padding row feeds token 0 at position 0; it writes its keys/values into the cache's last
-  slot, the spare that both slot caches (``RunnerBackend``, ``DraftModel``) keep free between
-  steps, and its logits are dropped;
+- every row feeds ``span`` tokens: one for a plain step, 1 + k where speculation verifies k
+  drafts. A row with fewer is padded with token 0 at the positions after its own; those write
+  its slot's columns past its end, which no query reads before a later step overwrites them
+  (the same as a rejected draft's), and their logits are dropped;
+- rows are padded up to a bucket (``BUCKETS``): one graph per (bucket, span), not per batch
+  size. A padding row feeds token 0 from position 0; it writes its keys/values into the
+  cache's last slot, the spare that both slot caches (``RunnerBackend``, ``DraftModel``) keep
+  free between steps, and its logits are dropped;
 - attention reads every column of the cache's current allocation (``SlotCache.capacity``),
   masked past each row's position, instead of the widest row's columns: the masked columns
   weigh exactly 0, and on a GPU the extra reads cost less than the launches saved;
@@ -19,8 +23,9 @@ A graph replays fixed shapes at fixed addresses, so a captured step is static:
 
 A graph holds the cache's tensors by address, so graphs are kept per cache allocation: when
 the cache grows or shrinks (``SlotCache.allocation`` changes) its graphs are dropped and
-captured again on first use, a few eager steps each. Only steps whose rows feed one token
-each run here; a step that verifies drafts (several tokens in some rows) runs eagerly.
+captured again on first use, a few eager steps each. A step of more than ``MAX_TOKENS``
+tokens once padded runs eagerly: its logits would hold graph memory for little gain (with
+that many tokens the kernels, not their launches, take the time).
 
 Off a GPU (``capture=False``) the same static step runs eagerly: the tests check it against
 the eager forward on CPU, where a graph cannot be captured.
@@ -44,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 # Batch sizes a graph is captured for; a step's rows are padded up to the next one.
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# The most tokens (rows x span, padded) a captured step feeds.
+MAX_TOKENS = 256
 # Eager runs of a step before its capture: the first run allocates (cuBLAS workspaces, the
 # caching allocator's blocks), which a capture must not.
 WARMUP_RUNS = 2
@@ -64,40 +71,56 @@ class DecodeGraphs:
 
     def __init__(self, capture: bool = True) -> None:
         self.capture = capture
-        self.graphs: dict[tuple[int, int, int], _Graph] = {}
+        self.graphs: dict[tuple[int, int, int, int], _Graph] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.captured = 0  # graphs captured so far (the bench reports it)
 
     @staticmethod
-    def bucket(rows: int, slots: int) -> int | None:
-        """The padded row count for ``rows`` in a cache of ``slots`` (the last one spare), or
-        None where no bucket fits: the step then runs eagerly."""
-        return next((b for b in BUCKETS if rows <= b < slots), None)
+    def bucket(rows: int, span: int, slots: int) -> int | None:
+        """The padded row count for ``rows`` of ``span`` tokens in a cache of ``slots`` (the
+        last one spare), or None where no bucket fits: the step then runs eagerly."""
+        return next((b for b in BUCKETS if rows <= b < slots and b * span <= MAX_TOKENS), None)
 
     def decode(
-        self, runner: Qwen2Runner, cache: SlotCache, tokens: Sequence[int], starts: Sequence[int]
+        self,
+        runner: Qwen2Runner,
+        cache: SlotCache,
+        tokens: Sequence[Sequence[int]],
+        starts: Sequence[int],
     ) -> torch.Tensor | None:
-        """Logits ``[rows, V]`` of feeding ``tokens[b]`` at ``starts[b]`` of slot ``b``, or None
-        when the step does not fit a bucket (the caller runs it eagerly)."""
-        rows = len(tokens)
-        size = self.bucket(rows, cache.slots)
-        if size is None:
+        """``Qwen2Runner.forward``'s decode logits (``[sum(len(t)), V]``, rows in order) for
+        feeding ``tokens[b]`` at ``starts[b]..`` of slot ``b``, or None when the step fits no
+        graph (the caller runs it eagerly)."""
+        rows, span = len(tokens), max(len(t) for t in tokens)
+        size = self.bucket(rows, span, cache.slots)
+        if size is None or max(starts) + span > cache.max_capacity:
             return None
-        cache.ensure(max(starts) + 1)  # before the lookup: growing makes a new allocation
-        entry = self._entry(runner, cache, size)
-        pad = size - rows
-        device = entry.tokens.device
-        entry.tokens.copy_(torch.tensor([*tokens, *[0] * pad], device=device))
-        entry.positions.copy_(torch.tensor([*starts, *[0] * pad], device=device))
+        cache.ensure(max(starts) + span)  # before the lookup: growing makes a new allocation
+        entry = self._entry(runner, cache, size, span)
+        flat, positions, slots, kept = [], [], [], []
         spare = cache.slots - 1
-        entry.slots.copy_(torch.tensor([*range(rows), *[spare] * pad], device=device))
-        if entry.graph is None:
-            return entry.step()[:rows]
-        entry.graph.replay()
-        return entry.logits[:rows].clone()
+        for b in range(size):
+            row = tokens[b] if b < rows else []
+            start = starts[b] if b < rows else 0
+            flat += [*row, *[0] * (span - len(row))]
+            positions += range(start, start + span)
+            slots += [b if b < rows else spare] * span
+            kept += range(b * span, b * span + len(row))
+        device = entry.tokens.device
+        entry.tokens.copy_(torch.tensor(flat, device=device))
+        entry.positions.copy_(torch.tensor(positions, device=device))
+        entry.slots.copy_(torch.tensor(slots, device=device))
+        logits = entry.step() if entry.graph is None else self._replay(entry)
+        return logits[torch.tensor(kept, device=device)]  # a copy: the next replay overwrites
 
-    def _entry(self, runner: Qwen2Runner, cache: SlotCache, size: int) -> _Graph:
-        key = (id(cache), cache.allocation, size)
+    @staticmethod
+    def _replay(entry: _Graph) -> torch.Tensor:
+        assert entry.graph is not None
+        entry.graph.replay()
+        return entry.logits
+
+    def _entry(self, runner: Qwen2Runner, cache: SlotCache, size: int, span: int) -> _Graph:
+        key = (id(cache), cache.allocation, size, span)
         entry = self.graphs.get(key)
         if entry is not None:
             return entry
@@ -106,19 +129,23 @@ class DecodeGraphs:
         for k in stale:
             del self.graphs[k]
         device = runner.device
-        tokens = torch.zeros(size, dtype=torch.long, device=device)
-        positions = torch.zeros(size, dtype=torch.long, device=device)
-        slots = torch.full((size,), cache.slots - 1, dtype=torch.long, device=device)
+        n = size * span
+        tokens = torch.zeros(n, dtype=torch.long, device=device)
+        positions = torch.arange(span, device=device).repeat(size)
+        slots = torch.full((n,), cache.slots - 1, dtype=torch.long, device=device)
 
         def step() -> torch.Tensor:
-            return runner.static_decode(cache, tokens, positions, slots)
+            return runner.static_decode(cache, tokens, positions, slots, span)
 
         entry = _Graph(None, step, tokens, positions, slots, torch.empty(0))
         if self.capture:
             entry.graph, entry.logits = self._capture(step)
             self.captured += 1
             logger.info(
-                "runner: decode graph captured for %d rows x %d columns", size, cache.capacity
+                "runner: decode graph captured: %d rows x %d tokens, %d columns",
+                size,
+                span,
+                cache.capacity,
             )
         self.graphs[key] = entry
         return entry
@@ -127,8 +154,8 @@ class DecodeGraphs:
         self, step: Callable[[], torch.Tensor]
     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """Warm ``step`` up on a side stream, then capture it (torch's recipe). The warm-up
-        runs write the same keys/values the replay will (the inputs are all padding here:
-        token 0 at position 0 into the spare slot)."""
+        runs write only padding (token 0 from position 0 into the spare slot): the inputs
+        are set after the capture, before the replay."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

@@ -180,8 +180,8 @@ class Qwen2Runner:
             if len(tokens[0]) == 1:
                 return self.lm_head(self._norm(hidden, self.final_norm), True)
             return self.forward(cache, slot0, [tokens[0][1:]], [1], decode=False, check=check)
-        if decode and self.graphs is not None and slot0 == 0 and all(len(t) == 1 for t in tokens):
-            logits = self.graphs.decode(self, cache, [t[0] for t in tokens], starts)
+        if decode and self.graphs is not None and slot0 == 0:
+            logits = self.graphs.decode(self, cache, tokens, starts)
             if logits is not None:
                 return logits
         # Never a chunk holding position 0 on dense prompts: see ``first_token``.
@@ -201,13 +201,15 @@ class Qwen2Runner:
         tokens: torch.Tensor,
         positions: torch.Tensor,
         slots: torch.Tensor,
+        span: int,
     ) -> torch.Tensor:
-        """A decode step of fixed shape for ``DecodeGraphs``: logits ``[rows, V]`` of row
-        ``b`` feeding ``tokens[b]`` at ``positions[b]`` of slot ``b``, its keys/values written
-        into slot ``slots[b]`` (the spare for a padding row), attending over every column of
-        the cache's allocation (masked past its position). ``cache`` must already hold
-        ``max(positions) + 1`` columns."""
-        batch = _Batch.static_decode(tokens, positions, slots, cache.capacity)
+        """A decode step of fixed shape for ``DecodeGraphs``: row ``b`` feeds the ``span``
+        tokens ``tokens[b * span:][:span]`` at ``positions`` (likewise), in slot ``b``, their
+        keys/values written into slot ``slots[i]`` (the spare for a padding row), each
+        attending over the columns up to its position of the cache's whole allocation.
+        Logits ``[rows * span, V]``. ``cache`` must already hold ``max(positions) + 1``
+        columns."""
+        batch = _Batch.static_decode(tokens, positions, slots, span, cache.capacity)
         x = self._layers(cache, batch, True, None)
         return self.lm_head(self._norm(x, self.final_norm), True)
 
@@ -398,23 +400,28 @@ class _Batch:
 
     @classmethod
     def static_decode(
-        cls, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, width: int
+        cls,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        span: int,
+        width: int,
     ) -> _Batch:
-        """``Qwen2Runner.static_decode``'s layout: row ``b`` feeds ``tokens[b]`` at
-        ``positions[b]``, writes into slot ``slots[b]`` and attends over columns
-        ``<= positions[b]`` of slot ``b`` out of ``width``. Built from tensors only (no host
-        values), so a CUDA graph can capture it."""
-        rows = tokens.shape[0]
+        """``Qwen2Runner.static_decode``'s layout: ``span`` tokens per row, token ``i`` at
+        ``positions[i]`` written into slot ``slots[i]``, attending over the columns
+        ``<= positions[i]`` of its row's slot out of ``width``. Built from tensors only (no
+        host values), so a CUDA graph can capture it."""
+        rows = tokens.shape[0] // span
         device = tokens.device
         columns = torch.arange(width, device=device).view(1, 1, 1, width)
         return cls(
             tokens=tokens,
             slot0=0,
-            row_of=torch.arange(rows, device=device),
-            step_of=torch.zeros(rows, dtype=torch.long, device=device),
+            row_of=torch.arange(rows * span, device=device) // span,
+            step_of=torch.arange(rows * span, device=device) % span,
             columns=positions,
             positions=positions,
-            mask=columns <= positions.view(rows, 1, 1, 1),
+            mask=columns <= positions.view(rows, 1, span, 1),
             decode=True,
             write_slots=slots,
         )
