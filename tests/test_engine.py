@@ -247,6 +247,28 @@ def test_cancelling_the_consumer_aborts(loaded, make_engine) -> None:
     assert engine.stats().requests_aborted == 1
 
 
+def test_a_request_whose_event_loop_closed_is_aborted(loaded, make_engine) -> None:
+    """A caller's event loop that closes without closing its stream (a worker thread gone)
+    cannot take chunks: the engine aborts the request at its next delivery and serves the
+    next one."""
+    engine = make_engine()
+    prompt = encode(loaded, PROMPTS[0])
+    stream = engine.generate(request("gone", prompt, max_tokens=3000))
+    dying = asyncio.new_event_loop()
+    dying.run_until_complete(anext(stream))
+    dying.close()  # no shutdown_asyncgens: the stream is never closed
+
+    async def main():
+        while engine.num_running:
+            await asyncio.sleep(0.001)
+        return await collect(engine.generate(request("next", prompt, max_tokens=4)))
+
+    assert run(main())[-1].finish_reason == "length"
+    assert engine.stats().requests_aborted == 1
+    assert len(engine.tokens["gone"]) < 2000
+    del stream
+
+
 def test_abort_by_id_ends_the_stream(loaded, make_engine) -> None:
     engine = make_engine()
 

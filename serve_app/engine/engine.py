@@ -1,9 +1,10 @@
 """``LLMEngine``: continuous batching, chunked prefill and a prefix cache over an HF model.
 
 One background thread runs the step loop; callers on any asyncio loop talk to it through a
-locked waiting queue (in) and their own ``asyncio.Queue`` (out, filled with
-``loop.call_soon_threadsafe``). torch releases the GIL inside its kernels, so the replica's
-event loop stays responsive while the loop computes.
+locked waiting queue (in) and their own ``asyncio.Queue`` (out, filled through an
+``Outbox``: one ``loop.call_soon_threadsafe`` per phase of a step, not per token). torch
+releases the GIL inside its kernels, so the replica's event loop stays responsive while the
+loop computes.
 
 One step (``_step``):
 
@@ -52,6 +53,7 @@ from serve_app.engine.backend import make_backend, make_drafter
 from serve_app.engine.constraints import TokenTexts
 from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import LoadedModel
+from serve_app.engine.outbox import Outbox
 from serve_app.engine.output import OutputProcessor
 from serve_app.engine.prefix_cache import PrefixCache
 from serve_app.engine.protocol import (
@@ -136,6 +138,7 @@ class LLMEngine(Engine):
             self.backend, self.config.max_batch_size, self.config.max_waiting, self.reuse.keep
         )
         self.output = OutputProcessor(self.eos_token_ids, self.counters, self.scheduler.forget)
+        self.outbox = Outbox()  # what requests push goes out after each phase of a step
         self._wakeup = threading.Event()
         self._stopping = False
         self._fatal: BaseException | None = None
@@ -175,7 +178,10 @@ class LLMEngine(Engine):
         if len(request.prompt_token_ids) + widest > self.max_columns:
             raise ContextLengthExceededError.for_limit(self.context_length, "state")
         state = ScoringState(
-            request=request, queue=asyncio.Queue(), loop=asyncio.get_running_loop()
+            request=request,
+            queue=asyncio.Queue(),
+            loop=asyncio.get_running_loop(),
+            outbox=self.outbox,
         )
         async for chunk in self._stream(state, lambda chunk: chunk.done):
             yield chunk
@@ -258,6 +264,7 @@ class LLMEngine(Engine):
             request,
             context_param,
             loop,
+            self.outbox,
             context_length=self.context_length,
             tokenizer=self.tokenizer,
             token_texts=self.token_texts,
@@ -301,12 +308,15 @@ class LLMEngine(Engine):
                         self._fail_all(e, include_waiting=False)
                         if failures >= MAX_CONSECUTIVE_STEP_FAILURES:
                             raise
+                    finally:
+                        self.outbox.flush()
         except BaseException as e:
             self._fatal = e
             logger.critical("engine step loop died", exc_info=True)
         finally:
             error = UpstreamUnavailableError("The engine stopped before the request finished.")
             self._fail_all(error, include_waiting=True)
+            self.outbox.flush()
 
     def _step(self) -> None:
         aborted = self.scheduler.reap_aborted()
@@ -317,7 +327,9 @@ class LLMEngine(Engine):
             state.push(STREAM_END)
         self.scheduler.admit()
         self._prefill_step()
+        self.outbox.flush()  # first tokens go out before the decode step, not after it
         self._score_step()
+        self.outbox.flush()
         self._decode_step()
         self.scheduler.drop_done()
         self.counters.steps += 1
@@ -398,7 +410,7 @@ class LLMEngine(Engine):
             if chunk.done:
                 self.output.complete(state, chunk)
             else:
-                self.output.push(state, chunk)
+                state.push(chunk)
 
     def _abort_check(self, state: State) -> Callable[[], None]:
         """Run between decoder layers: an aborted request (or a stopping engine) stops its

@@ -49,7 +49,7 @@ class OutputProcessor:
         if finish is not None:
             self.finish(state, text, finish)
         elif text:
-            self.push(state, state.chunk(text))
+            state.push(state.chunk(text))
 
     def finish(self, state: RequestState, text: str, reason: str) -> None:
         state.finish_reason = reason
@@ -59,7 +59,7 @@ class OutputProcessor:
         """A request's last item: it is finished, and its slot is counted free."""
         state.status = RequestStatus.FINISHED
         self.counters.requests_finished += 1
-        self.push(state, last)
+        state.push(last)
         self.forget(state)
 
     def fail(self, state: State, error: BaseException) -> None:
@@ -69,10 +69,6 @@ class OutputProcessor:
         self.counters.requests_failed += 1
         state.push(error)
         self.forget(state)
-
-    def push(self, state: State, chunk: GenerationChunk | ScoringChunk) -> None:
-        if not state.push(chunk):  # the caller's event loop is gone
-            state.abort_requested = True
 
     @staticmethod
     def _flush_text(state: RequestState) -> tuple[str, bool]:

@@ -3,7 +3,7 @@
 A ``RequestState`` is created on the caller's event loop (in ``LLMEngine.generate``) and then
 owned by the step-loop thread. The only fields another thread touches afterwards are
 ``abort_requested`` (a plain bool set by ``abort``; a GIL-atomic store) and the output queue,
-which the loop fills only through ``loop.call_soon_threadsafe``.
+which the loop fills only through its ``Outbox`` (``loop.call_soon_threadsafe``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from serve_app.engine.constraints import (
     attach_constraint,
     constraint_for_response_format,
 )
+from serve_app.engine.outbox import Outbox
 from serve_app.engine.protocol import (
     GenerationChunk,
     GenerationRequest,
@@ -57,6 +58,7 @@ class InFlight:
 
     queue: asyncio.Queue[Any]
     loop: asyncio.AbstractEventLoop
+    outbox: Outbox  # the engine's: what ``push`` hands over goes out once per step phase
     status: RequestStatus = RequestStatus.WAITING
     kv: Any = None
     num_computed: int = 0
@@ -91,13 +93,10 @@ class InFlight:
         """What came after the prompt (a generation's output); kept as ids, not KV."""
         return []
 
-    def push(self, item: GenerationChunk | ScoringChunk | BaseException | StreamEnd) -> bool:
-        """Hand an item to the caller's event loop; False when that loop is gone."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the caller's loop was closed: nobody is listening any more
-            return False
-        return True
+    def push(self, item: GenerationChunk | ScoringChunk | BaseException | StreamEnd) -> None:
+        """Hand an item to the caller's event loop (at the engine's next ``Outbox.flush``;
+        a request whose loop is gone is marked to abort then)."""
+        self.outbox.put(self, item)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -193,6 +192,7 @@ def new_request_state(
     request: GenerationRequest,
     context_param: str,
     loop: asyncio.AbstractEventLoop,
+    outbox: Outbox,
     *,
     context_length: int,
     tokenizer: Any,
@@ -240,4 +240,5 @@ def new_request_state(
         stop_matcher=StopMatcher(params.stop),
         queue=asyncio.Queue(),
         loop=loop,
+        outbox=outbox,
     )
