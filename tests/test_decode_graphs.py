@@ -53,7 +53,7 @@ def test_the_static_step_gives_the_eager_steps_text(loaded) -> None:
     eager, _ = generate(loaded, config, static=False)
     static, engine = generate(loaded, config, static=True)
     assert static == eager
-    shapes = {key[2:] for key in engine.backend.runner.graphs.graphs}
+    shapes = set(engine.backend.runner.graphs.steps)
     assert {(1, 1), (2, 1), (4, 1), (8, 1)} <= shapes  # six rows padded to 8, then fewer
 
 
@@ -65,7 +65,7 @@ def test_verify_steps_run_on_the_static_step(loaded) -> None:
     static, engine = generate(loaded, config, static=True, role="edit")
     assert static == eager
     assert engine.stats().draft_tokens > 0
-    assert any(span > 1 for *_, span in engine.backend.runner.graphs.graphs)
+    assert any(span > 1 for _, span in engine.backend.runner.graphs.steps)
 
 
 def test_padding_rows_write_only_the_spare_slot(loaded) -> None:
@@ -83,7 +83,7 @@ def test_padding_rows_write_only_the_spare_slot(loaded) -> None:
         with torch.inference_mode():
             logits = graphs.decode(runner, cache, [[5], [6, 8], [7]], [2, 4, 9])
         assert logits.shape == (4, runner.vocab_size)
-        assert [key[2:] for key in graphs.graphs] == [(4, 2)]
+        assert list(cache.graphs) == [(4, 2)]
         assert all(torch.equal(keys[3], marker) for keys in cache.keys)
         assert cache.keys[0][cache.slots - 1, :, 0].abs().sum() > 0  # the padding row's
     finally:
@@ -91,16 +91,19 @@ def test_padding_rows_write_only_the_spare_slot(loaded) -> None:
 
 
 def test_graphs_of_an_earlier_allocation_are_dropped(loaded) -> None:
+    """A graph holds the cache's tensors by address: when the cache grows, the graphs over
+    its old tensors go with them, and the step is captured again over the new ones."""
     engine = LLMEngine(loaded, engine_config(max_batch_size=4))
     try:
         runner, cache = engine.backend.runner, engine.backend.cache
         graphs = DecodeGraphs(capture=False)
         with torch.inference_mode():
-            graphs.decode(runner, cache, [[5]], [3])
-            first = cache.allocation
+            graphs.decode(runner, cache, [[5], [6]], [3, 3])
+            old = cache.graphs[(2, 1)]
             graphs.decode(runner, cache, [[5]], [cache.capacity + 10])  # grows the cache
-        assert cache.allocation != first
-        assert [key[1] for key in graphs.graphs] == [cache.allocation]
+            assert list(cache.graphs) == [(1, 1)]
+            graphs.decode(runner, cache, [[5], [6]], [3, 3])
+        assert cache.graphs[(2, 1)] is not old
     finally:
         engine.shutdown()
 

@@ -21,9 +21,9 @@ A graph replays fixed shapes at fixed addresses, so a captured step is static:
 - the inputs (token ids, positions, write slots) are copied into the graph's own tensors
   before a replay, and the logits copied out after it (a later replay overwrites them).
 
-A graph holds the cache's tensors by address, so graphs are kept per cache allocation: when
-the cache grows or shrinks (``SlotCache.allocation`` changes) its graphs are dropped and
-captured again on first use, a few eager steps each. A step of more than ``MAX_TOKENS``
+A graph holds the cache's tensors by address, so the cache keeps the graphs captured over
+its tensors (``SlotCache.graphs``) and drops them when it grows or shrinks; they are captured
+again on first use, a few eager steps each. A step of more than ``MAX_TOKENS``
 tokens once padded runs eagerly: its logits would hold graph memory for little gain (with
 that many tokens the kernels, not their launches, take the time).
 
@@ -34,6 +34,7 @@ the eager forward on CPU, where a graph cannot be captured.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -67,13 +68,15 @@ class _Graph:
 
 
 class DecodeGraphs:
-    """Captured decode steps of one runner, per (cache, allocation, bucket)."""
+    """How one runner captures and replays its decode steps (the graphs live in the caches:
+    ``SlotCache.graphs``), with one memory pool for all of them: steps replay one at a time,
+    so their intermediates can share it."""
 
     def __init__(self, capture: bool = True) -> None:
         self.capture = capture
-        self.graphs: dict[tuple[int, int, int, int], _Graph] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
-        self.captured = 0  # graphs captured so far (the bench reports it)
+        self.captured = 0  # graphs captured so far
+        self.steps: Counter[tuple[int, int]] = Counter()  # steps run, by (rows, span) padded
 
     @staticmethod
     def bucket(rows: int, span: int, slots: int) -> int | None:
@@ -97,6 +100,7 @@ class DecodeGraphs:
             return None
         cache.ensure(max(starts) + span)  # before the lookup: growing makes a new allocation
         entry = self._entry(runner, cache, size, span)
+        self.steps[size, span] += 1
         flat, positions, slots, kept = [], [], [], []
         spare = cache.slots - 1
         for b in range(size):
@@ -120,14 +124,9 @@ class DecodeGraphs:
         return entry.logits
 
     def _entry(self, runner: Qwen2Runner, cache: SlotCache, size: int, span: int) -> _Graph:
-        key = (id(cache), cache.allocation, size, span)
-        entry = self.graphs.get(key)
+        entry = cache.graphs.get((size, span))
         if entry is not None:
             return entry
-        # Graphs of this cache's earlier allocations hold freed tensors: never replay them.
-        stale = [k for k in self.graphs if k[0] == id(cache) and k[1] != cache.allocation]
-        for k in stale:
-            del self.graphs[k]
         device = runner.device
         n = size * span
         tokens = torch.zeros(n, dtype=torch.long, device=device)
@@ -147,7 +146,7 @@ class DecodeGraphs:
                 span,
                 cache.capacity,
             )
-        self.graphs[key] = entry
+        cache.graphs[(size, span)] = entry
         return entry
 
     def _capture(

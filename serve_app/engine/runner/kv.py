@@ -16,6 +16,8 @@ copies one into a slot (a hit costs a copy, not a recompute), ``read`` gives vie
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from serve_app.engine.prefix_cache import KV
@@ -47,7 +49,9 @@ class SlotCache:
         self.max_capacity = max_capacity
         self.initial_capacity = max(1, min(capacity, max_capacity))
         self.capacity = 0
-        self.allocation = 0  # counts allocations: a captured decode graph holds one's tensors
+        # Decode steps captured over this allocation's tensors (``graphs.DecodeGraphs``), by
+        # (rows, span): a graph holds tensors by address, so it goes with them.
+        self.graphs: dict[tuple[int, int], Any] = {}
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._allocate(self.initial_capacity, keep=0)
@@ -72,7 +76,7 @@ class SlotCache:
             new_keys.append(k)
             new_values.append(v)
         self.keys, self.values, self.capacity = new_keys, new_values, capacity
-        self.allocation += 1
+        self.graphs = {}
 
     def ensure(self, width: int) -> None:
         """Grow (doubling, keeping every slot's columns) so ``width`` columns fit."""
