@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from serve_app.engine.backend import make_backend
+from serve_app.engine.backend import PromptChunk, make_backend
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import DeviceError, LoadedModel, load_model, pick_device
@@ -106,7 +106,8 @@ def greedy_streams(loaded: LoadedModel, config, n: int, chunk: int = 16) -> list
             backend.begin(stream, None)
             for start in range(0, len(stream.prompt_ids), chunk):
                 stream.num_computed = min(start + chunk, len(stream.prompt_ids))
-                logits = backend.prefill(stream, start, stream.num_computed)
+                piece = PromptChunk(stream, start, stream.num_computed)
+                (logits,) = backend.prefill([piece])
             stream.take(logits)
         backend.join(streams)
         for _ in range(n - 1):

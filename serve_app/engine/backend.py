@@ -3,8 +3,9 @@
 The step loop drives a backend through these calls, never through a model directly:
 
 - ``begin(state, kv)``: give a request its KV (a slot, or a cache) and load its prefix hit;
-- ``prefill(state, start, end)``: read prompt positions ``start..end``, return the last
-  position's logits ``[V]``;
+- ``prefill(chunks)``: read each ``PromptChunk`` (a request's prompt positions
+  ``start..end``), at most ``prompt_batch`` of them in one forward; the last position's
+  logits ``[V]`` of each;
 - ``computed_kv(state)``: the KV of a request's first ``num_computed`` tokens, for the prefix
   cache (after its prompt is read, and when it ends), or None where the backend cannot hand
   it out (the HF backend's decode rows live in one batched cache);
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -44,8 +46,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class PromptChunk:
+    """Prompt positions ``start..end`` of one request, read in one prefill."""
+
+    state: Any
+    start: int
+    end: int
+
+
 class ModelBackend(Protocol):
     supports_speculation: bool
+    prompt_batch: int  # how many requests' chunks one prefill forward reads
 
     @property
     def rows(self) -> list[Any]: ...
@@ -55,8 +67,8 @@ class ModelBackend(Protocol):
     def begin(self, state: Any, kv: KV | None) -> None: ...
 
     def prefill(
-        self, state: Any, start: int, end: int, check: Callable[[], None] | None = None
-    ) -> torch.Tensor: ...
+        self, chunks: Sequence[PromptChunk], check: Callable[[], None] | None = None
+    ) -> list[torch.Tensor]: ...
 
     def computed_kv(self, state: Any) -> KV | None: ...
 

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from serve_app.engine.backend import make_backend, make_drafter
+from serve_app.engine.backend import PromptChunk, make_backend, make_drafter
 from serve_app.engine.constraints import TokenTexts
 from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import LoadedModel
@@ -335,40 +335,79 @@ class LLMEngine(Engine):
         self.counters.steps += 1
 
     def _prefill_step(self) -> None:
+        """Spend ``prefill_chunk_tokens`` on the prefilling requests, oldest first, reading
+        up to the backend's ``prompt_batch`` requests' chunks per forward. A request is
+        planned after the forwards before it have run (with one chunk per forward, after
+        the requests before it are read and cached), except that a batch waits for no one:
+        a request that would read what a chunk of the batch is reading waits a step, to
+        find it in the prefix cache then."""
         budget = self.config.prefill_chunk_tokens
+        batch: list[PromptChunk] = []
         for state in list(self.scheduler.prefilling):
             if budget <= 0:
                 break
-            try:
-                budget -= self._prefill_chunk(state, budget)
-            except RequestAborted:  # ended at the next step's reap
+            if batch and _reads_the_same(state, batch):
                 continue
+            try:
+                chunk = self._next_chunk(state, budget)
             except Exception as e:
                 logger.exception("prefill failed for request %s", state.request_id)
                 self.output.fail(state, e)
+                continue
+            if chunk is None:
+                continue
+            batch.append(chunk)
+            budget -= chunk.end - chunk.start
+            if len(batch) == self.backend.prompt_batch:
+                self._read_chunks(batch)
+                batch = []
+        if batch:
+            self._read_chunks(batch)
 
-    def _prefill_chunk(self, state: State, budget: int) -> int:
-        """Read up to ``budget`` more prompt tokens of one request; returns how many."""
+    def _next_chunk(self, state: State, budget: int) -> PromptChunk | None:
+        """A request's next up to ``budget`` prompt tokens to read; None where it needs none
+        (its answer replayed, or its prompt held whole by the prefix cache)."""
         prompt = state.prompt_ids
         if state.kv is None:
             answer = self.reuse.answer(state)
             if answer is not None:
                 self._replay(state, answer)
-                return 0
+                return None
             cached, kv, logits = self.reuse.lookup(state)
             self.backend.begin(state, kv)
             state.num_computed = state.cached_tokens = cached
             if cached == len(prompt):  # read before, whole (a scoring prefix: no logits)
                 self._finish_prefill(state, logits)
-                return 0
+                return None
         start = state.num_computed
-        end = min(len(prompt), start + budget)
-        logits = self.backend.prefill(state, start, end, self._abort_check(state))
-        state.num_computed = end
-        self.counters.prefill_tokens += end - start
-        if end == len(prompt):
-            self._finish_prefill(state, logits)
-        return end - start
+        return PromptChunk(state, start, min(len(prompt), start + budget))
+
+    def _read_chunks(self, chunks: list[PromptChunk]) -> None:
+        """One prefill forward over ``chunks``; a request whose prompt is then read whole
+        gets its first token. A forward that fails fails its requests (whose fault it was
+        cannot be told apart); one stopped because all of them were aborted ends them at the
+        next step's reap."""
+        states = [chunk.state for chunk in chunks]
+        try:
+            logits = self.backend.prefill(chunks, self._abort_check(*states))
+        except RequestAborted:
+            return
+        except Exception as e:
+            logger.exception("prefill failed for requests %s", [s.request_id for s in states])
+            for state in states:
+                self.output.fail(state, e)
+            return
+        for chunk, row in zip(chunks, logits, strict=True):
+            state = chunk.state
+            state.num_computed = chunk.end
+            self.counters.prefill_tokens += chunk.end - chunk.start
+            if chunk.end < len(state.prompt_ids):
+                continue
+            try:
+                self._finish_prefill(state, row)
+            except Exception as e:
+                logger.exception("prefill failed for request %s", state.request_id)
+                self.output.fail(state, e)
 
     def _replay(self, state: RequestState, answer: list[int]) -> None:
         """The same greedy request again: its stored answer, through the output processor as
@@ -412,13 +451,13 @@ class LLMEngine(Engine):
             else:
                 state.push(chunk)
 
-    def _abort_check(self, state: State) -> Callable[[], None]:
-        """Run between decoder layers: an aborted request (or a stopping engine) stops its
-        forward there."""
+    def _abort_check(self, *states: State) -> Callable[[], None]:
+        """Run between decoder layers: a forward whose requests were all aborted (or a
+        stopping engine) stops there."""
 
         def check() -> None:
-            if state.abort_requested or self._stopping:
-                raise RequestAborted(state.request_id)
+            if self._stopping or all(state.abort_requested for state in states):
+                raise RequestAborted(states[0].request_id)
 
         return check
 
@@ -538,3 +577,20 @@ class LLMEngine(Engine):
         self.backend.reset()
         if self.drafter is not None:
             self.drafter.release()
+
+
+# Prompt tokens two requests must start alike for the later one to wait for the earlier one's
+# chunk (``_prefill_step``): a decision's shared state, a long common system prompt.
+SHARED_PREFIX_TOKENS = 256
+
+
+def _reads_the_same(state: State, batch: list[PromptChunk]) -> bool:
+    """Whether ``state``'s prompt, not begun, starts as the prompt a chunk of ``batch`` is
+    reading from its start."""
+    head = state.prompt_ids[:SHARED_PREFIX_TOKENS]
+    if state.kv is not None or len(head) < SHARED_PREFIX_TOKENS:
+        return False
+    return any(
+        chunk.start < SHARED_PREFIX_TOKENS and chunk.state.prompt_ids[:SHARED_PREFIX_TOKENS] == head
+        for chunk in batch
+    )

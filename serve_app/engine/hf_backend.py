@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from serve_app.engine.backend import PromptChunk
 from serve_app.engine.prefix_cache import KV
 from serve_app.engine.tree import Row, read_log_probs, tree_mask
 
@@ -146,6 +147,7 @@ class HFBackend:
     answers the same calls; this one does not speculate."""
 
     supports_speculation = False
+    prompt_batch = 1  # each request's cache is its own DynamicCache
 
     def __init__(self, model: Any, device: str | torch.device = "cpu") -> None:
         self.model = model
@@ -163,10 +165,12 @@ class HFBackend:
         state.kv = cache_from_kv(kv) if kv is not None else DynamicCache()
 
     def prefill(
-        self, state: Any, start: int, end: int, check: Callable[[], None] | None = None
-    ) -> torch.Tensor:
-        """Read prompt positions ``start..end``; returns the last one's logits ``[V]``
-        (``check`` runs between steps only: the HF forward has no hook for it here)."""
+        self, chunks: Sequence[PromptChunk], check: Callable[[], None] | None = None
+    ) -> list[torch.Tensor]:
+        """Read one request's chunk; its last position's logits ``[V]`` (``check`` runs
+        between steps only: the HF forward has no hook for it here)."""
+        (chunk,) = chunks
+        state, start, end = chunk.state, chunk.start, chunk.end
         out = self.model(
             input_ids=torch.tensor(
                 [state.prompt_ids[start:end]], dtype=torch.long, device=self.device
@@ -176,7 +180,7 @@ class HFBackend:
             use_cache=True,
             logits_to_keep=1,
         )
-        return out.logits[0, -1]
+        return [out.logits[0, -1]]
 
     def computed_kv(self, state: Any) -> KV | None:
         """A prefilling request's cache, unless a pass stopped half-way through it."""

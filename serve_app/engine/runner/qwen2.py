@@ -154,8 +154,10 @@ class Qwen2Runner:
         *,
         decode: bool,
         check: Callable[[], None] | None = None,
+        slots: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """Feed ``tokens[b]`` at ``starts[b]..`` of slot ``slot0 + b``; write their KV.
+        """Feed ``tokens[b]`` at ``starts[b]..`` of slot ``slot0 + b`` (of ``slots[b]`` where
+        given: prompt chunks of requests in any slots); write their KV.
 
         ``decode``: a decode or speculative-verify step: int4/int8 weights where the runner has
         them, and fp32 logits ``[sum(len(t)), V]`` for every token, rows concatenated in order.
@@ -188,7 +190,9 @@ class Qwen2Runner:
         small = self.quantized_prompts or (
             sum(len(t) for t in tokens) <= self.small_prefill_tokens and min(starts) > 0
         )
-        batch = _Batch.ragged(slot0, tokens, starts, decode, self.device)
+        if slots is not None and list(slots) == list(range(slots[0], slots[0] + len(slots))):
+            slot0, slots = slots[0], None  # consecutive: read in place
+        batch = _Batch.ragged(slot0, tokens, starts, decode, self.device, slots)
         x = self._layers(cache, batch, decode or small, check)
         if not decode:
             ends_flat = torch.tensor([len(t) for t in tokens], device=self.device).cumsum(0) - 1
@@ -275,7 +279,12 @@ class Qwen2Runner:
         cache.ensure(width)
         if batch.prefill_start is not None:  # room for the aligned attention's widths
             cache.ensure(min(_aligned(width), cache.max_capacity))
-        slot_of = batch.slot0 + batch.row_of if batch.write_slots is None else batch.write_slots
+        if batch.write_slots is not None:
+            slot_of = batch.write_slots
+        elif batch.read_slots is not None:
+            slot_of = batch.read_slots[batch.row_of]
+        else:
+            slot_of = batch.slot0 + batch.row_of
         cos, sin = self.rotary(self.embed[:1].unsqueeze(0), batch.positions.unsqueeze(0))
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [N, 1, D]
         qk_heads = self.num_heads + self.num_kv_heads
@@ -291,10 +300,14 @@ class Qwen2Runner:
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
             v = qkv[:, qk_width:].view(-1, self.num_kv_heads, self.head_dim)
             keys, values = cache.write(index, slot_of, batch.columns, k, v)
-            keys, values = (
-                keys[batch.slot0 : batch.slot0 + rows, :, :width],
-                values[batch.slot0 : batch.slot0 + rows, :, :width],
-            )
+            if batch.read_slots is None:
+                keys, values = (
+                    keys[batch.slot0 : batch.slot0 + rows, :, :width],
+                    values[batch.slot0 : batch.slot0 + rows, :, :width],
+                )
+            else:  # rows in other slots: a copy of theirs
+                keys = keys[batch.read_slots, :, :width]
+                values = values[batch.read_slots, :, :width]
             if padded:
                 qp = q.new_zeros(rows, span, self.num_heads, self.head_dim)
                 qp[batch.row_of, batch.step_of] = q
@@ -339,8 +352,11 @@ class _Batch:
     # ``_aligned_prefill_attention``.
     prefill_start: int | None = None
     # The slot each token's keys/values go to, where that is not its row's (``static_decode``:
-    # padding rows write into the spare slot); None: slot ``slot0 + row_of[i]``.
+    # padding rows write into the spare slot); None: its row's slot.
     write_slots: torch.Tensor | None = None
+    # Row ``b``'s slot where rows are not slots ``slot0..`` in order (prompt chunks of several
+    # requests); None: slot ``slot0 + b``.
+    read_slots: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -363,9 +379,10 @@ class _Batch:
         starts: Sequence[int],
         decode: bool,
         device: torch.device,
+        slots: Sequence[int] | None = None,
     ) -> _Batch:
         """``Qwen2Runner.forward``'s layout: row ``b`` feeds ``tokens[b]`` at positions
-        ``starts[b]..`` of slot ``slot0 + b``."""
+        ``starts[b]..`` of slot ``slot0 + b``, or of ``slots[b]``."""
         lengths = [len(t) for t in tokens]
         rows = len(tokens)
         width = max(s + n for s, n in zip(starts, lengths, strict=True))
@@ -399,6 +416,7 @@ class _Batch:
             # CPU kernels' bits, and on a GPU each block is a launch per layer (a 128-token
             # prompt took ~27 ms on an H200 through two blocks per layer).
             prefill_start=None if decode or rows > 1 or device.type != "cpu" else starts[0],
+            read_slots=None if slots is None else torch.tensor(slots, device=device),
         )
 
     @classmethod
