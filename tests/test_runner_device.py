@@ -114,7 +114,7 @@ def greedy_streams(loaded: LoadedModel, config, n: int, chunk: int = 16) -> list
             rows = list(backend.rows)
             for stream, logits in zip(rows, backend.decode([[] for _ in rows]), strict=True):
                 stream.num_computed += 1
-                stream.take(logits[-1])
+                stream.take(logits)
         backend.release(streams)
     return streams
 

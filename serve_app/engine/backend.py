@@ -11,7 +11,8 @@ The step loop drives a backend through these calls, never through a model direct
   it out (the HF backend's decode rows live in one batched cache);
 - ``join(states)``: move prefilled requests into the decode batch (``rows``);
 - ``decode(drafts)``: one forward for every row, its last token then its draft tokens;
-  logits ``[1 + len(draft), V]`` per row (drafts stay empty unless ``supports_speculation``);
+  logits ``[sum(1 + len(draft)), V]``, rows one after another (drafts stay empty unless
+  ``supports_speculation``);
 - ``score(state, row, check)``: a tree row (``engine.tree``) on top of a prefilled request's
   KV, in one forward; the log-probabilities of the row's reads (a scoring request's pass);
 - ``release(states)`` frees ended requests' KV; ``idle()`` gives memory back once the engine
@@ -74,7 +75,7 @@ class ModelBackend(Protocol):
 
     def join(self, states: Sequence[Any]) -> None: ...
 
-    def decode(self, drafts: Sequence[Sequence[int]]) -> list[torch.Tensor]: ...
+    def decode(self, drafts: Sequence[Sequence[int]]) -> torch.Tensor: ...
 
     def score(self, state: Any, row: Row, check: Callable[[], None]) -> list[float]: ...
 

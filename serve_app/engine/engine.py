@@ -482,9 +482,12 @@ class LLMEngine(Engine):
             self._reset_backend()
             return
         self.counters.decode_batch(len(rows))
-        for state, draft, row_logits in zip(rows, drafts, logits, strict=True):
+        sizes = [1 + len(draft) for draft in drafts]
+        picks = _greedy_picks(rows, logits, sizes)
+        per_row = zip(rows, drafts, logits.split(sizes), picks, strict=True)
+        for state, draft, row_logits, row_picks in per_row:
             try:
-                self._verify(state, draft, row_logits)
+                self._verify(state, draft, row_logits, row_picks)
             except Exception as e:
                 logger.exception("sampling failed for request %s", state.request_id)
                 self.output.fail(state, e)
@@ -550,13 +553,16 @@ class LLMEngine(Engine):
             drafts[index] = draft
             state.drafted_by_model = bool(draft)
 
-    def _verify(self, state: RequestState, draft: list[int], logits: torch.Tensor) -> None:
+    def _verify(
+        self, state: RequestState, draft: list[int], logits: torch.Tensor, picks: list[int] | None
+    ) -> None:
         """Sample position by position, as plain decoding would; stop at the first token that
-        differs from the draft (it is the step's last token) or when the request ends."""
+        differs from the draft (it is the step's last token) or when the request ends.
+        ``picks``: each position's argmax, read already, for a plain greedy request."""
         start = state.num_computed
         accepted = 0
         for position, row in enumerate(logits):
-            token = state.sampler(row, state.history)
+            token = picks[position] if picks is not None else state.sampler(row, state.history)
             state.num_computed = start + position + 1
             self.output.on_token(state, token)
             if position == len(draft) or state.is_done or token != draft[position]:
@@ -577,6 +583,24 @@ class LLMEngine(Engine):
         self.backend.reset()
         if self.drafter is not None:
             self.drafter.release()
+
+
+def _greedy_picks(
+    rows: list[RequestState], logits: torch.Tensor, sizes: list[int]
+) -> list[list[int] | None]:
+    """Per row, the argmax of each of its positions where its sampler is plain greedy (no
+    penalty or constraint changes the logits), else None: one argmax over the step's logits
+    and one read back, not one per row (on a GPU each read waits for the device: ~40 us a
+    row under a profiler, where a 64-row step of the 0.5B takes ~10 ms on an H200)."""
+    if not any(state.sampler.plain_greedy for state in rows):
+        return [None] * len(rows)
+    flat = logits.argmax(dim=-1).tolist()
+    picks: list[list[int] | None] = []
+    offset = 0
+    for state, size in zip(rows, sizes, strict=True):
+        picks.append(flat[offset : offset + size] if state.sampler.plain_greedy else None)
+        offset += size
+    return picks
 
 
 # Prompt tokens two requests must start alike for the later one to wait for the earlier one's

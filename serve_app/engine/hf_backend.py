@@ -196,9 +196,9 @@ class HFBackend:
         for state in states:
             state.kv = None
 
-    def decode(self, drafts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """Logits ``[1, V]`` per row (drafts must be empty: no speculation here)."""
-        return list(self.batch.forward(self.model).unsqueeze(1))
+    def decode(self, drafts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Logits ``[rows, V]`` (drafts must be empty: no speculation here)."""
+        return self.batch.forward(self.model)
 
     def score(self, state: Any, row: Row, check: Callable[[], None]) -> list[float]:
         """The row on top of the request's prefix cache, through a fresh ``DynamicCache``

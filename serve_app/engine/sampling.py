@@ -193,6 +193,11 @@ class Sampler:
         self.seed = seed % 2**64
         self._generator: torch.Generator | None = None
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that changes the logits: the token is their argmax."""
+        return self.params.greedy and not self.processors
+
     def process(self, logits: torch.Tensor, history: TokenHistory) -> torch.Tensor:
         """Apply every processor to a 1-D logits row (in float32, whatever the model's dtype)."""
         if logits.dim() != 1:

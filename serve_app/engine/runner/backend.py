@@ -98,12 +98,11 @@ class RunnerBackend:
             self._move(state, len(self.rows))
             self.rows.append(state)
 
-    def decode(self, drafts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """Logits ``[1 + len(draft), V]`` per row: its last token, then each draft token."""
+    def decode(self, drafts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Logits ``[sum(1 + len(draft)), V]``: each row's last token, then its drafts."""
         tokens = [[s.last_token_id, *d] for s, d in zip(self.rows, drafts, strict=True)]
         starts = [s.num_computed for s in self.rows]
-        logits = self.runner.forward(self.cache, 0, tokens, starts, decode=True)
-        return list(logits.split([len(t) for t in tokens]))
+        return self.runner.forward(self.cache, 0, tokens, starts, decode=True)
 
     def release(self, states: Sequence[Any]) -> None:
         """Free the slots of finished/aborted requests, keeping decode rows compact."""
