@@ -10,15 +10,17 @@ One step (``_step``):
 
 1. admit waiting requests while fewer than ``max_batch_size`` hold a slot (FCFS);
 2. prefill: spend a budget of ``prefill_chunk_tokens`` prompt tokens on the prefilling
-   requests, oldest first, one forward per request (a request's first chunk starts after its
-   longest prefix-cache hit). A long prompt is thus read over several steps while the decode
-   batch keeps streaming (chunked prefill), and several short prompts share one step. When a
-   prompt is fully read, its KV goes into the prefix cache, its first token is sampled from
-   the last position's logits, and it joins the decode batch;
-3. decode: one batched forward for every decoding request, then per row: sample, detokenize,
-   match stop sequences, and stream the new text. With speculation on for the request's role,
-   a row also feeds a prompt-lookup draft and keeps the verified prefix
-   (``runner/speculation.py``);
+   requests, oldest first, up to the backend's ``prompt_batch`` requests per forward (a
+   request's first chunk starts after its longest prefix-cache hit). A long prompt is thus
+   read over several steps while the decode batch keeps streaming (chunked prefill), and
+   several short prompts share one step. When a prompt is fully read, its KV goes into the
+   prefix cache, its first token is sampled from the last position's logits, and it joins
+   the decode batch;
+3. decode: one batched forward for every decoding request (on a GPU a replayed CUDA graph,
+   ``runner/graphs.py``), then per row: sample (plain greedy rows from one argmax over the
+   step), detokenize, match stop sequences, and stream the new text. With speculation on
+   for the request's role, a row also feeds a prompt-lookup draft and keeps the verified
+   prefix (``runner/speculation.py``);
 4. drop finished and aborted requests, freeing their slots for the next step.
 
 Scoring requests (``score``: decisions) are prefill-only: their prefix is read in step 2 like
@@ -27,9 +29,11 @@ their passes (a tree row on top of the prefix, ``engine.tree``) and streams its
 log-probabilities; nothing is sampled. Aborts are checked between decoder layers of a prompt
 chunk or a pass (``RequestAborted``), so a long one stops within one layer's work.
 
-Prompts are prefilled one request per forward, not padded together: chunks already keep the
-CPU busy, and padding prompts of different lengths would waste the very compute prefill is
-bound by.
+On CPU prompts are prefilled one request per forward, not padded together: chunks already
+keep the CPU busy, padding prompts of different lengths would waste the very compute prefill
+is bound by, and one request's chunk keeps its aligned attention (same bits however a prompt
+is cut). On a GPU, where a forward per request is bound by launches, every prefilling
+request's chunk goes in one forward (``RunnerBackend.prompt_batch``).
 
 The parts, each its own module: ``scheduler`` (waiting queue, admission, lifecycle lists),
 ``backend`` (the forward passes: the engine's own runner or the HF reference, picked once),
