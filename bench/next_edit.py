@@ -61,6 +61,7 @@ GREEDY = {"temperature": 0.0, "presence_penalty": 0.0}
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "chat/as-sent (today)": ("chat", {}),
     "chat/greedy": ("chat", GREEDY),
+    "chat_split/as-sent": ("chat_split", {}),
     "tagged/greedy": ("tagged", GREEDY),
     "few_shot/greedy": ("few_shot", GREEDY),
     "fim/greedy": ("fim", GREEDY),

@@ -162,7 +162,12 @@ def embedded_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     from serve_app.testing import local_router_app
 
     config = AppConfig(
-        models=[ModelConfig(id=EMBEDDED_ID, source="embedded:qwen2.5-coder-0.5b")],
+        # configs/local.yaml's next-edit prompt for the embedded model.
+        models=[
+            ModelConfig(
+                id=EMBEDDED_ID, source="embedded:qwen2.5-coder-0.5b", edit_prompt="chat_split"
+            )
+        ],
         roles=Roles(fim=EMBEDDED_ID, edit=EMBEDDED_ID, decisions=EMBEDDED_ID),
         # What configs/local.yaml runs on an AVX2 CPU (the runner, int8 decode and prompts,
         # position 0 on fp32, speculation on edit and FIM), pinned so every CPU runs the same

@@ -132,6 +132,42 @@ def test_every_prompt_style_answers_each_client_an_edit_or_no_change(
     assert rejected_edit(region, prompt) is None
 
 
+# One more keystroke in the region: "s" typed before ``total`` on the cursor's line.
+TYPED = dataclasses.replace(
+    RENAME,
+    file=CART.replace("    if total < 0:", "    if stotal < 0:"),
+    cursor=(9, 8),
+    hunks=(
+        *RENAME.hunks,
+        "@@ -9,3 +9,3 @@\n     subtotal = apply_discount(subtotal, code)\n"
+        "-    if total < 0:\n+    if stotal < 0:\n         total = 0.0",
+    ),
+)
+
+
+def prompt_tokens_read_on_a_keystroke(client, name: str) -> tuple[int, int]:
+    """(prompt tokens, those read past the prefix cache) of a request after one keystroke,
+    once the request before it was answered."""
+    build = CLIENTS[name][0]
+    for scenario in (RENAME, TYPED):
+        call = build(scenario, TINY_ID)
+        usage = post(client, ClientCall(call.headers, {**call.body, "max_tokens": 1}, ""))["usage"]
+    return usage["prompt_tokens"], usage["prompt_tokens"] - usage["cached_input_tokens"]
+
+
+@pytest.mark.parametrize("style_client", ["chat_split"], indirect=True)
+@pytest.mark.parametrize("name", ["continue", "zed"])
+def test_chat_split_rereads_only_the_newest_diff_and_the_region_after_a_keystroke(
+    client, style_client, name: str
+) -> None:
+    """The file without its region (chat_split) stays cached across a keystroke in the region;
+    with the region in the file (chat), the prompt is re-read from the keystroke on, the whole
+    edit history included."""
+    _, inline = prompt_tokens_read_on_a_keystroke(client, name)
+    total, split = prompt_tokens_read_on_a_keystroke(style_client, name)
+    assert split < total / 2 and split < inline / 2, (split, inline, total)
+
+
 def test_zeds_request_with_its_hard_coded_model_id_works_unchanged(client) -> None:
     # Zed always names "mercury-coder" and sends no max_tokens; the configs alias that id to
     # the edit model, and the answer names the model that served it.

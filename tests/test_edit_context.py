@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from serve_app.engine.prompts.chat_encoding import encode_chat
@@ -11,7 +13,9 @@ from serve_app.engine.prompts.edit import (
     build_messages,
     fit_to_context,
     recent_renames,
+    region_without_cursor,
 )
+from serve_app.engine.prompts.edit.messages import REGION_PLACEHOLDER
 from serve_app.engine.tiny import build_tiny_model
 from serve_app.errors import ContextLengthExceededError
 from tests.fixtures.edit import EXAMPLE
@@ -35,6 +39,33 @@ def test_messages_show_snippets_file_diffs_then_the_region_and_the_task() -> Non
     assert trimmed.endswith(
         f"Rewrite the region: finish the code at {CURSOR} and keep the other lines."
     )
+
+
+def test_chat_split_is_chat_with_the_region_cut_out_of_the_file() -> None:
+    chat = build_messages(EXAMPLE)
+    system, user = build_messages(EXAMPLE, style="chat_split")
+    assert system == chat[0]
+    assert REGION_PLACEHOLDER in user["content"]
+    # The region's lines once, with the cursor, in the region section; not in the file.
+    assert region_without_cursor(EXAMPLE) in chat[1]["content"]
+    assert region_without_cursor(EXAMPLE) not in user["content"]
+    restored = user["content"].replace(REGION_PLACEHOLDER, region_without_cursor(EXAMPLE))
+    assert restored == chat[1]["content"]
+
+
+@pytest.mark.parametrize(("style", "kept"), [("chat", False), ("chat_split", True)])
+def test_a_keystroke_in_the_region_keeps_chat_split_unchanged_up_to_the_newest_diff(
+    style: str, kept: bool
+) -> None:
+    typed = dataclasses.replace(
+        EXAMPLE,
+        region=EXAMPLE.region.replace(f"{CURSOR}if total", f"if s{CURSOR}total"),
+        diffs=[*EXAMPLE.diffs, "@@ -38 +38 @@\n-        if total < 0:\n+        if stotal < 0:"],
+    )
+    before = build_messages(EXAMPLE, style=style)[1]["content"]
+    after = build_messages(typed, style=style)[1]["content"]
+    history = before[: before.index(EXAMPLE.diffs[-1]) + len(EXAMPLE.diffs[-1])]
+    assert after.startswith(history) is kept
 
 
 @pytest.mark.parametrize(
