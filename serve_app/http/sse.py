@@ -4,6 +4,13 @@ The first item is awaited before the HTTP status is sent, so an error that happe
 output (context too long, model unavailable) still gets its real status and JSON body. An error
 after that point can only travel inside the stream: it becomes one ``error`` event and the
 stream ends (llama.cpp's server does the same).
+
+However the response ends, the chunks' iterator is closed before the response returns: that
+is what cancels the model request behind it. Starlette never closes a streaming body itself;
+when the client leaves while the response awaits ``send``, the body generator is left
+suspended at its ``yield`` until the garbage collector finds it, and the engine went on
+writing the whole answer meanwhile (a stream dropped after 5 chunks was still running, and
+not yet billed, 60 s later in a test run).
 """
 
 from __future__ import annotations
@@ -62,15 +69,33 @@ async def open_event_stream(
             yield sse_event(error_body(error))
             last = None
         finally:
+            await _close(chunks)
             if on_finish is not None:
                 await _quietly(on_finish(last))
         yield DONE
 
-    return StreamingResponse(
+    return _ClosingStreamingResponse(
         events(),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
     )
+
+
+class _ClosingStreamingResponse(StreamingResponse):
+    """A streaming response that closes its body generator when it ends, sent whole or not."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await _close(self.body_iterator)
+
+
+async def _close(iterator: Any) -> None:
+    """Close an async generator now (its ``finally`` runs here, not at garbage collection)."""
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 async def _quietly(awaitable: Awaitable[None]) -> None:
