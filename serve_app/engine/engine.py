@@ -341,10 +341,9 @@ class LLMEngine(Engine):
     def _prefill_step(self) -> None:
         """Spend ``prefill_chunk_tokens`` on the prefilling requests, oldest first, reading
         up to the backend's ``prompt_batch`` requests' chunks per forward. A request is
-        planned after the forwards before it have run (with one chunk per forward, after
-        the requests before it are read and cached), except that a batch waits for no one:
-        a request that would read what a chunk of the batch is reading waits a step, to
-        find it in the prefix cache then."""
+        planned (its prefix-cache lookup) after every earlier forward of the step has run,
+        so with one chunk per forward it finds the requests before it cached; a request
+        that starts like a chunk of the batch being gathered waits a step to find it there."""
         budget = self.config.prefill_chunk_tokens
         batch: list[PromptChunk] = []
         for state in list(self.scheduler.prefilling):

@@ -279,12 +279,6 @@ class Qwen2Runner:
         cache.ensure(width)
         if batch.prefill_start is not None:  # room for the aligned attention's widths
             cache.ensure(min(_aligned(width), cache.max_capacity))
-        if batch.write_slots is not None:
-            slot_of = batch.write_slots
-        elif batch.read_slots is not None:
-            slot_of = batch.read_slots[batch.row_of]
-        else:
-            slot_of = batch.slot0 + batch.row_of
         cos, sin = self.rotary(self.embed[:1].unsqueeze(0), batch.positions.unsqueeze(0))
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [N, 1, D]
         qk_heads = self.num_heads + self.num_kv_heads
@@ -299,7 +293,7 @@ class Qwen2Runner:
             qk = _rope(qkv[:, :qk_width].view(-1, qk_heads, self.head_dim), cos, sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
             v = qkv[:, qk_width:].view(-1, self.num_kv_heads, self.head_dim)
-            keys, values = cache.write(index, slot_of, batch.columns, k, v)
+            keys, values = cache.write(index, batch.slot_of, batch.columns, k, v)
             if batch.read_slots is None:
                 keys, values = (
                     keys[batch.slot0 : batch.slot0 + rows, :, :width],
@@ -335,15 +329,17 @@ class Qwen2Runner:
 @dataclass
 class _Batch:
     """What a pass feeds and where it goes: the flattened token ids ``tokens`` ``[N]``; row
-    ``b`` is slot ``slot0 + b``; token ``i`` is query ``step_of[i]`` of row ``row_of[i]``,
-    stored at cache column ``columns[i]`` and rotated as ``positions[i]`` (the same, except
-    in a tree, where siblings share a position). ``mask`` ``[rows, 1, span, width]``: True
-    where a query may attend."""
+    ``b`` is slot ``slot0 + b`` (or ``read_slots[b]``); token ``i`` is query ``step_of[i]``
+    of row ``row_of[i]``, stored at (slot ``slot_of[i]``, column ``columns[i]``) and rotated
+    as ``positions[i]`` (the same column, except in a tree, where siblings share a position;
+    its row's slot, except a padding row of ``static_decode``, which writes the spare).
+    ``mask`` ``[rows, 1, span, width]``: True where a query may attend."""
 
     tokens: torch.Tensor
     slot0: int
     row_of: torch.Tensor
     step_of: torch.Tensor
+    slot_of: torch.Tensor
     columns: torch.Tensor
     positions: torch.Tensor
     mask: torch.Tensor
@@ -351,9 +347,6 @@ class _Batch:
     # A prompt chunk (one row, not a tree): where it starts; its attention is
     # ``_aligned_prefill_attention``.
     prefill_start: int | None = None
-    # The slot each token's keys/values go to, where that is not its row's (``static_decode``:
-    # padding rows write into the spare slot); None: its row's slot.
-    write_slots: torch.Tensor | None = None
     # Row ``b``'s slot where rows are not slots ``slot0..`` in order (prompt chunks of several
     # requests); None: slot ``slot0 + b``.
     read_slots: torch.Tensor | None = None
@@ -403,11 +396,13 @@ class _Batch:
         # Query j of row b sees columns <= starts[b] + j (causal, and never past the row's end).
         ends = first.view(rows, 1, 1, 1) + torch.arange(span, device=device).view(1, 1, span, 1)
         flat = [t for row in tokens for t in row]
+        read_slots = None if slots is None else torch.tensor(slots, device=device)
         return cls(
             tokens=torch.tensor(flat, dtype=torch.long, device=device),
             slot0=slot0,
             row_of=row_of,
             step_of=step_of,
+            slot_of=slot0 + row_of if read_slots is None else read_slots[row_of],
             columns=positions,
             positions=positions,
             mask=torch.arange(width, device=device).view(1, 1, 1, width) <= ends,
@@ -416,7 +411,7 @@ class _Batch:
             # CPU kernels' bits, and on a GPU each block is a launch per layer (a 128-token
             # prompt took ~27 ms on an H200 through two blocks per layer).
             prefill_start=None if decode or rows > 1 or device.type != "cpu" else starts[0],
-            read_slots=None if slots is None else torch.tensor(slots, device=device),
+            read_slots=read_slots,
         )
 
     @classmethod
@@ -440,11 +435,11 @@ class _Batch:
             slot0=0,
             row_of=torch.arange(rows * span, device=device) // span,
             step_of=torch.arange(rows * span, device=device) % span,
+            slot_of=slots,
             columns=positions,
             positions=positions,
             mask=columns <= positions.view(rows, 1, span, 1),
             decode=True,
-            write_slots=slots,
         )
 
     @classmethod
@@ -461,11 +456,13 @@ class _Batch:
         ``start..`` of ``slot``, rotated as ``positions``, attending where ``mask``."""
         n = len(tokens)
         step_of = torch.arange(n, device=device)
+        row_of = torch.zeros(n, dtype=torch.long, device=device)
         return cls(
             tokens=torch.tensor(tokens, dtype=torch.long, device=device),
             slot0=slot,
-            row_of=torch.zeros(n, dtype=torch.long, device=device),
+            row_of=row_of,
             step_of=step_of,
+            slot_of=slot + row_of,
             columns=start + step_of,
             positions=positions.to(device),  # the caller's (a CPU tree); no copy on CPU
             mask=mask.reshape(1, 1, n, start + n).to(device),
