@@ -122,6 +122,26 @@ def test_greedy_matches_reference(loaded, make_engine) -> None:
         )
 
 
+def test_prompts_read_on_prompt_threads_and_decode_on_the_replicas(loaded, make_engine) -> None:
+    """``prompt_threads``: the loop reads prompts on 2 threads and decodes on the replica's 1,
+    and the greedy tokens are the reference's."""
+    torch.set_num_threads(1)
+    engine = make_engine(torch_threads=1, prompt_threads=2)
+    seen: dict[str, set[int]] = defaultdict(set)
+    for name in ("prefill", "decode"):
+        method = getattr(engine.backend, name)
+
+        def counted(*args, _method=method, _name=name, **kwargs):
+            seen[_name].add(torch.get_num_threads())
+            return _method(*args, **kwargs)
+
+        setattr(engine.backend, name, counted)
+    prompt = encode(loaded, PROMPTS[1])
+    run(generate_text(engine, request("r", prompt)))
+    assert dict(seen) == {"prefill": {2}, "decode": {1}}
+    assert engine.tokens["r"] == reference(loaded, prompt, 16)
+
+
 def test_engine_seed_makes_unseeded_sampling_repeat(loaded, make_engine) -> None:
     """``seed`` in the engine config: a request that sends no seed samples the same text each
     time; without it, each request draws its own."""

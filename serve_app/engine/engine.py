@@ -80,6 +80,7 @@ from serve_app.engine.reuse import PromptReuse
 from serve_app.engine.runner.speculation import propose_draft
 from serve_app.engine.scheduler import Scheduler
 from serve_app.engine.stats import EngineCounters, EngineStats
+from serve_app.engine.threads import PhaseThreads
 from serve_app.errors import (
     ContextLengthExceededError,
     InvalidRequestError,
@@ -288,6 +289,7 @@ class LLMEngine(Engine):
 
     def _run(self) -> None:
         failures = 0
+        threads = PhaseThreads(self.config.prompt_threads)
         try:
             with torch.inference_mode():
                 trimmed = True
@@ -304,7 +306,7 @@ class LLMEngine(Engine):
                         continue
                     trimmed = False
                     try:
-                        self._step()
+                        self._step(threads)
                         failures = 0
                     except Exception as e:  # bookkeeping bug: fail what is in flight, go on
                         failures += 1
@@ -322,7 +324,7 @@ class LLMEngine(Engine):
             self._fail_all(error, include_waiting=True)
             self.outbox.flush()
 
-    def _step(self) -> None:
+    def _step(self, threads: PhaseThreads) -> None:
         aborted = self.scheduler.reap_aborted()
         self.counters.requests_aborted += len(aborted)
         for state in aborted:  # counted, then forgotten: the slot reads free after the count
@@ -330,10 +332,11 @@ class LLMEngine(Engine):
         for state in aborted:  # after the slots are free, so callers see them free
             state.push(STREAM_END)
         self.scheduler.admit()
-        self._prefill_step()
-        self.outbox.flush()  # first tokens go out before the decode step, not after it
-        self._score_step()
-        self.outbox.flush()
+        with threads.reading_prompts():
+            self._prefill_step()
+            self.outbox.flush()  # first tokens go out before the decode step, not after it
+            self._score_step()
+            self.outbox.flush()
         self._decode_step()
         self.scheduler.drop_done()
         self.counters.steps += 1

@@ -141,6 +141,14 @@ class EngineConfig(_Strict):
     torch_threads: int | None = Field(
         default=None, ge=1, description="Intra-op threads per replica; default: the CPU allotment."
     )
+    prompt_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="Intra-op threads while the engine reads prompts (prefill chunks, "
+        "scoring passes); decode steps keep torch_threads. Reading a prompt is bound by "
+        "compute and scales with threads, a decode step by reading weights, where a second "
+        "thread's wake-ups cost more than it saves (engine/threads.py); null: torch_threads.",
+    )
     seed: int | None = Field(
         default=None,
         description="Sampling seed of requests that send none (each request's sampler starts "

@@ -11,7 +11,6 @@ A model *source* is one of:
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,15 +45,6 @@ class LoadedModel:
     @property
     def max_position_embeddings(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 32768))
-
-
-def set_torch_threads(threads: int | None) -> None:
-    """Pin torch's intra-op threads so co-located replicas don't oversubscribe the CPU."""
-    import torch
-
-    if threads and threads > 0:
-        torch.set_num_threads(threads)
-        os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
 def resolve_source(source: str, cache_dir: str | Path | None = None) -> str | Path:
@@ -122,6 +112,8 @@ def load_model(
 ) -> LoadedModel:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from serve_app.engine.threads import set_torch_threads
 
     set_torch_threads(threads)
     device = pick_device(device)  # first: a wrong device fails before any download or build
