@@ -22,10 +22,9 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from bench.apply_cases import BUCKETS, EDITS, Case, build_cases
-from bench.common import base_parser, percentile, table
+from bench.common import base_parser, cpu_flags, percentile, table
 
 
 @dataclass
@@ -262,29 +261,6 @@ def _bucket(lines: int) -> int:
     return next(b for b in BUCKETS if lines <= b)
 
 
-def cpu_flags() -> str:
-    wanted = (
-        "avx",
-        "avx2",
-        "fma",
-        "f16c",
-        "avx512f",
-        "avx512_bf16",
-        "avx512_vnni",
-        "avx_vnni",
-        "amx_tile",
-    )
-    try:
-        flags = next(
-            line.split(":", 1)[1].split()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("flags")
-        )
-    except (OSError, StopIteration):
-        return "unknown"
-    return " ".join(flag if flag in flags else f"no-{flag}" for flag in wanted)
-
-
 def main() -> None:
     parser = base_parser(__doc__)
     parser.add_argument("--per-bucket", type=int, default=2, help="files per language and size")
@@ -307,7 +283,7 @@ def main() -> None:
     print(f"{len(cases)} cases on {len(files)} files:")
     for language, path, lines in files:
         print(f"  {language} {lines:4} lines {path}")
-    print(f"cpu flags: {cpu_flags()}; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+    print(f"CPU: {cpu_flags()}; load {os.getloadavg()[0]:.1f}")
     if args.speculation:
         print(table(run_speculation(cases, args)))
         return

@@ -35,10 +35,8 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -49,7 +47,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import session, stream_fim, table
+from bench.common import cpu_flags, session, stream_fim, table
 
 FIM = "FimModel"
 SAMPLE_S = 0.5
@@ -335,15 +333,6 @@ def graph(
         running.close()
 
 
-def machine() -> str:
-    flags = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-    shown = [f for f in wanted if f" {f}" in flags]
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    cpu = platform.processor() or platform.machine()
-    return f"{cpu}, {os.cpu_count()} CPUs, flags {shown}, load {load:.1f}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=9)
@@ -354,7 +343,7 @@ def main() -> None:
     from tests.conftest import TEST_KEY
     from tests.graph import MODEL
 
-    print(f"machine: {machine()} (shared box: timings are noisy)")
+    print(f"CPU: {cpu_flags()}; load {os.getloadavg()[0]:.1f} (shared box: timings are noisy)")
     with tempfile.TemporaryDirectory(prefix="bench-autoscale-") as folder:
         root = Path(folder)
         if args.per_replica:

@@ -5,13 +5,34 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+
+# The vector extensions that decide which kernels the engine picks (weights.py, threads.py).
+KERNEL_FLAGS = (
+    "avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni",
+    "amx_bf16", "amx_tile",
+)  # fmt: skip
+
+
+def cpu_flags() -> str:
+    """The CPU a benchmark ran on, as every benchmark prints it: model name, CPU count and
+    each kernel-deciding flag present or ``no-`` (``lscpu``'s flags, read from /proc)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return f"{platform.processor() or platform.machine()}; {os.cpu_count()} CPUs"
+    name = next((line.split(":", 1)[1].strip() for line in info if "model name" in line), "?")
+    flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    shown = " ".join(flag if flag in flags else f"no-{flag}" for flag in KERNEL_FLAGS)
+    return f"{name}; {os.cpu_count()} CPUs; {shown}"
 
 
 def base_parser(description: str) -> argparse.ArgumentParser:

@@ -27,11 +27,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import time
 import urllib.request
-from pathlib import Path
 
+from bench.common import cpu_flags
 from bench.fim_cases import CASE_SETS, FimCase
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
@@ -45,18 +44,6 @@ MAX_TOKENS = 48
 
 def first_line_matches(text: str, line: str) -> bool:
     return text.split("\n", 1)[0].rstrip() == line.rstrip()
-
-
-def cpu_flags() -> str:
-    """The CPU's model name and the SIMD flags that pick kernels (``lscpu``'s, from /proc)."""
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "fma", "f16c")
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or "unknown CPU"
-    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if "model name" in ln), "")
-    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if "flags" in ln), [])
-    return f"{name}; flags: {' '.join(f for f in wanted if f in flags)}"
 
 
 async def _engine_answers(

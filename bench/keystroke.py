@@ -34,9 +34,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from bench.common import base_parser, percentile, session, table
+from bench.common import base_parser, cpu_flags, percentile, session, table
 from bench.fim_cases import stdlib_files
-from bench.fim_quality import cpu_flags
 
 PREFIX_CHARS = 4000  # ~1,000 tokens of Python
 SUFFIX_CHARS = 1200  # ~300 tokens

@@ -31,9 +31,8 @@ import statistics
 import time
 from typing import Any
 
-from bench.common import percentile, table
+from bench.common import cpu_flags, percentile, table
 from bench.fim_cases import CASE_SETS
-from bench.next_edit import cpu_flags
 
 EMBEDDED = ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 

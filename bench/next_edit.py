@@ -29,7 +29,6 @@ import asyncio
 import dataclasses
 import itertools
 import json
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.common import percentile, table
+from bench.common import cpu_flags, percentile, table
 from bench.next_edit_cases import unified_hunk
 from tests.fixtures.edit_clients import (
     ClientCall,
@@ -226,7 +225,7 @@ def start_services(args: argparse.Namespace, rejected: dict[str, Any]) -> tuple[
     config = AppConfig(
         models=[model],
         roles=Roles(fim=args.model, edit=args.model, decisions=args.model),
-        engine=EngineConfig(torch_threads=args.threads, seed=0),
+        engine=EngineConfig(torch_threads=args.threads, prompt_threads=args.prompt_threads, seed=0),
     )
     engine = start_engine(config, model)
     client = EngineClient(engine, model)
@@ -359,22 +358,15 @@ def latency(seconds: list[float]) -> str:
     return f"{percentile(seconds, 50):.2f}/{percentile(seconds, 90):.2f}"
 
 
-def cpu_flags() -> str:
-    """The CPU's model and the vector flags that decide the engine's kernels."""
-    text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    flags = fields.get("Flags", "").split()
-    wanted = [f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "vnni"))]
-    name, cpus = fields.get("Model name", "?").strip(), fields.get("CPU(s)", "?").strip()
-    return f"{name}; {cpus} CPUs; {' '.join(wanted)}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=CASES)
     parser.add_argument("--cases", type=int, default=None, help="the first N cases only")
     parser.add_argument("--every", type=int, default=1, help="every K-th case only")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--prompt-threads", type=int, default=None, help="threads reading prompts (--threads)"
+    )
     parser.add_argument("--model", default=MODEL_ID, help="an embedded model's name")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
     parser.add_argument(
