@@ -15,6 +15,7 @@ from serve_app.engine.prompts.edit import (
     recent_renames,
     region_without_cursor,
 )
+from serve_app.engine.prompts.edit.diffs import shown_diff
 from serve_app.engine.prompts.edit.messages import REGION_PLACEHOLDER
 from serve_app.engine.tiny import build_tiny_model
 from serve_app.errors import ContextLengthExceededError
@@ -64,8 +65,26 @@ def test_a_keystroke_in_the_region_keeps_chat_split_unchanged_up_to_the_newest_d
     )
     before = build_messages(EXAMPLE, style=style)[1]["content"]
     after = build_messages(typed, style=style)[1]["content"]
-    history = before[: before.index(EXAMPLE.diffs[-1]) + len(EXAMPLE.diffs[-1])]
+    newest = shown_diff(EXAMPLE.diffs[-1])
+    history = before[: before.index(newest) + len(newest)]
     assert after.startswith(history) is kept
+
+
+def test_diffs_are_shown_without_what_the_file_already_shows() -> None:
+    """Line numbers and context beyond one line go; file headers, a client's note and every
+    changed line stay, a removed line that starts like a file header too."""
+    diff = (
+        "// User accepted prediction:\n--- a/shop/cart.py\n+++ b/shop/cart.py\n"
+        "@@ -10,7 +10,7 @@\n a\n b\n c\n--- old sql comment\n+-- new sql comment\n d\n e\n f\n"
+        "@@ -30,2 +30,3 @@\n g\n+h\n i\n\\ No newline at end of file"
+    )
+    user = build_messages(dataclasses.replace(EXAMPLE, diffs=[diff]))[1]["content"]
+    shown = user[user.index("```diff\n") + 8 : user.index("\n```\n\nRegion:")]
+    assert shown == (
+        "// User accepted prediction:\n--- a/shop/cart.py\n+++ b/shop/cart.py\n"
+        "@@\n c\n--- old sql comment\n+-- new sql comment\n d\n"
+        "@@\n g\n+h\n i\n\\ No newline at end of file"
+    )
 
 
 @pytest.mark.parametrize(
@@ -156,7 +175,7 @@ class CountingTokenizer:
 
 def test_fit_to_context_keeps_the_newest_diff_when_dropping() -> None:
     kept = build_messages(EXAMPLE, drop_snippets=3, drop_diffs=2)[1]["content"]
-    assert EXAMPLE.diffs[2] in kept and EXAMPLE.diffs[1] not in kept
+    assert shown_diff(EXAMPLE.diffs[2]) in kept and shown_diff(EXAMPLE.diffs[1]) not in kept
 
 
 def test_fit_to_context_raises_when_even_the_file_does_not_fit(tokenizer) -> None:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import keyword
 import re
 from typing import Any, Literal, get_args
 
 from serve_app.engine.prompts.chat_encoding import encode_chat, encode_trusted, encode_untrusted
+from serve_app.engine.prompts.edit.diffs import shown_diff
 from serve_app.engine.prompts.edit.parse import (
     CURSOR,
     FILE,
@@ -129,20 +131,29 @@ def _instruction(prompt: EditPrompt, *, split: bool = False) -> str:
     cursor, then what to do. What comes last weighs most for a 0.5B model, which otherwise
     copies the region unchanged; so the closing line names the renames the diffs made that the
     region still lacks (``recent_renames``), when there are any. The file is shown plain: with
-    the region marked in it, the model tended to echo the file. ``split``: the file without
+    the region marked in it, the model tended to echo the file. The diffs are cut to what the
+    file does not show (``diffs.shown_diff``). ``split``: the file without
     its region, ``REGION_PLACEHOLDER`` in its place (chat_split)."""
     language = fence_language(prompt.file_path)
     parts = []
     if prompt.snippets:
-        parts.append("Recently viewed code:\n" + "\n".join(map(_shown_snippet, prompt.snippets)))
+        parts.append(_snippets_section([_shown_snippet(s) for s in prompt.snippets]))
     file = (
         prompt.file_before + REGION_PLACEHOLDER + prompt.file_after if split else prompt.file_text
     )
     parts.append(f"File {prompt.file_path}:\n{_fenced(file, language)}")
     if prompt.diffs:
-        parts.append("Recent edits, oldest first:\n" + _fenced("\n".join(prompt.diffs), "diff"))
+        parts.append(_history_section([shown_diff(diff) for diff in prompt.diffs]))
     parts.append(f"Region:\n{_fenced(prompt.region, language)}\n{_task(prompt, prompt.diffs)}")
     return "\n\n".join(parts)
+
+
+def _snippets_section(shown: list[str]) -> str:
+    return "Recently viewed code:\n" + "\n".join(shown)
+
+
+def _history_section(shown: list[str]) -> str:
+    return "Recent edits, oldest first:\n" + _fenced("\n".join(shown), "diff")
 
 
 def _tagged(prompt: EditPrompt) -> str:
@@ -370,16 +381,26 @@ def _estimated_first_fit(
     prompt: EditPrompt, tokenizer: Any, plans: list[tuple[int, int]], full: int, budget: int
 ) -> int:
     """The first plan (after the first) whose estimated length fits; the last when none."""
-    snippet_costs = [
-        len(encode_untrusted(tokenizer, _shown_snippet(snippet) + "\n"))
-        for snippet in prompt.snippets
-    ]
-    diff_costs = [len(encode_untrusted(tokenizer, diff + "\n")) for diff in prompt.diffs]
+    snippets = [_shown_snippet(snippet) for snippet in prompt.snippets]
+    snippets_saved = _drop_savings(tokenizer, snippets, _snippets_section(snippets))
+    diffs = [shown_diff(diff) for diff in prompt.diffs]
+    diffs_saved = _drop_savings(tokenizer, diffs, _history_section(diffs))
     for index, (drop_snippets, drop_diffs) in enumerate(plans[1:], start=1):
-        saved = sum(snippet_costs[:drop_snippets]) + sum(diff_costs[:drop_diffs])
+        saved = snippets_saved[drop_snippets] + diffs_saved[drop_diffs]
         if full - saved <= budget:
             return index
     return len(plans) - 1
+
+
+def _drop_savings(tokenizer: Any, pieces: list[str], section: str) -> list[int]:
+    """Tokens saved by dropping the oldest d of a section's ``pieces``, d = 0..all: the
+    pieces' own tokens, and once all go, the whole ``section`` with its header and joins.
+    Each piece is encoded once (a history of thousands of diffs stays linear)."""
+    costs = [len(encode_untrusted(tokenizer, piece + "\n")) for piece in pieces]
+    saved = list(itertools.accumulate(costs, initial=0))
+    if pieces:
+        saved[-1] = len(encode_untrusted(tokenizer, section))
+    return saved
 
 
 # Two worked examples for ``few_shot``, written for it (no bench case is among them): the
