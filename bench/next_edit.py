@@ -211,6 +211,7 @@ class Tally:
     cold: list[float] = dataclasses.field(default_factory=list)
     repeat: list[float] = dataclasses.field(default_factory=list)
     rejected: Counter = dataclasses.field(default_factory=Counter)
+    followed: int = 0
 
 
 def start_services(args: argparse.Namespace, rejected: dict[str, Any]) -> tuple[Any, dict]:
@@ -322,6 +323,8 @@ def tallies_of(log: list[dict], cases: dict[str, Case]) -> dict[str, Tally]:
         tally.cold.append(entry["cold_s"])
         if entry.get("repeat_s") is not None:
             tally.repeat.append(entry["repeat_s"])
+            prompt, cached, _ = entry["repeat_tokens"]
+            tally.followed += cached == prompt  # answered with the cold prediction, unread
         if entry.get("rejected"):
             tally.rejected[entry["rejected"]] += 1
     return tallies
@@ -329,7 +332,7 @@ def tallies_of(log: list[dict], cases: dict[str, Case]) -> dict[str, Tally]:
 
 def rows(tallies: dict[str, Tally]) -> list[list[str]]:
     header = ["variant", "exact", "delta chrF", "x today", "no-op", "reversal", "rejected"]
-    header += ["cold p50/p90 s", "repeat p50/p90 s"]
+    header += ["cold p50/p90 s", "repeat p50/p90 s", "repeats following the prediction"]
     out = [header]
     base = tallies.get(BASELINE)
     for name, tally in tallies.items():
@@ -347,6 +350,7 @@ def rows(tallies: dict[str, Tally]) -> list[list[str]]:
                 ", ".join(f"{k} {v}" for k, v in sorted(tally.rejected.items())) or "-",
                 latency(tally.cold),
                 latency(tally.repeat),
+                f"{tally.followed}/{len(tally.repeat)}" if tally.repeat else "-",
             ]
         )
     return out

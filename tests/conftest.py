@@ -155,13 +155,9 @@ EMBEDDED_ID = "qwen2.5-coder-0.5b"
 
 
 @pytest.fixture(scope="session")
-def embedded_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    """The router app on the embedded default model (in-process, real handles)."""
-    from fastapi.testclient import TestClient
-
-    from serve_app.testing import local_router_app
-
-    config = AppConfig(
+def embedded_config(tmp_path_factory: pytest.TempPathFactory) -> AppConfig:
+    """The config of ``embedded_client``."""
+    return AppConfig(
         # configs/local.yaml's next-edit prompt for the embedded model.
         models=[
             ModelConfig(
@@ -187,9 +183,28 @@ def embedded_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
         auth=AuthOptions(bootstrap_local_key=True, docs="open"),
         data_dir=str(tmp_path_factory.mktemp("embedded-data")),
     )
+
+
+@pytest.fixture(scope="session")
+def embedded_client(embedded_config: AppConfig) -> Iterator:
+    """The router app on the embedded default model (in-process, real handles)."""
+    from fastapi.testclient import TestClient
+
+    from serve_app.testing import local_router_app
+
     os.environ["SERVE_APP_API_KEY"] = TEST_KEY
-    with TestClient(local_router_app(config), raise_server_exceptions=False) as test_client:
+    app = local_router_app(embedded_config)
+    with TestClient(app, raise_server_exceptions=False) as test_client:
         yield test_client
+
+
+@pytest.fixture(scope="session")
+def embedded_other_auth(embedded_config: AppConfig, embedded_client) -> dict[str, str]:
+    """The headers of a second account on ``embedded_client``'s app."""
+    from tests.fixtures.auth import new_account
+
+    key, _ = new_account(embedded_config.auth_db, "other-account")
+    return {"Authorization": f"Bearer {key}"}
 
 
 @pytest.fixture(scope="session")

@@ -40,7 +40,9 @@ class Cart:
 <|/current_file_content|>"""
 
 
-def edit(client, content: str, max_tokens: int = 96) -> tuple[str, dict]:
+def edit(
+    client, content: str, max_tokens: int = 96, headers: dict[str, str] = AUTH
+) -> tuple[str, dict]:
     """The region the answer holds (its plain fence cut off, as clients do) and the answer."""
     body = {
         "model": EMBEDDED_ID,
@@ -48,7 +50,7 @@ def edit(client, content: str, max_tokens: int = 96) -> tuple[str, dict]:
         "max_tokens": max_tokens,
         "messages": [{"role": "user", "content": content}],
     }
-    response = client.post("/v1/edit/completions", json=body, headers=AUTH)
+    response = client.post("/v1/edit/completions", json=body, headers=headers)
     assert response.status_code == 200, response.text
     answer = response.json()
     fenced = answer["choices"][0]["message"]["content"]
@@ -82,3 +84,24 @@ def test_unfinished_line_is_completed_and_the_rest_kept(embedded_client):
     assert "item.price)" in region
     assert "def is_empty(self):" in region
     assert "return not self.items" in region
+
+
+def test_typing_the_prediction_gets_it_again_without_the_model(
+    embedded_client, embedded_other_auth
+):
+    """A keystroke that types the start of the predicted edit is answered with the same
+    prediction, its prompt unread and billed as cached; another account typing the same
+    keystroke gets the model's own answer (its prompt read), never this account's."""
+    predicted, _ = edit(embedded_client, UNFINISHED)
+    assert "item.price)" in predicted
+    typed = UNFINISHED.replace("item.<|cursor|>", "item.p<|cursor|>")
+    again, answer = edit(embedded_client, typed)
+    assert again == predicted
+    usage = answer["usage"]
+    assert usage["cached_input_tokens"] == usage["prompt_tokens"] > 200
+    assert usage["completion_tokens"] > 0
+    other, other_answer = edit(embedded_client, typed, headers=embedded_other_auth)
+    assert other_answer["usage"]["cached_input_tokens"] < other_answer["usage"]["prompt_tokens"]
+    # A keystroke the prediction lacks is not following it: the model answers it.
+    _, off_path = edit(embedded_client, UNFINISHED.replace("item.<|cursor|>", "item.q<|cursor|>"))
+    assert off_path["usage"]["cached_input_tokens"] < off_path["usage"]["prompt_tokens"]

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
+from serve_app.api.common import CompletionUsage
 from serve_app.api.edit import AssistantMessage, EditChoice, EditCompletion, EditCompletionRequest
 from serve_app.engine.prompts.edit import (
     EditPromptStyle,
@@ -21,13 +22,18 @@ from serve_app.engine.prompts.edit import (
 from serve_app.engine.protocol import GenerationRequest
 from serve_app.serving.billing import BilledCall
 from serve_app.serving.generation import EngineClient, completion, usage_of
+from serve_app.serving.predictions import Prediction, Predictions
 
 logger = logging.getLogger(__name__)
 
 
 class EditService:
     """``style``: the prompt style (default: the model's ``edit_prompt``); ``on_rejected`` is
-    told why an answer was replaced by "no change" (the deployment counts it in metrics)."""
+    told why an answer was replaced by "no change" (the deployment counts it in metrics).
+
+    A request whose region has part of the account's last prediction for that file typed
+    (``Predictions.followed``) gets that prediction again without the model: the user is
+    typing it, so it is still the answer, and it comes at once instead of seconds later."""
 
     def __init__(
         self,
@@ -38,6 +44,7 @@ class EditService:
         self.client = client
         self.style: EditPromptStyle = style or client.model.edit_prompt
         self.on_rejected = on_rejected or (lambda reason: None)
+        self.predictions = Predictions()
 
     async def complete(self, body: EditCompletionRequest, call: BilledCall) -> EditCompletion:
         # Text that cannot fit the context is refused unread; the rest is parsed and tokenised
@@ -62,11 +69,16 @@ class EditService:
         request: GenerationRequest = self.client.request(
             call, prompt_ids, params, "messages", role="edit"
         )
+        account = _account_key(call)
+        followed = self.predictions.followed(account, prompt)
+        if followed is not None and followed.completion_tokens <= params.max_tokens:
+            return self._answer_followed(body, call, len(prompt_ids), followed)
         raw, last = await self.client.complete(call, request)
         region, rejected = read_answer(answer_prefix(messages) + raw, prompt, last.finish_reason)
         if rejected is not None:
             logger.info("edit answer not an edit (%s); answering the region unchanged", rejected)
             self.on_rejected(rejected)
+        self.predictions.remember(account, prompt, region, last.completion_tokens)
         choice = EditChoice(
             index=0,
             finish_reason=last.finish_reason or "stop",
@@ -74,3 +86,24 @@ class EditService:
         )
         # Zed sends the id back as feedback and checks that it starts with "cmpl-".
         return completion(EditCompletion, "cmpl", body.model, choice, usage_of(last))
+
+    def _answer_followed(
+        self, body: EditCompletionRequest, call: BilledCall, prompt_tokens: int, kept: Prediction
+    ) -> EditCompletion:
+        """``kept`` again, billed as a replayed answer is: the whole prompt as cached (nothing
+        was read) and the prediction's tokens as its output."""
+        call.meter.update(prompt_tokens, kept.completion_tokens)
+        usage = CompletionUsage.from_counts(prompt_tokens, kept.completion_tokens, prompt_tokens)
+        choice = EditChoice(
+            index=0,
+            finish_reason="stop",
+            message=AssistantMessage(content=fence_region(kept.predicted)),
+        )
+        return completion(EditCompletion, "cmpl", body.model, choice, usage)
+
+
+def _account_key(call: BilledCall) -> str:
+    """Whose predictions a request may follow: its prefix-cache partition and its account
+    (the partition alone is one for all accounts where the operator shares the cache)."""
+    account = getattr(call.context.grant, "account_id", None)
+    return f"{call.cache_salt}/{account}"
