@@ -228,7 +228,7 @@ def start_services(args: argparse.Namespace, rejected: dict[str, Any]) -> tuple[
         roles=Roles(fim=args.model, edit=args.model, decisions=args.model),
         engine=EngineConfig(torch_threads=args.threads, prompt_threads=args.prompt_threads, seed=0),
     )
-    engine = start_engine(config, model)
+    engine = start_engine(config, model, "edit")
     client = EngineClient(engine, model)
     services = {
         name: EditService(client, style=style, on_rejected=rejected[name])

@@ -7,7 +7,7 @@ import logging
 from typing import Any, ClassVar
 
 from deployments.metrics import LatencyMetrics, report_engine_stats
-from serve_app.config import AppConfig, ModelConfig
+from serve_app.config import AppConfig, EngineRole
 from serve_app.serving.billing import UsageRecorder, ledger_write
 from serve_app.serving.generation import EngineClient, start_engine
 
@@ -35,9 +35,13 @@ class EngineDeployment:
     its metrics, health check and shutdown."""
 
     deployment_name: ClassVar[str]
+    engine_role: ClassVar[EngineRole]
 
-    def start_engine_client(self, config: AppConfig, model: ModelConfig) -> EngineClient:
-        self.engine = start_engine(config, model, cpus=replica_cpus())
+    def start_engine_client(self, config: AppConfig) -> EngineClient:
+        """The engine of this deployment's role (``engine_role``): its model, its settings."""
+        role = self.engine_role
+        model = config.model(getattr(config.roles, role))
+        self.engine = start_engine(config, model, role, cpus=replica_cpus())
         self._stats_task = _start_background(report_engine_stats(self.engine))
         return EngineClient(self.engine, model, LatencyMetrics())
 
@@ -52,7 +56,7 @@ class EngineDeployment:
     @classmethod
     def get_deployment_options(cls, config: AppConfig) -> dict[str, Any]:
         """Admit a full batch, queue a little more, then answer 503 instead of queueing on."""
-        batch = config.engine.max_batch_size
+        batch = config.engine_for(cls.engine_role).max_batch_size
         return {
             "name": cls.deployment_name,
             "max_ongoing_requests": 2 * batch,

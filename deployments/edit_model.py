@@ -28,9 +28,10 @@ class EditModel(EngineDeployment):
     it serves next-edit, apply and chat, each through its own service on one engine."""
 
     deployment_name = "EditModel"
+    engine_role = "edit"
 
     def __init__(self, config: AppConfig, auth: Any = None) -> None:
-        client = self.start_engine_client(config, config.model(config.roles.edit))
+        client = self.start_engine_client(config)
         self.editor = EditService(client, on_rejected=count_edit_rejection)
         self.chatter = ChatService(client)
         self.applier = ApplyService(client)

@@ -15,9 +15,10 @@ from serve_app.serving.fim import FimService
 
 class FimModel(EngineDeployment):
     deployment_name = "FimModel"
+    engine_role = "fim"
 
     def __init__(self, config: AppConfig, auth: Any = None) -> None:
-        self.fim = FimService(self.start_engine_client(config, config.model(config.roles.fim)))
+        self.fim = FimService(self.start_engine_client(config))
         self.usage = usage_recorder(auth, config.limits.request_timeout_s)
 
     async def complete(self, body: FimCompletionRequest, context: RequestContext) -> FimCompletion:

@@ -18,15 +18,15 @@ from serve_app.serving.generation import load_configured_model
 class DecisionScorer:
     def __init__(self, config: AppConfig, auth: Any = None) -> None:
         model = config.model(config.roles.decisions)
-        loaded = load_configured_model(config, model, cpus=replica_cpus())
+        loaded = load_configured_model(config, model, "decisions", cpus=replica_cpus())
         budget = DecisionBudget(
             max_scored_tokens=config.limits.decision_max_scored_tokens,
             max_input_bytes=config.limits.decision_max_input_bytes,
         )
-        # The generating deployments' engine settings: scoring reads prompts on the same
-        # weights as they do, through the same engine code.
+        # Scoring reads prompts through the same engine code as generation, with the
+        # decisions role's engine settings.
         scorer = LikelihoodScorer.for_model(
-            loaded, config.engine, model.context_length, budget=budget
+            loaded, config.engine_for("decisions"), model.context_length, budget=budget
         )
         self.engine = scorer.engine
         self.decisions = DecisionService(scorer)

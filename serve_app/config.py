@@ -6,9 +6,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from serve_app.api.apply import ApplyCompletionRequest
 from serve_app.api.chat import ChatCompletionRequest
@@ -227,10 +227,20 @@ class HttpLimits(StrictConfig):
     )
 
 
+# The model deployments, each running its own engines (chat and apply run on the edit one).
+EngineRole = Literal["fim", "edit", "decisions"]
+
+
 class AppConfig(StrictConfig):
     models: list[ModelConfig] = Field(default_factory=lambda: [ModelConfig()], min_length=1)
     roles: Roles = Field(default_factory=Roles)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    role_engines: dict[EngineRole, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Engine settings one model deployment runs with instead of engine's, by "
+        "role, e.g. {fim: {prompt_weights: dense}}; a field named replaces engine's whole "
+        "(a block such as speculation too).",
+    )
     auth: AuthOptions = Field(default_factory=AuthOptions)
     limits: HttpLimits = Field(default_factory=HttpLimits)
     cache_dir: str | None = Field(
@@ -272,6 +282,23 @@ class AppConfig(StrictConfig):
         if repeated:
             raise ValueError(f"model ids and aliases must be unique: {repeated} repeat")
         return self
+
+    @model_validator(mode="after")
+    def _role_engines_are_engine_settings(self) -> AppConfig:
+        for role in self.role_engines:
+            try:
+                self.engine_for(role)
+            except ValidationError as e:
+                raise ValueError(f"role_engines.{role}: {e}") from None
+        return self
+
+    def engine_for(self, role: EngineRole) -> EngineConfig:
+        """The engine settings of ``role``'s deployment: ``engine``, with ``role_engines``'
+        fields for it."""
+        changes = self.role_engines.get(role)
+        if not changes:
+            return self.engine
+        return EngineConfig.model_validate({**self.engine.model_dump(), **changes})
 
     def resolve_model_id(self, name: str) -> str:
         """The id of the model ``name`` names (itself, or the model it is an alias of)."""

@@ -193,7 +193,7 @@ def test_a_timeout_cancels_the_engine_request_and_frees_its_slot(billing_config)
     """What the 504 above does on the model side: the engine request is aborted, not left
     generating until max_tokens, and the write gets the tokens it processed."""
     model = billing_config.model(billing_config.roles.fim)
-    engine = start_engine(billing_config, model)
+    engine = start_engine(billing_config, model, "fim")
     service = FimService(EngineClient(engine, model))
     rows: list[tuple[int, int, int]] = []
 
@@ -223,7 +223,7 @@ def test_a_timeout_cancels_the_engine_request_and_frees_its_slot(billing_config)
 
 def test_a_usage_write_that_fails_is_no_silent_200(billing_config):
     model = billing_config.model(billing_config.roles.fim)
-    engine = start_engine(billing_config, model)
+    engine = start_engine(billing_config, model, "fim")
     service = FimService(EngineClient(engine, model))
     attempts = []
 

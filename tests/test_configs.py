@@ -57,6 +57,21 @@ def test_unknown_config_keys_fail_loudly():
         )
 
 
+def test_role_engines_change_only_their_deployments_engine():
+    config = AppConfig.model_validate(
+        {"engine": {"max_batch_size": 4}, "role_engines": {"fim": {"prompt_weights": "dense"}}}
+    )
+    fim = config.engine_for("fim")
+    assert (fim.prompt_weights, fim.max_batch_size) == ("dense", 4)
+    assert config.engine_for("edit") == config.engine_for("decisions") == config.engine
+    assert config.engine.prompt_weights == "auto"
+    for wrong in ({"fim": {"prompt_weight": "dense"}}, {"fim": {"prompt_weights": "fp8"}}):
+        with pytest.raises(ValueError, match="role_engines.fim"):
+            AppConfig.model_validate({"role_engines": wrong})
+    with pytest.raises(ValueError):
+        AppConfig.model_validate({"role_engines": {"chat": {"max_batch_size": 2}}})
+
+
 def test_grafana_dashboard_queries_only_documented_metrics():
     """Every series the dashboard plots is one docs/operations.md documents (test_metrics checks
     export)."""

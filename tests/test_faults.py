@@ -155,7 +155,7 @@ def test_closing_a_fim_stream_frees_its_engine_slot_within_a_second(app_config):
     from serve_app.serving.generation import EngineClient, start_engine
 
     model = app_config.model(app_config.roles.fim)
-    engine = start_engine(app_config, model)
+    engine = start_engine(app_config, model, "fim")
     service = FimService(EngineClient(engine, model))
     # max_tokens within app_config's 4,096-token context; the stream is closed after one chunk
     body = FimCompletionRequest(model=model.id, **{**LONG_FIM, "max_tokens": 3000})

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, TypeVar
 
 from serve_app.api.common import CompletionUsage, new_id, now
-from serve_app.config import AppConfig, ModelConfig
+from serve_app.config import AppConfig, EngineRole, ModelConfig
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.json.token_bytes import TokenTexts
 from serve_app.engine.loader import LoadedModel, load_model
@@ -26,14 +26,16 @@ T = TypeVar("T")
 
 
 def load_configured_model(
-    config: AppConfig, model: ModelConfig, cpus: float | None = None
+    config: AppConfig, model: ModelConfig, role: EngineRole, cpus: float | None = None
 ) -> LoadedModel:
-    """Load ``model`` as configured: the one way a deployment gets weights.
+    """Load ``model`` as configured for ``role``'s deployment: the one way a deployment gets
+    weights.
 
     torch's thread pool is sized from the replica's CPU allotment unless the config says
     otherwise, so replicas sharing a machine don't oversubscribe its cores.
     """
-    threads = config.engine.torch_threads or (max(1, math.ceil(cpus)) if cpus else None)
+    configured = config.engine_for(role).torch_threads
+    threads = configured or (max(1, math.ceil(cpus)) if cpus else None)
     return load_model(
         model.source,
         dtype=model.dtype,
@@ -43,14 +45,17 @@ def load_configured_model(
     )
 
 
-def start_engine(config: AppConfig, model: ModelConfig, cpus: float | None = None) -> LLMEngine:
+def start_engine(
+    config: AppConfig, model: ModelConfig, role: EngineRole, cpus: float | None = None
+) -> LLMEngine:
     """Load ``model`` (and its draft model, where one is configured and a role uses it) and
-    start its generation engine."""
-    loaded = load_configured_model(config, model, cpus)
+    start the generation engine of ``role``'s deployment."""
+    engine = config.engine_for(role)
+    loaded = load_configured_model(config, model, role, cpus)
     draft = None
-    if model.draft_model is not None and config.engine.speculation.draft_model_roles:
-        draft = load_configured_model(config, config.model(model.draft_model), cpus)
-    return LLMEngine(loaded, config.engine, model.context_length, draft=draft)
+    if model.draft_model is not None and engine.speculation.draft_model_roles:
+        draft = load_configured_model(config, config.model(model.draft_model), role, cpus)
+    return LLMEngine(loaded, engine, model.context_length, draft=draft)
 
 
 class GenerationObserver(Protocol):
