@@ -6,9 +6,10 @@ For every case set of ``bench.fim_cases`` (stdlib windows, long files, short fun
 headers) and every layout of ``serve_app.engine.prompts.fim`` (``psm``: prefix, suffix,
 middle, today's default; ``spm``: suffix first, the prefix right before the answer), the
 embedded model completes each case greedily through the engine as the service runs it on
-this CPU (the runner, int8 or int4 decode weights, prompts as ``prompt_weights: auto``
-reads them), and a case counts when the completion's first line equals the removed line
-(trailing spaces ignored). Ratios are against ``psm`` in the same run.
+this CPU (the runner, int8 or int4 decode weights, prompts on ``--prompt-weights``, as
+``engine.prompt_weights`` reads them: ``auto``, int8 on AVX2, by default), and a case counts
+when the completion's first line equals the removed line (trailing spaces ignored). Ratios
+are against ``psm`` in the same run.
 
 With ``--llama-url`` the same prompts, rendered as text with the same markers, also go to a
 running ``llama-server`` on the model's own GGUF (``/completion``, greedy, no prompt cache),
@@ -105,6 +106,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--cursor", choices=("line-start", "indented"), default="line-start")
     parser.add_argument("--llama-url", default=None)
+    parser.add_argument(
+        "--prompt-weights", default="auto", help="engine.prompt_weights (auto: int8 on AVX2)"
+    )
     parser.add_argument("--show-misses", action="store_true")
     parser.add_argument(
         "--no-service", action="store_true", help="with --llama-url: only llama.cpp's column"
@@ -120,7 +124,7 @@ def main() -> None:
     fmt = fim_format_for(loaded.tokenizer, loaded.model_type)
     config = EngineConfig(
         weights="auto",
-        prompt_weights="auto",
+        prompt_weights=args.prompt_weights,
         max_batch_size=4,
         prefix_cache_mb=0,
         speculation=NO_SPECULATION,
@@ -155,7 +159,10 @@ def main() -> None:
                     _report_progress("llama.cpp", set_name, layout, hits, started)
     finally:
         engine.shutdown()
-    print(f"\n{args.source}, exact first line, greedy, {args.cases} cases per set, {args.cursor}")
+    print(
+        f"\n{args.source}, exact first line, greedy, {args.cases} cases per set, {args.cursor}, "
+        f"prompt_weights {args.prompt_weights}"
+    )
     print(f"CPU: {cpu_flags()}; engine backend: {engine.stats().backend}")
     print(_table(results, list(sets), layouts))
 
