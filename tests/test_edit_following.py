@@ -56,3 +56,10 @@ def test_a_no_change_answer_forgets_the_file_and_old_files_go_first() -> None:
         predictions.remember(account, prompt(f"if {CURSOR}total:"), "if subtotal:", 5)
     assert predictions.followed("a", prompt(f"if s{CURSOR}total:")) is None
     assert predictions.followed("c", prompt(f"if s{CURSOR}total:")) is not None
+
+
+def test_a_region_too_long_to_keep_is_not_remembered() -> None:
+    predictions = Predictions()
+    tail = "\n" + "x = 1\n" * 3000
+    predictions.remember("a", prompt(f"if {CURSOR}total:{tail}"), f"if subtotal:{tail}", 5)
+    assert predictions.followed("a", prompt(f"if s{CURSOR}total:{tail}")) is None

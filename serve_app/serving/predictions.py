@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from serve_app.engine.prompts.edit import EditPrompt, region_without_cursor
 from serve_app.engine.prompts.edit.following import typed_toward
 
-# Files remembered per replica: a prediction is a few kB, and only the newest per file counts.
+# Files remembered per replica, and the longest region and answer remembered (characters): an
+# editor's region is a few lines, and a stranger's megabyte regions must not pile up here.
 PREDICTIONS_KEPT = 1024
+MAX_REMEMBERED_CHARS = 16_384
 
 
 @dataclass(frozen=True)
 class Prediction:
-    """A region the model predicted, for the file around it as it was then."""
+    """A region the model predicted, for the file around it as it was then (a digest)."""
 
-    file_before: str
+    around: bytes
     region: str
-    file_after: str
     predicted: str
     completion_tokens: int
 
@@ -38,16 +40,14 @@ class Predictions:
     def remember(
         self, account: str, prompt: EditPrompt, predicted: str, completion_tokens: int
     ) -> None:
-        """Keep ``predicted`` as the answer for ``prompt``; a "no change" answer forgets the
-        file's prediction (there is nothing to type toward)."""
+        """Keep ``predicted`` as the answer for ``prompt``; a "no change" answer, or one too
+        long to keep, forgets the file's prediction."""
         key = (account, prompt.file_path)
         region = region_without_cursor(prompt)
         self._kept.pop(key, None)
-        if predicted == region:
+        if predicted == region or len(region) + len(predicted) > MAX_REMEMBERED_CHARS:
             return
-        self._kept[key] = Prediction(
-            prompt.file_before, region, prompt.file_after, predicted, completion_tokens
-        )
+        self._kept[key] = Prediction(_around(prompt), region, predicted, completion_tokens)
         while len(self._kept) > self.capacity:
             self._kept.popitem(last=False)
 
@@ -56,12 +56,18 @@ class Predictions:
         typed (``typed_toward``) and the file outside the region as it was."""
         key = (account, prompt.file_path)
         kept = self._kept.get(key)
-        if kept is None or (prompt.file_before, prompt.file_after) != (
-            kept.file_before,
-            kept.file_after,
-        ):
+        if kept is None or kept.around != _around(prompt):
             return None
         if not typed_toward(kept.region, kept.predicted, region_without_cursor(prompt)):
             return None
         self._kept.move_to_end(key)
         return kept
+
+
+def _around(prompt: EditPrompt) -> bytes:
+    """A digest of the file outside the region: what must not have changed."""
+    digest = hashlib.blake2b(digest_size=16)
+    for part in (prompt.file_before, prompt.file_after):
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part.encode("utf-8", "surrogatepass"))
+    return digest.digest()

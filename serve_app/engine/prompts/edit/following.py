@@ -8,6 +8,8 @@ service replays a suggestion being typed (docs/next_edit.md), instead of running
 
 from __future__ import annotations
 
+from serve_app.engine.prefix_cache import common_prefix_len
+
 
 def typed_toward(before: str, predicted: str, now: str) -> bool:
     """Whether region ``now`` is region ``before`` with part of the edit ``before`` ->
@@ -22,8 +24,8 @@ def typed_toward(before: str, predicted: str, now: str) -> bool:
     """
     if predicted == before or now in (before, predicted):
         return False
-    head = _common_prefix(before, predicted)
-    tail = _common_suffix(before[head:], predicted[head:])
+    head = common_prefix_len(before, predicted)
+    tail = _common_suffix_len(before[head:], predicted[head:])
     if len(now) < head + tail or now[:head] != before[:head]:
         return False
     if tail and now[-tail:] != before[-tail:]:
@@ -33,24 +35,11 @@ def typed_toward(before: str, predicted: str, now: str) -> bool:
     middle = now[head : len(now) - tail]
     if not new and old.startswith(middle):
         return True
-    typed = _common_prefix(middle, new)
-    # The longest beginning of ``new`` leaves the most of ``middle`` to be an end of ``old``.
-    return any(old.endswith(middle[k:]) for k in range(typed, -1, -1))
+    # ``middle`` is new[:k] + an end of old for some k <= typed exactly when all but its
+    # longest common end with ``old`` fits within the beginning of ``new`` typed.
+    typed = common_prefix_len(middle, new)
+    return len(middle) - _common_suffix_len(middle, old) <= typed
 
 
-def _common_prefix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def _common_suffix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(reversed(a), reversed(b), strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+def _common_suffix_len(a: str, b: str) -> int:
+    return common_prefix_len(a[::-1], b[::-1])
