@@ -202,7 +202,9 @@ def main(argv: list[str] | None = None) -> None:
         shape_t, shape_d = args.random.split(":")
         target = loaded_model(shape_t, args.device, torch.bfloat16)
         draft = loaded_model(shape_d, args.device, torch.bfloat16)
-        vocab = int(target.model.config.vocab_size)
+        # Prompt ids every model can read (the 7B has 128 more rows than the 0.5B): an id the
+        # draft lacks would turn drafting off for that request.
+        vocab = min(int(m.model.config.vocab_size) for m in (target, draft))
         prompts = [prompt(512, vocab, seed) for seed in range(args.cases)]
         where = device_name(args.device)
     else:

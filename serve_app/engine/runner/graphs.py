@@ -22,8 +22,9 @@ A graph replays fixed shapes at fixed addresses, so a captured step is static:
   before a replay, and the logits copied out after it (a later replay overwrites them).
 
 A graph holds the cache's tensors by address, so the cache keeps the graphs captured over
-its tensors (``SlotCache.graphs``) and drops them when it grows or shrinks; they are captured
-again on first use, a few eager steps each. A step of more than ``MAX_TOKENS``
+its tensors (``SlotCache.graphs``, with their memory pool ``SlotCache.graph_pool``) and drops
+them when it grows or shrinks; they are captured again on first use, a few eager steps each,
+into a new pool. A step of more than ``MAX_TOKENS``
 tokens once padded runs eagerly: its logits would hold graph memory for little gain (with
 that many tokens the kernels, not their launches, take the time).
 
@@ -68,13 +69,12 @@ class _Graph:
 
 
 class DecodeGraphs:
-    """How one runner captures and replays its decode steps (the graphs live in the caches:
-    ``SlotCache.graphs``), with one memory pool for all of them: steps replay one at a time,
-    so their intermediates can share it."""
+    """How one runner captures and replays its decode steps. The graphs live in the caches
+    (``SlotCache.graphs``), with one memory pool per cache allocation (``graph_pool``): steps
+    replay one at a time, so their intermediates can share it."""
 
     def __init__(self, capture: bool = True) -> None:
         self.capture = capture
-        self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.captured = 0  # graphs captured so far
         self.steps: Counter[tuple[int, int]] = Counter()  # steps run, by (rows, span) padded
 
@@ -138,7 +138,9 @@ class DecodeGraphs:
 
         entry = _Graph(None, step, tokens, positions, slots, torch.empty(0))
         if self.capture:
-            entry.graph, entry.logits = self._capture(step)
+            if cache.graph_pool is None:
+                cache.graph_pool = torch.cuda.graph_pool_handle()
+            entry.graph, entry.logits = self._capture(step, cache.graph_pool)
             self.captured += 1
             logger.info(
                 "runner: decode graph captured: %d rows x %d tokens, %d columns",
@@ -149,8 +151,9 @@ class DecodeGraphs:
         cache.graphs[(size, span)] = entry
         return entry
 
+    @staticmethod
     def _capture(
-        self, step: Callable[[], torch.Tensor]
+        step: Callable[[], torch.Tensor], pool: tuple[int, int]
     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """Warm ``step`` up on a side stream, then capture it (torch's recipe). The warm-up
         runs write only padding (token 0 from position 0 into the spare slot): the inputs
@@ -164,6 +167,6 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         # thread_local: only this thread's CUDA calls matter to the capture (the engine steps
         # in its own thread).
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             logits = step()
         return graph, logits

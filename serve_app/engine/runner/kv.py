@@ -52,6 +52,10 @@ class SlotCache:
         # Decode steps captured over this allocation's tensors (``graphs.DecodeGraphs``), by
         # (rows, span): a graph holds tensors by address, so it goes with them.
         self.graphs: dict[tuple[int, int], Any] = {}
+        # The memory pool those graphs share, made at the first capture. It goes with them:
+        # once every graph of a pool is freed, torch's allocator cannot capture into it again
+        # (an internal assert, measured on an H100 after a cache grew).
+        self.graph_pool: Any = None
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._allocate(self.initial_capacity, keep=0)
@@ -76,7 +80,7 @@ class SlotCache:
             new_keys.append(k)
             new_values.append(v)
         self.keys, self.values, self.capacity = new_keys, new_values, capacity
-        self.graphs = {}
+        self.graphs, self.graph_pool = {}, None
 
     def ensure(self, width: int) -> None:
         """Grow (doubling, keeping every slot's columns) so ``width`` columns fit."""
