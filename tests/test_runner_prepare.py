@@ -108,3 +108,15 @@ def test_a_first_start_hands_back_the_dense_layers_it_quantized(tmp_path) -> Non
         dense = lm.model.model.layers[-1].mlp.down_proj(torch.ones(1, layers[-1].shape[1]))
         assert torch.isfinite(dense).all() and resident_pages(layers[-1:]) > 0
     assert runner.quantized_prompts
+
+
+def test_saving_a_format_removes_its_older_versions(loaded, tmp_path) -> None:
+    """The int8 file of an older format (v2: unsmoothed) is never read again: saving the
+    current one removes it, and only it (another kind of file stays)."""
+    older = tmp_path / "runner-int8-v2-0123456789abcdef.pt"
+    other = tmp_path / "runner-first-float32-0123456789abcdef.pt"
+    for path in (older, other):
+        path.write_bytes(b"x")
+    build_runner(loaded.model, weights="int8", cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("runner-int8-v3-*.pt"))) == 1
+    assert not older.exists() and other.exists()

@@ -175,6 +175,7 @@ def configured_runner(
         quantized_prompts,
     )
     from serve_app.engine.runner.qwen2 import unsupported_reason
+    from serve_app.engine.runner.smoothing import calibration_ids
 
     reason = "runner: hf" if config.runner == "hf" else unsupported_reason(loaded.model)
     if reason is not None:
@@ -194,6 +195,7 @@ def configured_runner(
         prompt_weights=config.prompt_weights,
         first_tokens=prompt_start_tokens(loaded.tokenizer),
         precise_activations=scoring,
+        calibration=calibration_ids(loaded.tokenizer),
     )
     if device.type == "cuda" and config.cuda_graphs and not scoring:
         runner.graphs = DecodeGraphs()

@@ -22,10 +22,11 @@ int4/int8, CPU kernels, are refused with ``DeviceError``.
 Quantizing reads every dense weight and takes seconds, so the results are saved once next to
 the converted model and later replicas read them from there: int4 packs
 (``runner-int4-g32-<fingerprint>.pt``) are mapped, so every replica on the machine shares one
-page-cache copy; int8 values (``runner-int8-v2-<fingerprint>.pt``) are read into fbgemm's own
-packed copy per replica; with prompts on the decode weights, the first-position entries of the
-tokenizer's special tokens (``runner-first-<dtype>-<fingerprint>.pt``: the tokens prompts start
-with, ``Qwen2Runner.first_token``) too. A replica that finds these files never reads the dense
+page-cache copy; int8 values (``runner-int8-v3-<fingerprint>.pt``, smoothed: ``smoothing.py``)
+are read into fbgemm's own packed copy per replica; with prompts on the decode weights, the
+first-position entries of the tokenizer's special tokens
+(``runner-first-<dtype>-<fingerprint>.pt``: the tokens prompts start with,
+``Qwen2Runner.first_token``) too. A replica that finds these files never reads the dense
 weights of its layers, so the memory-mapped model file stays out of its memory.
 """
 
@@ -35,8 +36,9 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,7 @@ import torch
 from serve_app.engine.loader import DeviceError
 from serve_app.engine.runner.pages import page_out
 from serve_app.engine.runner.qwen2 import Layer, Qwen2Runner, norm_weight
+from serve_app.engine.runner.smoothing import input_peaks, smoothing
 from serve_app.engine.runner.weights import (
     INT4_GROUP,
     Linear,
@@ -60,7 +63,9 @@ logger = logging.getLogger(__name__)
 
 WEIGHTS = ("auto", "int4", "int8", "dense")
 PROMPT_WEIGHTS = ("auto", "dense", "decode")
-INT8_FILE = "int8-v2"  # v1 (never released) held two extra zero columns per matrix
+# v1 (never released) held two extra zero columns per matrix; v2 had no smoothing. v3 is
+# smoothed by data/calibration.txt: a new text needs a new version.
+INT8_FILE = "int8-v3"
 CPU = torch.device("cpu")
 
 
@@ -141,11 +146,14 @@ def build_runner(
     prompt_weights: str = "dense",
     first_tokens: Iterable[int] = (),
     precise_activations: bool = False,
+    calibration: Sequence[int] = (),
 ) -> Qwen2Runner:
     """A runner over ``model``'s weights; quantized weights (and, with prompts on the decode
     weights, the first-position entries of ``first_tokens``) are read from / saved to
     ``cache_dir``. ``small_prefill_tokens``, ``prompt_weights``: see ``Qwen2Runner.forward``.
-    ``precise_activations``: int8 linears round activations twice (``int8_linear``)."""
+    ``precise_activations``: int8 linears round activations twice (``int8_linear``).
+    ``calibration``: token ids read once on the dense weights to smooth int8's inputs
+    (``smoothing.py``); empty: int8 unsmoothed (only where no int8 file is saved yet)."""
     if weights not in WEIGHTS:
         raise ValueError(f"unknown runner weights {weights!r}; use one of {WEIGHTS}")
     weights = decode_weights(weights, model_device(model))
@@ -154,14 +162,16 @@ def build_runner(
     parts = [_layer_parts(layer, dense_dtype) for layer in hf_layers]
     head = [(_dense(model.lm_head.weight, dense_dtype), None)]
     packs: dict[str, torch.Tensor] = {}
-    int8: dict[str, torch.ScriptObject] = {}
+    int8: dict[str, tuple[torch.ScriptObject, torch.Tensor | None]] = {}
     if weights == "int4":
         packs = _int4_packs(_matrices(parts, head), _cache_path(model, cache_dir, "int4"))
     elif weights == "int8":
-        int8 = _int8_packs(_matrices(parts, head), _cache_path(model, cache_dir, INT8_FILE))
+        path = _cache_path(model, cache_dir, INT8_FILE)
+        int8 = _int8_packs(_matrices(parts, head), path, model, calibration)
 
     def linear(p: list, name: str) -> Linear:
-        return Linear(p, _pack(packs, name), int8.get(name), precise_activations)
+        packed, smooth = int8.get(name, (None, None))
+        return Linear(p, _pack(packs, name), packed, precise_activations, smooth)
 
     layers = []
     for index, (norm_in, qkv, o, norm_post, gate_up, down) in enumerate(parts):
@@ -227,34 +237,53 @@ def _int4_packs(matrices: dict[str, list], path: Path | None) -> dict[str, torch
         if int4_supported(sum(w.shape[0] for w, _ in v), v[0][0].shape[1])
     }
 
-    def pack(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    def pack(_name: str, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         packed, scales = quantize_int4(weight)
         return {"packed": packed, "scales": scales}
 
     return _cached(path, f"int4 weights (group {INT4_GROUP})", lambda: _quantize(matrices, pack))
 
 
-def _int8_packs(matrices: dict[str, list], path: Path | None) -> dict[str, torch.ScriptObject]:
-    """fbgemm packs, made from the int8 values saved at ``path`` (the file is read, packed
-    and released: fbgemm keeps its own copy, private to the replica)."""
+def _int8_packs(
+    matrices: dict[str, list], path: Path | None, model: Any, calibration: Sequence[int]
+) -> dict[str, tuple[torch.ScriptObject, torch.Tensor | None]]:
+    """``(fbgemm pack, 1 / s or None)`` per matrix, made from the int8 values saved at
+    ``path`` (the file is read, packed and released: fbgemm keeps its own copy, private to
+    the replica). Where ``calibration`` is given, each matrix is smoothed first
+    (``smoothing.py``); the peaks are measured only when the file is made."""
 
-    def values(weight: torch.Tensor) -> dict[str, torch.Tensor]:
-        q, scales = int8_values(weight)
-        return {"q": q, "scales": scales}
+    def compute() -> dict[str, torch.Tensor]:
+        peaks = input_peaks(model, list(calibration)) if calibration else {}
 
-    saved = _cached(path, "int8 weights", lambda: _quantize(matrices, values))
-    return {name: prepack_int8(saved[f"{name}.q"], saved[f"{name}.scales"]) for name in matrices}
+        def values(name: str, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+            if name not in peaks:
+                q, scales = int8_values(weight)
+                return {"q": q, "scales": scales}
+            s = smoothing(peaks[name], weight)
+            q, scales = int8_values(weight * s)
+            return {"q": q, "scales": scales, "smooth": (1 / s).contiguous()}
+
+        return _quantize(matrices, values)
+
+    saved = _cached(path, "int8 weights", compute)
+    return {
+        name: (
+            prepack_int8(saved[f"{name}.q"], saved[f"{name}.scales"]),
+            saved.get(f"{name}.smooth"),
+        )
+        for name in matrices
+    }
 
 
 def _quantize(
-    matrices: dict[str, list], quantize: Callable[[torch.Tensor], dict[str, torch.Tensor]]
+    matrices: dict[str, list], quantize: Callable[[str, torch.Tensor], dict[str, torch.Tensor]]
 ) -> dict[str, torch.Tensor]:
     started = time.monotonic()
     out: dict[str, torch.Tensor] = {}
     total = len(matrices)
     for done, (name, parts) in enumerate(matrices.items(), start=1):
         weight = stacked([(w.float(), b) for w, b in parts])
-        out |= {f"{name}.{key}": t for key, t in quantize(weight).items()}
+        out |= {f"{name}.{key}": t for key, t in quantize(name, weight).items()}
         if done % 16 == 0 or done == total:
             logger.info("runner: quantizing weights: %d/%d", done, total)
     logger.info("runner: quantizing took %.1fs", time.monotonic() - started)
@@ -314,9 +343,10 @@ def _cached(
 
 
 def _remove_stale(path: Path) -> None:
-    """The same kind of file for other weights (a re-converted model, an older fingerprint):
-    never read again, up to a GB each. A replica still mapping one keeps its pages."""
-    kind = path.name.rsplit("-", 1)[0]
+    """The same kind of file for other weights (a re-converted model, an older fingerprint)
+    or in an older version of its format (``runner-int8-v2-*`` once v3 is saved): never read
+    again, up to a GB each. A replica still mapping one keeps its pages."""
+    kind = re.sub(r"-v\d+$", "", path.name.rsplit("-", 1)[0])
     for stale in path.parent.glob(f"{kind}-*.pt"):
         if stale != path and stale.name.count("-") == path.name.count("-"):
             stale.unlink(missing_ok=True)

@@ -161,8 +161,10 @@ class Linear:
 
     ``parts`` are the dense ``(weight, bias)`` pieces, often the HF parameters themselves (no
     copy); ``int4`` is ``(packed, scales_and_zeros)`` and ``int8`` fbgemm's packed form
-    (``quantize_int8``) of the stacked matrix; both add ``quantized_bias``, the stacked bias.
-    q/k/v and gate/up are stacked so a decode step makes one kernel call.
+    (``quantize_int8``) of the stacked matrix, times ``1 / smooth`` per input column where
+    ``smooth`` is given (``smoothing.py``: the int8 call then multiplies its input by it);
+    both add ``quantized_bias``, the stacked bias. q/k/v and gate/up are stacked so a decode
+    step makes one kernel call.
     """
 
     def __init__(
@@ -171,11 +173,13 @@ class Linear:
         int4: tuple[torch.Tensor, torch.Tensor] | None = None,
         int8: torch.ScriptObject | None = None,
         precise: bool = False,
+        smooth: torch.Tensor | None = None,
     ) -> None:
         self.parts = parts
         self.int4 = int4
         self.int8 = int8
         self.precise = precise  # int8: see ``int8_linear``
+        self.smooth = smooth
         biases = [b for _, b in parts]
         self.quantized_bias = None if biases[0] is None else torch.cat(biases).float()
 
@@ -183,6 +187,7 @@ class Linear:
         """``x`` is ``[rows, in]`` fp32; the result is ``[rows, out]`` fp32. ``quantized``: use
         the int4 or int8 copy when there is one (decode steps), else the dense weights."""
         if quantized and self.int8 is not None:
+            x = x if self.smooth is None else x * self.smooth
             return int8_linear(x, self.int8, self.quantized_bias, self.precise)
         if quantized and self.int4 is not None:
             packed, sz = self.int4
