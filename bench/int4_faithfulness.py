@@ -28,6 +28,7 @@ from serve_app.engine.loader import load_model
 from serve_app.engine.prompts.edit import fit_to_context, parse_edit_prompt
 from serve_app.engine.prompts.fim import build_fim_prompt, fim_format_for
 from serve_app.engine.runner.prepare import build_runner
+from serve_app.engine.runner.smoothing import calibration_ids
 from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 
 STDLIB_FILES = ["textwrap.py", "shlex.py", "fnmatch.py", "glob.py", "bisect.py", "heapq.py"]
@@ -103,14 +104,16 @@ def main() -> None:
     loaded = load_model(args.source, threads=args.threads)
     tok = loaded.tokenizer
     dense = build_runner(loaded.model, weights="dense")
+    # as the service builds them: int8 smoothed by the calibration text
+    options = {"cache_dir": loaded.location, "calibration": calibration_ids(tok)}
     quantized = {
-        name: build_runner(loaded.model, weights=name, cache_dir=loaded.location)
+        name: build_runner(loaded.model, weights=name, **options)
         for name in args.weights.split(",")
     }
     if args.prompts == "decode":
         quantized |= {
             f"{name}+prompt": build_runner(
-                loaded.model, weights=name, cache_dir=loaded.location, prompt_weights="decode"
+                loaded.model, weights=name, prompt_weights="decode", **options
             )
             for name in args.weights.split(",")
         }

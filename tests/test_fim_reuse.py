@@ -19,6 +19,7 @@ from serve_app.engine.json.token_bytes import TokenTexts
 from serve_app.engine.loader import LoadedModel, load_model
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
 from serve_app.engine.runner.prepare import build_runner
+from serve_app.engine.runner.smoothing import calibration_ids
 from tests.conftest import engine_config, speculating
 
 PREFIX = "import os\nimport sys\n\ndef load(path):\n    with open(path) as f:\n        return "
@@ -200,6 +201,7 @@ def test_a_prompt_reads_the_same_bits_however_it_is_cut() -> None:
         weights="int8",
         prompt_weights="decode",
         cache_dir=embedded.location,
+        calibration=calibration_ids(embedded.tokenizer),  # the int8 weights the service reads
     )
     ids = embedded.tokenizer.encode(PREFIX * 12)
     cache = runner.new_cache(2, 64, 4096)

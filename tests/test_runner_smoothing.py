@@ -49,13 +49,18 @@ def test_peaks_cover_every_linear_of_the_model(loaded) -> None:
 
 def test_the_runner_smooths_int8_once_and_reads_the_factors_back(loaded, tmp_path) -> None:
     """With calibration ids the int8 file holds each linear's factors; a second replica
-    reads them (no calibration pass: given none, it still gets the smoothed weights) and
-    computes the same numbers, close to the dense linear's."""
+    reads them and computes the same numbers, close to the dense linear's. A runner built
+    without calibration keeps its unsmoothed values in a file of its own, so neither ever
+    reads the other's."""
     ids = calibration_ids(loaded.tokenizer)
     first = build_runner(loaded.model, weights="int8", cache_dir=tmp_path, calibration=ids)
     saved = torch.load(next(tmp_path.glob("runner-int8-v3-*.pt")), weights_only=True)
     assert "layers.0.down.smooth" in saved and "lm_head.smooth" in saved
-    second = build_runner(loaded.model, weights="int8", cache_dir=tmp_path)
+    plain = build_runner(loaded.model, weights="int8", cache_dir=tmp_path)
+    assert plain.lm_head.smooth is None
+    assert len(list(tmp_path.glob("runner-int8-raw-v3-*.pt"))) == 1
+    second = build_runner(loaded.model, weights="int8", cache_dir=tmp_path, calibration=ids)
+    assert len(list(tmp_path.glob("runner-int8-v3-*.pt"))) == 1
     x = torch.randn(3, loaded.model.config.hidden_size, generator=torch.Generator().manual_seed(1))
     for a, b in ((first.layers[0].qkv, second.layers[0].qkv), (first.lm_head, second.lm_head)):
         assert a.smooth is not None and torch.equal(a.smooth, b.smooth)

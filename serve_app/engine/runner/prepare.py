@@ -64,8 +64,11 @@ logger = logging.getLogger(__name__)
 WEIGHTS = ("auto", "int4", "int8", "dense")
 PROMPT_WEIGHTS = ("auto", "dense", "decode")
 # v1 (never released) held two extra zero columns per matrix; v2 had no smoothing. v3 is
-# smoothed by data/calibration.txt: a new text needs a new version.
+# smoothed by data/calibration.txt: a new text needs a new version. A runner built without
+# calibration ids (no tokenizer) keeps its unsmoothed values apart, never in the file a
+# smoothed runner reads.
 INT8_FILE = "int8-v3"
+UNSMOOTHED_INT8_FILE = "int8-raw-v3"
 CPU = torch.device("cpu")
 
 
@@ -153,7 +156,7 @@ def build_runner(
     ``cache_dir``. ``small_prefill_tokens``, ``prompt_weights``: see ``Qwen2Runner.forward``.
     ``precise_activations``: int8 linears round activations twice (``int8_linear``).
     ``calibration``: token ids read once on the dense weights to smooth int8's inputs
-    (``smoothing.py``); empty: int8 unsmoothed (only where no int8 file is saved yet)."""
+    (``smoothing.py``, ``smoothing.calibration_ids``); empty: int8 unsmoothed."""
     if weights not in WEIGHTS:
         raise ValueError(f"unknown runner weights {weights!r}; use one of {WEIGHTS}")
     weights = decode_weights(weights, model_device(model))
@@ -166,7 +169,7 @@ def build_runner(
     if weights == "int4":
         packs = _int4_packs(_matrices(parts, head), _cache_path(model, cache_dir, "int4"))
     elif weights == "int8":
-        path = _cache_path(model, cache_dir, INT8_FILE)
+        path = _cache_path(model, cache_dir, INT8_FILE if calibration else UNSMOOTHED_INT8_FILE)
         int8 = _int8_packs(_matrices(parts, head), path, model, calibration)
 
     def linear(p: list, name: str) -> Linear:
