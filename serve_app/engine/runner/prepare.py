@@ -259,10 +259,10 @@ def _int8_packs(
         peaks = input_peaks(model, list(calibration)) if calibration else {}
 
         def values(name: str, weight: torch.Tensor) -> dict[str, torch.Tensor]:
-            if name not in peaks:
+            if not peaks:
                 q, scales = int8_values(weight)
                 return {"q": q, "scales": scales}
-            s = smoothing(peaks[name], weight)
+            s = smoothing(peaks[name], weight)  # a name input_peaks lacks fails here, loudly
             q, scales = int8_values(weight * s)
             return {"q": q, "scales": scales, "smooth": (1 / s).contiguous()}
 
