@@ -62,3 +62,17 @@ def test_draft_model_bench_on_random_shapes_keeps_every_text(
         assert rows[mode].rstrip(" |").endswith("yes"), out
     assert re.search(r"^target step [\d.]+ ms; draft step [\d.]+ ms", out, re.M), out
     assert "| 8 |" in out
+
+
+def test_load_smoke_leaves_nothing_behind(capsys: pytest.CaptureFixture[str]) -> None:
+    """bench.gpu_load on the tiny config: every request ends (none raises, none left without a
+    finish reason unless its client closed it) and the engine holds nothing afterwards."""
+    from bench import gpu_load
+
+    gpu_load.main(["--smoke"])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| tiny"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "30" and cells[3:6] == ["0", "0", "0/0"], out
+    hits, queries = (int(n) for n in cells[6].split("/"))
+    assert queries == 30 and hits > 0, out  # keystrokes share their account's file
