@@ -10,10 +10,16 @@ import mmap
 import os
 import struct
 
+import pytest
 import torch
 
 from serve_app.engine.loader import load_model
-from serve_app.engine.runner.prepare import build_runner, cpu_has_bf16_compute, decode_weights
+from serve_app.engine.runner.prepare import (
+    LINEARS,
+    build_runner,
+    cpu_has_bf16_compute,
+    decode_weights,
+)
 from tests.runner_support import PROMPTS, encode
 
 
@@ -120,3 +126,21 @@ def test_saving_a_format_removes_its_older_versions(loaded, tmp_path) -> None:
     build_runner(loaded.model, weights="int8", cache_dir=tmp_path, calibration=[1, 2, 3])
     assert len(list(tmp_path.glob("runner-int8-v3-*.pt"))) == 1
     assert not older.exists() and other.exists()
+
+
+def test_precise_activations_name_the_linears_that_round_twice(loaded, tmp_path) -> None:
+    """Only the kinds named round their int8 activations twice (the down projection here, whose
+    inputs peak at 20-57x their RMS), every layer's; a typo is an error, not a silent no-op."""
+    runner = build_runner(
+        loaded.model, weights="int8", cache_dir=tmp_path, precise_activations=("down",)
+    )
+    for layer in runner.layers:
+        assert layer.down.precise
+        assert not (layer.qkv.precise or layer.o.precise or layer.gate_up.precise)
+    assert not runner.lm_head.precise
+    every = build_runner(
+        loaded.model, weights="int8", cache_dir=tmp_path, precise_activations=LINEARS
+    )
+    assert every.lm_head.precise and all(layer.qkv.precise for layer in every.layers)
+    with pytest.raises(ValueError, match="unknown linears"):
+        build_runner(loaded.model, weights="int8", cache_dir=tmp_path, precise_activations=("mlp",))

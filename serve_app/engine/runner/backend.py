@@ -158,9 +158,11 @@ def configured_runner(
     (``graphs.DecodeGraphs``).
 
     The one decision for every user of the model (the generating engine, the decision
-    scorer), so they fall back together and read prompts on the same weights. ``scoring``: a
+    scorer), so they fall back together and read prompts on the same weights. On int8 a
+    generating runner rounds the down projection's activations twice
+    (``prepare.PRECISE_WHEN_GENERATING``). ``scoring``: a
     user that only reads prompts (the scorer) gets no decode weights where prompts are dense,
-    and on int8 rounds activations twice (``weights.int8_linear``): a decision's number must
+    and on int8 rounds every activation twice (``weights.int8_linear``): a decision's number must
     not move with what else the request asks or what the prefix cache held, and one rounding
     moved it by up to 0.25; read so, a cold 800-token prompt takes about the dense weights'
     time (7.1 s against 7.0; 4.6 s with one rounding), without mapping the dense weights
@@ -168,6 +170,8 @@ def configured_runner(
     """
     from serve_app.engine.runner.graphs import DecodeGraphs
     from serve_app.engine.runner.prepare import (
+        LINEARS,
+        PRECISE_WHEN_GENERATING,
         build_runner,
         decode_weights,
         model_device,
@@ -194,7 +198,7 @@ def configured_runner(
         small_prefill_tokens=config.small_prefill_tokens,
         prompt_weights=config.prompt_weights,
         first_tokens=prompt_start_tokens(loaded.tokenizer),
-        precise_activations=scoring,
+        precise_activations=LINEARS if scoring else PRECISE_WHEN_GENERATING,
         calibration=calibration_ids(loaded.tokenizer),
     )
     if device.type == "cuda" and config.cuda_graphs and not scoring:
