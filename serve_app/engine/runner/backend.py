@@ -159,7 +159,7 @@ def configured_runner(
 
     The one decision for every user of the model (the generating engine, the decision
     scorer), so they fall back together and read prompts on the same weights. On int8 a
-    generating runner rounds the down projection's activations twice
+    generating runner rounds q/k/v's, the down projection's and the head's activations twice
     (``prepare.PRECISE_WHEN_GENERATING``). ``scoring``: a
     user that only reads prompts (the scorer) gets no decode weights where prompts are dense,
     and on int8 rounds every activation twice (``weights.int8_linear``): a decision's number must
