@@ -37,13 +37,6 @@ MODULES = ["csv.py", "tokenize.py", "argparse.py", "json/decoder.py", "dataclass
 SETS = {"none": (), "generating": PRECISE_WHEN_GENERATING, "every": LINEARS}
 
 
-def set_precise(runner: Qwen2Runner, kinds: tuple[str, ...]) -> None:
-    for layer in runner.layers:
-        for kind in ("qkv", "o", "gate_up", "down"):
-            getattr(layer, kind).precise = kind in kinds
-    runner.lm_head.precise = "lm_head" in kinds
-
-
 def next_token_logits(runner: Qwen2Runner, cache, ids: list[int]) -> torch.Tensor:
     """Logits after each of ``ids[1:]`` given what precedes it, read as the service reads a
     prompt on this runner (position 0 on its own path where prompts are quantized)."""
@@ -88,25 +81,27 @@ def main(argv: list[str] | None = None) -> None:
     loaded = load_model(args.source, threads=args.threads)
     tok = loaded.tokenizer
     dense = build_runner(loaded.model, weights="dense")
-    runner = build_runner(
-        loaded.model,
-        weights="int8",
-        prompt_weights="decode",
-        cache_dir=loaded.location,
-        calibration=calibration_ids(tok),
-    )
+    runners = {
+        name: build_runner(
+            loaded.model,
+            weights="int8",
+            prompt_weights="decode",
+            cache_dir=loaded.location,
+            precise_activations=kinds,
+            calibration=calibration_ids(tok),
+        )
+        for name, kinds in SETS.items()
+    }
     root = Path(sysconfig.get_paths()["stdlib"])
     modules = [tok((root / name).read_text())["input_ids"] for name in MODULES]
     texts = [ids[2000 : 2000 + args.tokens] for ids in modules]  # past the license headers
     cache = dense.new_cache(1, 2048, loaded.max_position_embeddings)
     figures = {}
-    for name, kinds in SETS.items():
-        set_precise(runner, kinds)
+    for name, runner in runners.items():
         figures[name] = faithfulness(runner, dense, cache, texts)
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in SETS}
     for _ in range(args.rounds):
-        for name, kinds in SETS.items():
-            set_precise(runner, kinds)
+        for name, runner in runners.items():
             times[name].append(timings(runner, cache, modules[2]))
     rows = [["twice rounded", "KL", "same top token", "1,024-token prompt s", "decode step ms"]]
     base = None
