@@ -108,11 +108,13 @@ def graph(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 def engine_config(**overrides) -> EngineConfig:
-    """The engine on the model's own numbers (dense weights everywhere, no speculation), the
-    baseline that engine tests compare against, with ``overrides``."""
+    """The engine on the model's own numbers (dense fp32 weights everywhere, no speculation),
+    the baseline that engine tests compare against, with ``overrides``. fp32 pinned: ``auto``
+    reads prompts in bf16 on CPUs that compute it natively (AVX512-BF16, AMX)."""
     fields = {
         "weights": "dense",
         "prompt_weights": "dense",
+        "prefill_dtype": "float32",
         "small_prefill_tokens": 0,
         "speculation": NO_SPECULATION,
     }

@@ -44,8 +44,9 @@ def run(coroutine: Any) -> Any:
 
 def scorer(loaded: LoadedModel, runner: str, **kwargs) -> LikelihoodScorer:
     """As the scorer deployment builds it from ``config.engine``."""
-    # int4 decode weights: prompts stay dense (prompt_weights auto), so the scorer runs dense.
-    options = EngineConfig(runner=runner, weights="int4")
+    # int4 decode weights: prompts stay dense (prompt_weights auto), so the scorer runs dense;
+    # in fp32, the HF scorer's numbers (auto would read bf16 on AVX512-BF16/AMX CPUs).
+    options = EngineConfig(runner=runner, weights="int4", prefill_dtype="float32")
     return LikelihoodScorer.for_model(loaded, options, 16384, **kwargs)
 
 
