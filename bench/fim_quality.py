@@ -106,6 +106,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--cursor", choices=("line-start", "indented"), default="line-start")
     parser.add_argument("--llama-url", default=None)
+    parser.add_argument("--weights", default="auto", help="engine.weights (decode weights)")
     parser.add_argument(
         "--prompt-weights", default="auto", help="engine.prompt_weights (auto: int8 on AVX2)"
     )
@@ -123,7 +124,7 @@ def main() -> None:
     loaded = load_model(args.source, threads=args.threads)
     fmt = fim_format_for(loaded.tokenizer, loaded.model_type)
     config = EngineConfig(
-        weights="auto",
+        weights=args.weights,
         prompt_weights=args.prompt_weights,
         max_batch_size=4,
         prefix_cache_mb=0,
@@ -161,7 +162,7 @@ def main() -> None:
         engine.shutdown()
     print(
         f"\n{args.source}, exact first line, greedy, {args.cases} cases per set, {args.cursor}, "
-        f"prompt_weights {args.prompt_weights}"
+        f"weights {args.weights}, prompt_weights {args.prompt_weights}"
     )
     print(f"CPU: {cpu_flags()}; engine backend: {engine.stats().backend}")
     print(_table(results, list(sets), layouts))

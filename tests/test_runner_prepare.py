@@ -17,16 +17,16 @@ from serve_app.engine.loader import load_model
 from serve_app.engine.runner.prepare import (
     LINEARS,
     build_runner,
-    cpu_has_bf16_compute,
     decode_weights,
 )
+from serve_app.engine.runner.weights import int8_supported
 from tests.runner_support import PROMPTS, encode
 
 
 def test_auto_weights_follow_the_cpu(loaded, tmp_path) -> None:
-    """auto: int8 where the CPU has no native bf16 (the int4 kernel's activations), else int4."""
+    """auto: int8 wherever torch has its fbgemm/x86 int8 engine (AVX2 and up), else int4."""
     runner = build_runner(loaded.model, weights="auto", cache_dir=tmp_path)
-    expect_int8 = not cpu_has_bf16_compute()
+    expect_int8 = int8_supported()
     assert decode_weights("auto") == ("int8" if expect_int8 else "int4")
     assert (runner.layers[0].down.int8 is not None) == expect_int8
     assert (runner.layers[0].down.int4 is not None) == (not expect_int8)

@@ -79,12 +79,12 @@ class EngineConfig(_Strict):
     )
     weights: Literal["auto", "int4", "int8", "dense"] = Field(
         default="auto",
-        description="The runner's decode weights: auto (int4 where the CPU computes bf16 "
-        "natively, else int8; on a GPU dense), int4 (groupwise, ~1.5x faster decode than "
-        "fp32 on AVX2 CPUs, packed once next to the model and shared by replicas), int8 (fbgemm "
-        "per channel, ~2.5x faster decode on AVX2, quantized once, packed per replica) or dense "
-        "(the model's own numbers). int4 and int8 run on CPU only: asked for on a GPU, the "
-        "replica fails at start.",
+        description="The runner's decode weights: auto (int8 wherever torch has its "
+        "fbgemm/x86 int8 engine, else int4; on a GPU dense), int4 (groupwise, ~1.5x faster "
+        "decode than fp32 on AVX2 CPUs, packed once next to the model and shared by replicas), "
+        "int8 (fbgemm per channel, ~2.5x faster decode on AVX2, quantized once, packed per "
+        "replica) or dense (the model's own numbers). int4 and int8 run on CPU only: asked "
+        "for on a GPU, the replica fails at start.",
     )
     prefill_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto",
