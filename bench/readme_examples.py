@@ -14,8 +14,8 @@ one shown, and exits 1 if any is not.
 
 In process, the app is the router on the real deployment classes (Serve's local testing mode)
 with ``configs/local.yaml``'s ``args:`` as they are, so the answers are what ``make run``
-serves on this CPU (``engine.weights: auto``: int8 on AVX2, int4 on AVX512-BF16, whose
-answers may differ).
+serves on this CPU (``engine.weights: auto``: int8 wherever torch has its int8 engine; where
+it has none, int4, whose answers may differ).
 """
 
 from __future__ import annotations
