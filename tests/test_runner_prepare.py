@@ -13,7 +13,9 @@ import struct
 import pytest
 import torch
 
+from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import load_model
+from serve_app.engine.runner.backend import configured_runner
 from serve_app.engine.runner.prepare import (
     LINEARS,
     build_runner,
@@ -31,6 +33,19 @@ def test_auto_weights_follow_the_cpu(loaded, tmp_path) -> None:
     assert (runner.layers[0].down.int8 is not None) == expect_int8
     assert (runner.layers[0].down.int4 is not None) == (not expect_int8)
     assert decode_weights("dense") == "dense"
+
+
+def test_prompts_on_int8_keep_the_models_own_dense_tensors(loaded) -> None:
+    """The engine's defaults (auto everywhere): with prompts on the int8 weights the dense
+    ones only compute first positions, so they stay the model's own fp32 tensors, uncopied,
+    even where the CPU computes bf16 natively (a bf16 copy cost a replica ~1.5 GB)."""
+    if not int8_supported():
+        pytest.skip("no int8 engine in this torch: auto is int4, prompts dense")
+    runner = configured_runner(loaded, EngineConfig(), "test")
+    assert runner.quantized_prompts and runner.decode_weights == "int8"
+    down = runner.layers[0].down.parts[0][0]
+    assert down.dtype == torch.float32
+    assert down.data_ptr() == loaded.model.model.layers[0].mlp.down_proj.weight.data_ptr()
 
 
 def test_int4_packs_are_cached_on_disk_and_mapped(loaded, tmp_path) -> None:

@@ -88,7 +88,8 @@ class EngineConfig(_Strict):
     )
     prefill_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto",
-        description="auto: bf16 where the CPU computes it natively, else fp32; on a GPU the "
+        description="auto: bf16 where the CPU computes it natively and prompts are read on "
+        "the dense weights, else fp32 (the model's own tensors, no copy); on a GPU the "
         "model's dtype.",
     )
     prompt_weights: Literal["auto", "dense", "decode"] = Field(

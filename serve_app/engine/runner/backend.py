@@ -187,13 +187,14 @@ def configured_runner(
         return None
     device = model_device(loaded.model)
     weights = decode_weights(config.weights, device)  # DeviceError: int4/int8 off the CPU
-    if scoring and not quantized_prompts(config.prompt_weights, weights):
+    prompts_quantized = quantized_prompts(config.prompt_weights, weights)
+    if scoring and not prompts_quantized:
         weights = "dense"
     model_dtype = next(loaded.model.parameters()).dtype
     runner = build_runner(
         loaded.model,
         weights=weights,
-        dense_dtype=prefill_dtype(config.prefill_dtype, device, model_dtype),
+        dense_dtype=prefill_dtype(config.prefill_dtype, device, model_dtype, prompts_quantized),
         cache_dir=getattr(loaded, "location", None),
         small_prefill_tokens=config.small_prefill_tokens,
         prompt_weights=config.prompt_weights,
