@@ -11,12 +11,14 @@ from hypothesis import strategies as st
 
 from serve_app.engine.prompts.edit import (
     CURSOR,
+    build_messages,
     extract_edited_region,
     fence_region,
     parse_edit_prompt,
     read_answer,
     rejected_edit,
 )
+from serve_app.engine.prompts.edit.messages import INSTRUCTION_PHRASES, REGION_PLACEHOLDER
 from tests.fixtures.edit import EXAMPLE, REGION, RENAMED, content
 
 # --- reading the model's answer ------------------------------------------------------------
@@ -172,6 +174,12 @@ def lines(*texts: str) -> str:
         (ABOVE, "history_copy"),
         # whitespace only
         (REGION.replace("total = 0.0", "total  =  0.0"), "reformat_only"),
+        # the task line the service wrote, copied into the code (seen on the 0.5B)
+        (
+            REGION.replace("< 0:", "< 0 and finish the code at  and keep the other lines."),
+            "instruction_echo",
+        ),
+        (lines(RENAMED, f"        {REGION_PLACEHOLDER}"), "instruction_echo"),
     ],
     ids=[
         "diff-lines",
@@ -181,6 +189,8 @@ def lines(*texts: str) -> str:
         "dropped",
         "history",
         "reformat",
+        "task-echo",
+        "placeholder-echo",
     ],
 )
 def test_answers_that_are_not_edits_are_rejected(answer: str, reason: str) -> None:
@@ -208,6 +218,25 @@ def test_answers_that_are_not_edits_are_rejected(answer: str, reason: str) -> No
 )
 def test_edits_pass_the_checks(answer: str) -> None:
     assert rejected_edit(answer, EXAMPLE) is None
+
+
+def test_instruction_wording_the_request_holds_itself_is_code() -> None:
+    """A file whose own comment reads like the service's task keeps it in an edit."""
+    comment = "    # rewrite the region and keep the other lines"
+    prompt = parse_edit_prompt(content(region=f"\n{comment}\n    x = {CURSOR}a\n"))
+    assert rejected_edit(f"{comment}\n    x = a + 1", prompt) is None
+
+
+def test_every_instruction_phrase_is_in_the_prompts_the_service_writes() -> None:
+    """The phrases the echo check looks for are the service's own wording, not stale copies:
+    each is in a chat_split prompt (the task with and without renames, the placeholder)."""
+    plain = parse_edit_prompt(content(region=f"\n    x = {CURSOR}a\n"))
+    written = " ".join(
+        message["content"]
+        for prompt in (plain, EXAMPLE)
+        for message in build_messages(prompt, style="chat_split")
+    ).lower()
+    assert all(phrase in written for phrase in INSTRUCTION_PHRASES)
 
 
 def test_a_minus_line_that_is_code_is_not_a_diff_marker() -> None:

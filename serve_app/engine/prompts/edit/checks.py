@@ -11,7 +11,10 @@ the user could want is worse than none. These are the ways a small model's answe
   (the model stopped early; a real deletion keeps the lines after what it deletes);
 - ``history_copy``: most of the answer is lines of the edit history that the region does not
   hold, and most of the region is gone: the model rewrote a diff's hunk, not the region;
-- ``reformat_only``: only whitespace changed: not an edit, so the honest answer is none.
+- ``reformat_only``: only whitespace changed: not an edit, so the honest answer is none;
+- ``instruction_echo``: the answer holds the service's own instructions (``Rewrite the
+  region: finish the code at ...``), which the request never sent: the model copied the
+  task into the code.
 
 For any of them the service answers "no change" (the region as it was). ``cut_off`` (the
 answer hit max_tokens) and ``unusable`` (nothing code-like in it) are the service's other two
@@ -23,6 +26,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from serve_app.engine.prompts.edit.messages import INSTRUCTION_PHRASES
 from serve_app.engine.prompts.edit.parse import EditPrompt, region_without_cursor
 
 EditRejection = Literal[
@@ -33,6 +37,7 @@ EditRejection = Literal[
     "dropped_lines",
     "history_copy",
     "reformat_only",
+    "instruction_echo",
 ]
 
 _HUNK_HEADER = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@")
@@ -44,6 +49,8 @@ def rejected_edit(answer: str, prompt: EditPrompt) -> EditRejection | None:
     region = region_without_cursor(prompt)
     if answer == region:
         return None
+    if _echoes_instructions(answer, prompt):
+        return "instruction_echo"
     region_lines, answer_lines = region.split("\n"), answer.split("\n")
     if _leaks_diff_markers(answer_lines, region_lines, prompt.diffs):
         return "diff_markers"
@@ -56,6 +63,16 @@ def rejected_edit(answer: str, prompt: EditPrompt) -> EditRejection | None:
     if answer.split() == region.split():
         return "reformat_only"
     return None
+
+
+def _echoes_instructions(answer: str, prompt: EditPrompt) -> bool:
+    """A phrase of the service's instructions in the answer that no text of the request
+    holds (a file may well say "keep the other lines" itself)."""
+    said = answer.lower()
+    sent = "\n".join(
+        [prompt.file_text, *prompt.diffs, *(snippet.code for snippet in prompt.snippets)]
+    ).lower()
+    return any(phrase in said and phrase not in sent for phrase in INSTRUCTION_PHRASES)
 
 
 def _code(lines: list[str]) -> list[str]:

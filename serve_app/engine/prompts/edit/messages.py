@@ -61,6 +61,16 @@ ANSWER_ROOM = 96
 # higher on bench/next_edit.py, docs/next_edit.md, but left the rename in Zed's request of
 # tests/test_clients_edit.py undone; the other four wordings tried there all made it.)
 REGION_PLACEHOLDER = "(the region, shown below, goes here)"
+# Fragments of the service's own wording in a prompt (``_task``, ``REGION_PLACEHOLDER``), never
+# request text: an answer holding one that the request did not send copied the instructions
+# into the code (checks.py: ``instruction_echo``).
+INSTRUCTION_PHRASES = (
+    "rewrite the region",
+    "finish the code at",
+    "keep the other lines",
+    "as the recent edits did",
+    REGION_PLACEHOLDER,
+)
 
 SYSTEM_PROMPT = (
     "You predict a programmer's next code edit. You are shown the current file, the "
