@@ -67,12 +67,16 @@ def rejected_edit(answer: str, prompt: EditPrompt) -> EditRejection | None:
 
 def _echoes_instructions(answer: str, prompt: EditPrompt) -> bool:
     """A phrase of the service's instructions in the answer that no text of the request
-    holds (a file may well say "keep the other lines" itself)."""
+    holds (a file may well say "keep the other lines" itself). The request's text is only
+    gathered when the answer holds a phrase: most answers hold none."""
     said = answer.lower()
+    echoed = [phrase for phrase in INSTRUCTION_PHRASES if phrase in said]
+    if not echoed:
+        return False
     sent = "\n".join(
         [prompt.file_text, *prompt.diffs, *(snippet.code for snippet in prompt.snippets)]
     ).lower()
-    return any(phrase in said and phrase not in sent for phrase in INSTRUCTION_PHRASES)
+    return any(phrase not in sent for phrase in echoed)
 
 
 def _code(lines: list[str]) -> list[str]:
