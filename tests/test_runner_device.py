@@ -52,10 +52,10 @@ def test_off_the_cpu_the_runner_takes_dense_weights_in_the_model_dtype() -> None
     """What configured_runner resolves for a CUDA model: auto is dense in the model's dtype;
     int4/int8 (CPU kernels) are refused with what to change. The CPU's answers stand."""
     assert decode_weights("auto", CUDA) == decode_weights("dense", CUDA) == "dense"
-    for weights in ("int4", "int8"):
+    for weights in ("q4", "int4", "int8"):
         with pytest.raises(DeviceError, match="run on CPU only.*engine.weights"):
             decode_weights(weights, CUDA)
-    assert decode_weights("auto") in ("int4", "int8") and decode_weights("dense") == "dense"
+    assert decode_weights("auto") in ("q4", "int4", "int8") and decode_weights("dense") == "dense"
     assert prefill_dtype("auto", CUDA, torch.bfloat16) == torch.bfloat16
     assert prefill_dtype("auto", CUDA, torch.float16) == torch.float16
     assert prefill_dtype("float32", CUDA, torch.bfloat16) == torch.float32
@@ -224,7 +224,7 @@ def test_the_engine_config_a_gpu_replica_gets_builds_a_dense_runner_in_the_model
         # bf16: the parameters themselves (fp32, the CPU's auto here, would be a copy)
         assert runner.layers[0].gate_up.parts[0][0].dtype == torch.bfloat16
         assert not runner.quantized_prompts
-    for weights in ("int4", "int8"):
+    for weights in ("q4", "int4", "int8"):
         with pytest.raises(DeviceError, match="run on CPU only"):
             configured_runner(loaded, EngineConfig(weights=weights), "test")
     assert configured_runner(loaded, EngineConfig(runner="hf"), "test") is None

@@ -15,6 +15,7 @@ import torch
 
 from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.loader import load_model
+from serve_app.engine.runner import native
 from serve_app.engine.runner.backend import configured_runner
 from serve_app.engine.runner.prepare import (
     LINEARS,
@@ -26,11 +27,16 @@ from tests.runner_support import PROMPTS, encode
 
 
 def test_auto_weights_follow_the_cpu(loaded, tmp_path) -> None:
-    """auto: int8 wherever torch has its fbgemm/x86 int8 engine (AVX2 and up), else int4."""
+    """auto: q4 decode with int8 prompts wherever torch has its fbgemm/x86 int8 engine and the
+    runner's C kernels build (AVX2 and a C compiler), int8 where only the first holds, else
+    int4."""
     runner = build_runner(loaded.model, weights="auto", cache_dir=tmp_path)
     expect_int8 = int8_supported()
-    assert decode_weights("auto") == ("int8" if expect_int8 else "int4")
+    expect_q4 = expect_int8 and native.unavailable_reason() is None
+    expected = "q4" if expect_q4 else "int8" if expect_int8 else "int4"
+    assert decode_weights("auto") == runner.decode_weights == expected
     assert (runner.layers[0].down.int8 is not None) == expect_int8
+    assert (runner.layers[0].down.q4 is not None) == expect_q4
     assert (runner.layers[0].down.int4 is not None) == (not expect_int8)
     assert decode_weights("dense") == "dense"
 
@@ -42,7 +48,7 @@ def test_prompts_on_int8_keep_the_models_own_dense_tensors(loaded) -> None:
     if not int8_supported():
         pytest.skip("no int8 engine in this torch: auto is int4, prompts dense")
     runner = configured_runner(loaded, EngineConfig(), "test")
-    assert runner.quantized_prompts and runner.decode_weights == "int8"
+    assert runner.quantized_prompts and runner.decode_weights in ("int8", "q4")
     down = runner.layers[0].down.parts[0][0]
     assert down.dtype == torch.float32
     assert down.data_ptr() == loaded.model.model.layers[0].mlp.down_proj.weight.data_ptr()

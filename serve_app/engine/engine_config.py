@@ -77,14 +77,16 @@ class EngineConfig(_Strict):
         description="auto: the engine's own runner for Qwen2 models on CPU and CUDA GPUs "
         "(the HF model for others); hf: always the HF model (the reference).",
     )
-    weights: Literal["auto", "int4", "int8", "dense"] = Field(
+    weights: Literal["auto", "q4", "int4", "int8", "dense"] = Field(
         default="auto",
-        description="The runner's decode weights: auto (int8 wherever torch has its "
-        "fbgemm/x86 int8 engine, else int4; on a GPU dense), int4 (groupwise, ~1.5x faster "
-        "decode than fp32 on AVX2 CPUs, packed once next to the model and shared by replicas), "
-        "int8 (fbgemm per channel, ~2.5x faster decode on AVX2, quantized once, packed per "
-        "replica) or dense (the model's own numbers). int4 and int8 run on CPU only: asked "
-        "for on a GPU, the replica fails at start.",
+        description="The runner's decode weights: auto (q4 wherever torch has its "
+        "fbgemm/x86 int8 engine and the runner's C kernels build, int8 where only the first "
+        "holds, else int4; on a GPU dense), q4 (the runner's own 4-bit kernel, 5 bits a "
+        "weight, ~1.6-1.9x int8's decode; prompts on int8; needs a C compiler, else int8), "
+        "int4 (torch's groupwise kernel, packed once next to the model and shared by "
+        "replicas), int8 (fbgemm per channel, ~2.5x faster decode than fp32 on AVX2, "
+        "quantized once, packed per replica) or dense (the model's own numbers). q4, int4 and "
+        "int8 run on CPU only: asked for on a GPU, the replica fails at start.",
     )
     prefill_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto",

@@ -9,14 +9,19 @@ Which weights run where is decided here, at run time, from what the CPU computes
   CPUs without bf16 compute, a bf16 copy where the CPU has AVX512-BF16 or AMX (~2x faster GEMM
   there), and a chunk of at most ``small_prefill_tokens`` tokens after position 0 on the
   decode weights (``Qwen2Runner.forward`` says why);
-- decode steps (few rows): int4 groupwise when ``weights="int4"``, fbgemm int8 per channel
-  when ``weights="int8"``, else the dense weights; ``weights="auto"`` takes int8 wherever
-  torch has its fbgemm/x86 int8 engine, int4 elsewhere. Measured on two CPUs (one thread,
-  the 0.5B): on AVX2 int8 decodes 1.7x faster than int4 (weights.py); on AVX512-BF16 with
-  VNNI a step costs about the same (int8 46-48 ms, int4 43-53) and reads prompts as fast
-  as bf16 (4.9 s against 5.1-5.4 per 1,024 tokens), while int4 g32 agrees with fp32 on the
-  next token 89.9% of the time against int8's 97.9% (KL 0.046 against 0.0027). AMX CPUs are
-  unmeasured.
+- decode steps (few rows): the runner's own 4-bit kernel when ``weights="q4"``
+  (``weights_q4``; prompts then on int8), int4 groupwise when ``weights="int4"``, fbgemm
+  int8 per channel when ``weights="int8"``, else the dense weights; ``weights="auto"`` takes
+  q4 wherever torch has its fbgemm/x86 int8 engine and the runner's C kernels build
+  (``native``), int8 where only the first holds, int4 elsewhere. Measured on two CPUs (one
+  thread, the 0.5B): on AVX2 int8 decodes 1.7x faster than torch's int4 (weights.py); on
+  AVX512-BF16 with VNNI a step costs about the same (int8 46-48 ms, int4 43-53) and reads
+  prompts as fast as bf16 (4.9 s against 5.1-5.4 per 1,024 tokens), while int4 g32 agrees
+  with fp32 on the next token 89.9% of the time against int8's 97.9% (KL 0.046 against
+  0.0027). q4, on that AVX-512 CPU (``bench.decode_kernels``, 2026-11-26): the 1.5B decodes
+  at 19.96 tok/s against int8's 10.56 and llama.cpp's 18.14 on its Q4_K_M GGUF, KL to fp32
+  0.0110 and the same next token 95.8% (int8 0.0031, 96.9%); the 0.5B's decode linears take
+  14-16 ms a step against int8's 34-38. AMX CPUs are unmeasured.
 
 On a CUDA GPU (the weights' device, ``model_device``) none of that applies: the decode and
 prompt weights are the dense ones, in the model's own dtype unless ``prefill_dtype`` names
@@ -49,6 +54,7 @@ from typing import Any
 import torch
 
 from serve_app.engine.loader import DeviceError
+from serve_app.engine.runner import native, weights_q4
 from serve_app.engine.runner.pages import page_out
 from serve_app.engine.runner.qwen2 import Layer, Qwen2Runner, norm_weight
 from serve_app.engine.runner.smoothing import input_peaks, smoothing
@@ -65,7 +71,7 @@ from serve_app.engine.runner.weights import (
 
 logger = logging.getLogger(__name__)
 
-WEIGHTS = ("auto", "int4", "int8", "dense")
+WEIGHTS = ("auto", "q4", "int4", "int8", "dense")
 PROMPT_WEIGHTS = ("auto", "dense", "decode")
 # v1 (never released) held two extra zero columns per matrix; v2 had no smoothing. v3 is
 # smoothed by data/calibration.txt: a new text needs a new version. A runner built without
@@ -73,6 +79,11 @@ PROMPT_WEIGHTS = ("auto", "dense", "decode")
 # smoothed runner reads.
 INT8_FILE = "int8-v3"
 UNSMOOTHED_INT8_FILE = "int8-raw-v3"
+Q4_FILE = "q4-v1"
+# q4 takes the decoder layers' linears; the LM head stays on int8, rounded twice (as llama.cpp's
+# Q4_K_M keeps its output matrix in 6 bits): every logit goes through it. bench.fim_quality
+# --cases 30 on the 0.5B (AVX512-VNNI, 2026-11-27): int8 34/120 exact first lines, q4 with
+# the head on int8 34/120, q4 everywhere 31/120.
 CPU = torch.device("cpu")
 LINEARS = ("qkv", "o", "gate_up", "down", "lm_head")
 # int8 linears whose activations are rounded twice (``int8_linear``'s ``precise``) when a runner
@@ -138,24 +149,29 @@ def decode_weights(requested: str, device: torch.device = CPU) -> str:
         if requested in ("auto", "dense"):
             return "dense"
         raise DeviceError(
-            f"runner weights {requested!r} run on CPU only (torch's CPU int4/int8 kernels); "
-            f"the model is on {device}: set engine.weights to auto or dense (the model's own "
-            "dtype there), or engine.runner to hf"
+            f"runner weights {requested!r} run on CPU only (the runner's q4 kernel, torch's "
+            f"int4/int8 ones); the model is on {device}: set engine.weights to auto or dense "
+            "(the model's own dtype there), or engine.runner to hf"
         )
-    if requested == "int8" and not int8_supported():
-        logger.warning("runner: int8 decode weights need torch's fbgemm/x86 engine; using int4")
+    if requested in ("int8", "q4") and not int8_supported():
+        logger.warning("runner: %s needs torch's fbgemm/x86 int8 engine; using int4", requested)
         return "int4"
-    if requested != "auto":
-        return requested
-    return "int8" if int8_supported() else "int4"
+    if requested in ("auto", "q4"):
+        reason = native.unavailable_reason()
+        if reason is None:
+            return "q4"
+        if requested == "q4":
+            logger.warning("runner: q4 decode weights unavailable (%s); using int8", reason)
+    return "int8" if requested in ("auto", "q4") else requested
 
 
 def quantized_prompts(requested: str, decode: str) -> bool:
-    """Whether prompts run on the ``decode`` weights (resolved): ``auto`` where they are int8."""
+    """Whether prompts run on the ``decode`` weights (resolved): ``auto`` where they are int8
+    (``q4`` reads prompts on its int8 copy)."""
     if requested not in PROMPT_WEIGHTS:
         raise ValueError(f"unknown prompt weights {requested!r}; use one of {PROMPT_WEIGHTS}")
     if requested == "auto":
-        return decode == "int8"
+        return decode in ("int8", "q4")
     return requested == "decode" and decode != "dense"
 
 
@@ -187,11 +203,16 @@ def build_runner(
     head = [(_dense(model.lm_head.weight, dense_dtype), None)]
     packs: dict[str, torch.Tensor] = {}
     int8: dict[str, tuple[torch.ScriptObject, torch.Tensor | None]] = {}
+    q4: dict[str, torch.Tensor] = {}
     if weights == "int4":
         packs = _int4_packs(_matrices(parts, head), _cache_path(model, cache_dir, "int4"))
-    elif weights == "int8":
+    elif weights in ("int8", "q4"):
         path = _cache_path(model, cache_dir, INT8_FILE if calibration else UNSMOOTHED_INT8_FILE)
         int8 = _int8_packs(_matrices(parts, head), path, model, calibration)
+    kernel = weights_q4.Q4Kernel() if weights == "q4" else None
+    if kernel is not None:  # the head stays int8: see Q4_FILE
+        layers_only = {k: v for k, v in _matrices(parts, head).items() if k != "lm_head"}
+        q4 = _q4_packs(layers_only, _cache_path(model, cache_dir, Q4_FILE))
 
     unknown = set(precise_activations) - set(LINEARS)
     if unknown:
@@ -200,7 +221,8 @@ def build_runner(
     def linear(p: list, name: str) -> Linear:
         packed, smooth = int8.get(name, (None, None))
         precise = name.rsplit(".", 1)[-1] in precise_activations
-        return Linear(p, _pack(packs, name), packed, precise, smooth)
+        own = (kernel, q4[name]) if kernel is not None and name in q4 else None
+        return Linear(p, _pack(packs, name), packed, precise, smooth, own)
 
     layers = []
     for index, (norm_in, qkv, o, norm_post, gate_up, down) in enumerate(parts):
@@ -211,6 +233,8 @@ def build_runner(
         )
     head_linear = linear(head, "lm_head")
     runner = Qwen2Runner(model, layers, head_linear, small_prefill_tokens, on_decode_weights)
+    if kernel is not None:  # the library is built: decode attention runs on it too
+        runner.native = native.load()
     if on_decode_weights:
         path = _cache_path(model, cache_dir, f"first-{str(dense_dtype).removeprefix('torch.')}")
         runner.first_tokens.update(_first_token_entries(runner, sorted(set(first_tokens)), path))
@@ -271,6 +295,19 @@ def _int4_packs(matrices: dict[str, list], path: Path | None) -> dict[str, torch
         return {"packed": packed, "scales": scales}
 
     return _cached(path, f"int4 weights (group {INT4_GROUP})", lambda: _quantize(matrices, pack))
+
+
+def _q4_packs(matrices: dict[str, list], path: Path | None) -> dict[str, torch.Tensor]:
+    """The q4 kernel's packs of every matrix it takes, mapped from ``path``: shared pages."""
+    matrices = {
+        k: v
+        for k, v in matrices.items()
+        if weights_q4.supported(sum(w.shape[0] for w, _ in v), v[0][0].shape[1])
+    }
+    saved = _cached(
+        path, "q4 weights", lambda: _quantize(matrices, lambda _, w: {"q4": weights_q4.quantize(w)})
+    )
+    return {name: saved[f"{name}.q4"] for name in matrices}
 
 
 def _int8_packs(

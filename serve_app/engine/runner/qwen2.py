@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from serve_app.engine.runner.graphs import DecodeGraphs
 from serve_app.engine.runner.kv import SlotCache
+from serve_app.engine.runner.native import Native
 from serve_app.engine.runner.weights import Linear
 
 logger = logging.getLogger(__name__)
@@ -99,6 +100,8 @@ class Qwen2Runner:
         self.first_tokens: OrderedDict[int, tuple[Any, torch.Tensor]] = OrderedDict()
         # Captured decode steps (``graphs.DecodeGraphs``); None: every step runs eagerly.
         self.graphs: DecodeGraphs | None = None
+        # The runner's C kernels (``native``) where its weights use them: decode attention too.
+        self.native: Native | None = None
         self.embed = model.model.embed_tokens.weight
         self.device = self.embed.device
         self.final_norm = norm_weight(model.model.norm.weight)
@@ -115,6 +118,8 @@ class Qwen2Runner:
     @property
     def decode_weights(self) -> str:
         linear = self.layers[0].qkv
+        if linear.q4 is not None:
+            return "q4"
         return "int8" if linear.int8 is not None else "int4" if linear.int4 is not None else "dense"
 
     def new_cache(self, slots: int, capacity: int, max_capacity: int) -> SlotCache:
@@ -180,7 +185,7 @@ class Qwen2Runner:
                 raise ValueError("a chunk that starts a prompt on quantized weights is one row")
             hidden = self.first_token(cache, slot0, tokens[0][0])
             if len(tokens[0]) == 1:
-                return self.lm_head(self._norm(hidden, self.final_norm), True)
+                return self.lm_head(self._norm(hidden, self.final_norm), True, decode=True)
             return self.forward(cache, slot0, [tokens[0][1:]], [1], decode=False, check=check)
         if decode and self.graphs is not None and slot0 == 0:
             logits = self.graphs.decode(self, cache, tokens, starts)
@@ -193,11 +198,11 @@ class Qwen2Runner:
         if slots is not None and list(slots) == list(range(slots[0], slots[0] + len(slots))):
             slot0, slots = slots[0], None  # consecutive: read in place
         batch = _Batch.ragged(slot0, tokens, starts, decode, self.device, slots)
-        x = self._layers(cache, batch, decode or small, check)
+        x = self._layers(cache, batch, decode or small, check, decode)
         if not decode:
             ends_flat = torch.tensor([len(t) for t in tokens], device=self.device).cumsum(0) - 1
             x = x[ends_flat]
-        return self.lm_head(self._norm(x, self.final_norm), True)
+        return self.lm_head(self._norm(x, self.final_norm), True, decode=True)
 
     def static_decode(
         self,
@@ -214,8 +219,8 @@ class Qwen2Runner:
         Logits ``[rows * span, V]``. ``cache`` must already hold ``max(positions) + 1``
         columns."""
         batch = _Batch.static_decode(tokens, positions, slots, span, cache.capacity)
-        x = self._layers(cache, batch, True, None)
-        return self.lm_head(self._norm(x, self.final_norm), True)
+        x = self._layers(cache, batch, True, None, True)
+        return self.lm_head(self._norm(x, self.final_norm), True, decode=True)
 
     def first_token(self, cache: SlotCache, slot: int, token: int) -> torch.Tensor:
         """Write position 0's keys/values for ``token`` into ``slot``; its hidden state ``[1, H]``.
@@ -270,10 +275,12 @@ class Qwen2Runner:
         batch: _Batch,
         quantized: bool,
         check: Callable[[], None] | None,
+        decode: bool = False,
     ) -> torch.Tensor:
         """The decoder layers over the batch's flattened tokens ``[N]``: hidden states
         ``[N, hidden]`` before the final norm; each token's KV is written at (its row's slot,
-        its column). ``quantized``: int4/int8 linears where the runner has them."""
+        its column). ``quantized``: int4/int8 linears where the runner has them; ``decode``: a
+        decode step's rows (the q4 linears where the runner has them)."""
         rows, span, padded = batch.rows, batch.span, batch.padded
         width = batch.mask.shape[-1]
         cache.ensure(width)
@@ -288,7 +295,7 @@ class Qwen2Runner:
             if check is not None:
                 check()
             h = self._norm(x, layer.input_norm)
-            qkv = layer.qkv(h, quantized)
+            qkv = layer.qkv(h, quantized, decode)
             # q and k heads side by side: one RoPE for both.
             qk = _rope(qkv[:, :qk_width].view(-1, qk_heads, self.head_dim), cos, sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
@@ -311,6 +318,10 @@ class Qwen2Runner:
                 attn = _aligned_prefill_attention(
                     qp.transpose(1, 2), cache, index, batch.slot0, batch.prefill_start
                 )
+            elif batch.query_ends is not None:
+                attn = _exact_attention(
+                    qp.transpose(1, 2), keys, values, batch.query_ends, self.native
+                )
             else:
                 attn = self._attend(qp.transpose(1, 2), keys, values, batch.mask, batch.decode)
             attn = attn.transpose(1, 2)
@@ -319,10 +330,10 @@ class Qwen2Runner:
                 if padded
                 else attn.reshape(-1, self.num_heads, self.head_dim)
             )
-            x = x + layer.o(attn.reshape(x.shape[0], -1), quantized)
+            x = x + layer.o(attn.reshape(x.shape[0], -1), quantized, decode)
             h = self._norm(x, layer.post_norm)
-            gate, up = layer.gate_up(h, quantized).split(self.intermediate, dim=-1)
-            x = x + layer.down(F.silu(gate) * up, quantized)
+            gate, up = layer.gate_up(h, quantized, decode).split(self.intermediate, dim=-1)
+            x = x + layer.down(F.silu(gate) * up, quantized, decode)
         return x
 
 
@@ -350,6 +361,9 @@ class _Batch:
     # Row ``b``'s slot where rows are not slots ``slot0..`` in order (prompt chunks of several
     # requests); None: slot ``slot0 + b``.
     read_slots: torch.Tensor | None = None
+    # CPU decode steps: row ``b``'s query ``j`` reads columns ``< query_ends[b][j]``, exactly
+    # (``_exact_attention``); None: attention over the padded mask.
+    query_ends: list[list[int]] | None = None
 
     @property
     def rows(self) -> int:
@@ -412,6 +426,11 @@ class _Batch:
             # prompt took ~27 ms on an H200 through two blocks per layer).
             prefill_start=None if decode or rows > 1 or device.type != "cpu" else starts[0],
             read_slots=read_slots,
+            query_ends=(
+                [[s + j + 1 for j in range(n)] for s, n in zip(starts, lengths, strict=True)]
+                if decode and device.type == "cpu"
+                else None
+            ),
         )
 
     @classmethod
@@ -521,6 +540,57 @@ def _aligned_prefill_attention(
         out.append(attended[:, :, : end - position])
         position = end
     return torch.cat(out, dim=2)
+
+
+def _exact_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    ends: list[list[int]],
+    native: Native | None,
+) -> torch.Tensor:
+    """Attention of each query over exactly the columns it may read: row ``b``'s query ``j``
+    over columns ``< ends[b][j]``, one query at a time. ``q`` is ``[rows, heads, span, D]``.
+
+    Why not one padded pass (``_small_attention``): the kernels sum a padded row in another
+    order than the same row alone, and the 1-ulp difference crosses the decode weights' next
+    activation rounding often enough to change greedy tokens (q4 rounds per 32 inputs). Here a
+    token's numbers are the same alone, next to other requests, or verified among drafts.
+    ``native``: the C kernel (``kernels/attention.c``, ~3x less time than torch's matmuls at
+    550 columns of the 1.5B), else torch, a few small ops per query and layer."""
+    rows, heads, span, dim = q.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads  # query head h reads kv head h // group, as HF's repeat_kv
+    out = q.new_empty(rows, span, heads, dim)
+    native = native if dim % 8 == 0 and group <= 16 else None  # what attention.c takes
+    for b, row_ends in enumerate(ends):
+        for j, end in enumerate(row_ends):
+            query = q[b, :, j].contiguous()
+            if native is not None:
+                _native_attention(native, query, keys[b], values[b], end, out[b, j])
+                continue
+            grouped = query.view(kv_heads, group, dim)
+            scores = torch.matmul(grouped, keys[b, :, :end].transpose(-1, -2)) * dim**-0.5
+            probs = torch.softmax(scores, dim=-1)
+            out[b, j] = torch.matmul(probs, values[b, :, :end]).reshape(heads, dim)
+    return out.transpose(1, 2)
+
+
+def _native_attention(
+    native: Native, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, end: int,
+    out: torch.Tensor,
+) -> None:  # fmt: skip
+    """One query ``[heads, D]`` over columns ``< end`` of one slot's ``[kv_heads, T, D]``
+    keys and values (the cache's own rows: each kv head's columns contiguous), into ``out``."""
+    heads, dim = query.shape
+    assert keys.stride() == values.stride() and keys.stride()[1:] == (dim, 1)
+    assert query.is_contiguous() and out.is_contiguous()
+    status = native.library.attend_one(
+        query.data_ptr(), heads, keys.shape[0], dim, keys.data_ptr(), values.data_ptr(),
+        keys.stride(0), end, dim**-0.5, out.data_ptr(),
+    )  # fmt: skip
+    if status != 0:
+        raise RuntimeError(f"decode attention kernel failed ({status})")
 
 
 def _small_attention(

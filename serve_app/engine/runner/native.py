@@ -1,0 +1,101 @@
+"""The runner's C kernels (``kernels/*.c``): built once per machine, loaded through ctypes.
+
+Why C at all: a CPU decode step is bound by bytes of weights read and by per-call overhead,
+and torch's CPU kernels for few rows leave both on the table (``weights_q4``, the decode
+attention in ``kernels/attention.c``). llama.cpp is hand-written kernels for the same reason.
+
+The sources are compiled with the system C compiler (``$CC``, else ``cc``: what a package with
+a C extension needs at install) into one shared library in the user's cache, named by a digest
+of the sources and the compiler, under a file lock so replicas starting together build it
+once (~1 s). Every path is chosen at run time from the CPU (``isa``), never by compile flags,
+so the library runs on any x86-64 CPU it was built on. ctypes releases the GIL for a call.
+Without a compiler, or on a CPU without AVX2/FMA/F16C, ``load`` raises ``KernelUnavailable``
+with the reason and the runner keeps torch's kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+SOURCES = sorted((Path(__file__).with_name("kernels")).glob("*.c"))
+ISA_NAMES = {1: "avx2", 2: "avx512-vnni"}
+_P, _I64, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+SIGNATURES = {
+    "q4_isa": ([], _INT),
+    "q4_matmul": ([_P, _I64, _I64, _P, _I64, _P, _INT], _INT),
+    "attend_one": ([_P, _I64, _I64, _I64, _P, _P, _I64, _I64, _FLOAT, _P], _INT),
+}
+
+
+class KernelUnavailable(RuntimeError):
+    """The C kernels cannot run here (no compiler, no AVX2); the message says why."""
+
+
+class Native:
+    """The loaded library and the best path this CPU runs (``isa``: 1 AVX2, 2 AVX512-VNNI)."""
+
+    def __init__(self, library: ctypes.CDLL, isa: int) -> None:
+        self.library = library
+        self.isa = isa
+
+
+def default_build_dir() -> str:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(cache, "serve-app", "kernels")
+
+
+def load(build_dir: str | None = None) -> Native:
+    """The library, built into ``build_dir`` on first use; ``KernelUnavailable`` if it can't."""
+    return _load(build_dir or default_build_dir(), os.environ.get("CC", "cc"))
+
+
+def unavailable_reason(build_dir: str | None = None) -> str | None:
+    """None where the kernels run here, else why not."""
+    try:
+        load(build_dir)
+    except KernelUnavailable as e:
+        return str(e)
+    return None
+
+
+@functools.cache
+def _load(build_dir: str, compiler: str) -> Native:
+    if shutil.which(compiler) is None:
+        raise KernelUnavailable(f"no C compiler ({compiler!r}) to build the runner's kernels")
+    digest = hashlib.sha256(compiler.encode())
+    for source in SOURCES:
+        digest.update(source.name.encode() + source.read_bytes())
+    path = Path(build_dir) / f"runner-kernels-{digest.hexdigest()[:16]}.so"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f"{path.name}.lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            _build(compiler, path)
+    library = ctypes.CDLL(str(path))
+    for name, (arguments, result) in SIGNATURES.items():
+        function = getattr(library, name)
+        function.argtypes, function.restype = arguments, result
+    isa = library.q4_isa()
+    if isa == 0:
+        raise KernelUnavailable("the runner's kernels need AVX2, FMA and F16C")
+    return Native(library, isa)
+
+
+def _build(compiler: str, path: Path) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    command = [compiler, "-O3", "-shared", "-fPIC", "-o", str(tmp), *map(str, SOURCES), "-lm"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise KernelUnavailable(f"{' '.join(command)} failed: {done.stderr[-2000:]}")
+    os.replace(tmp, path)
+    logger.info("runner: built its C kernels at %s", path)
