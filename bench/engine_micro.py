@@ -1,6 +1,6 @@
 """Engine micro-benchmark: one request's decode speed, and what batching buys.
 
-Runs, on one ``LLMEngine`` per backend (``--backends``: the HF model, the runner with dense,
+Runs, on one ``LLMEngine`` per backend (``--backends``: the HF model, the runner with dense, q4,
 int4 or int8 decode weights), all in one process and one run: a single request (time to first
 token, decode tok/s), then the same N requests one after another and all at once (aggregate tok/s),
 and prints each backend's ratios to the first one and concurrent / sequential. eos is ignored
@@ -99,6 +99,7 @@ BACKENDS = {
     "dense": {"runner": "auto", "weights": "dense"},
     "int4": {"runner": "auto", "weights": "int4"},
     "int8": {"runner": "auto", "weights": "int8"},
+    "q4": {"runner": "auto", "weights": "q4"},
 }
 
 

@@ -14,8 +14,9 @@ one shown, and exits 1 if any is not.
 
 In process, the app is the router on the real deployment classes (Serve's local testing mode)
 with ``configs/local.yaml``'s ``args:`` as they are, so the answers are what ``make run``
-serves on this CPU (``engine.weights: auto``: int8 wherever torch has its int8 engine; where
-it has none, int4, whose answers may differ).
+serves on this CPU (``engine.weights: auto``: q4 decode steps and int8 prompts wherever
+torch has its int8 engine and the runner's C kernels build; int8 without a C compiler; int4
+where torch has no int8 engine; answers may differ between them).
 """
 
 from __future__ import annotations
