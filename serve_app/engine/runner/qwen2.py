@@ -164,8 +164,9 @@ class Qwen2Runner:
         """Feed ``tokens[b]`` at ``starts[b]..`` of slot ``slot0 + b`` (of ``slots[b]`` where
         given: prompt chunks of requests in any slots); write their KV.
 
-        ``decode``: a decode or speculative-verify step: int4/int8 weights where the runner has
-        them, and fp32 logits ``[sum(len(t)), V]`` for every token, rows concatenated in order.
+        ``decode``: a decode or speculative-verify step: q4, int4 or int8 weights where the runner
+        has them (q4: the decoder layers only), and fp32 logits ``[sum(len(t)), V]`` for every
+        token, rows concatenated in order.
         Otherwise a prefill chunk: logits ``[B, V]`` of each row's last token, on dense weights,
         except a chunk of at most ``small_prefill_tokens`` tokens that does not start the
         prompt: it reads every weight for a few rows, which costs a decode step's time on
@@ -173,7 +174,8 @@ class Qwen2Runner:
         With ``quantized_prompts`` every chunk runs on the decode weights except position 0
         (``first_token``); a chunk that starts a prompt is then one row.
         A decode step's weights never depend on its row count, and every quantized linear
-        works per row (int4: bf16 activations; int8: one activation scale per row), so a
+        works per row (int4: bf16 activations; int8: one activation scale per row; q4: one per
+        32 inputs of a row), and on CPU each query attends alone (``_exact_attention``), so a
         token's numbers do not depend on what else shares the batch or on how many drafts are
         verified with it.
         Logits always come from the decode head where there is one: every sampled token, the
