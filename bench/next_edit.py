@@ -226,7 +226,12 @@ def start_services(args: argparse.Namespace, rejected: dict[str, Any]) -> tuple[
     config = AppConfig(
         models=[model],
         roles=Roles(fim=args.model, edit=args.model, decisions=args.model),
-        engine=EngineConfig(torch_threads=args.threads, prompt_threads=args.prompt_threads, seed=0),
+        engine=EngineConfig(
+            torch_threads=args.threads,
+            prompt_threads=args.prompt_threads,
+            seed=0,
+            weights=args.weights,
+        ),
     )
     engine = start_engine(config, model, "edit")
     client = EngineClient(engine, model)
@@ -372,6 +377,7 @@ def main() -> None:
         "--prompt-threads", type=int, default=None, help="threads reading prompts (--threads)"
     )
     parser.add_argument("--model", default=MODEL_ID, help="an embedded model's name")
+    parser.add_argument("--weights", default="auto", help="engine.weights (decode weights)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
     parser.add_argument(
         "--repeat-for", default=",".join(VARIANTS), help="variants timed on a repeat too"
