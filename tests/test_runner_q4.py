@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from serve_app.engine.loader import LoadedModel
-from serve_app.engine.runner import native, weights_q4
+from serve_app.engine.runner import native, prepare, weights_q4
 from serve_app.engine.runner.backend import configured_runner
 from serve_app.engine.runner.prepare import build_runner, decode_weights
 from tests.conftest import engine_config
@@ -126,6 +126,12 @@ def test_without_a_compiler_q4_falls_back_to_int8(monkeypatch, tmp_path) -> None
     monkeypatch.setenv("CC", "no-such-compiler")
     assert "no C compiler" in (native.unavailable_reason(str(tmp_path)) or "")
     assert decode_weights("q4") == "int8" and decode_weights("auto") == "int8"
+
+
+def test_without_torchs_int8_engine_auto_is_int4_not_q4(monkeypatch) -> None:
+    """q4 reads prompts on int8: with the kernels built but no int8 engine, neither runs."""
+    monkeypatch.setattr(prepare, "int8_supported", lambda: False)
+    assert decode_weights("auto") == decode_weights("q4") == decode_weights("int8") == "int4"
 
 
 def test_drafts_verified_together_get_the_numbers_each_gets_alone(loaded) -> None:

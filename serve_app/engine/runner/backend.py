@@ -188,8 +188,10 @@ def configured_runner(
     device = model_device(loaded.model)
     weights = decode_weights(config.weights, device)  # DeviceError: int4/int8 off the CPU
     prompts_quantized = quantized_prompts(config.prompt_weights, weights)
-    if scoring:  # it never decodes: no decode weights beyond what reads its prompts
-        weights = "int8" if weights == "q4" else weights if prompts_quantized else "dense"
+    if scoring and not prompts_quantized:
+        weights = "dense"
+    elif scoring and weights == "q4":  # it never decodes: only q4's int8, which reads prompts
+        weights = "int8"
     model_dtype = next(loaded.model.parameters()).dtype
     runner = build_runner(
         loaded.model,

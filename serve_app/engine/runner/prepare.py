@@ -142,9 +142,10 @@ def prefill_dtype(
 
 
 def decode_weights(requested: str, device: torch.device = CPU) -> str:
-    """The decode weights ``requested`` means on this CPU (``auto`` resolved; ``int8`` where
-    torch has no fbgemm/x86 quantized engine falls back to int4, with a warning). Off the CPU
-    only ``dense`` (``auto`` means it): the int4 and int8 kernels are torch's CPU ones."""
+    """The decode weights ``requested`` means on this CPU (``auto`` resolved; ``int8`` and
+    ``q4``, which reads prompts on int8, fall back to int4 where torch has no fbgemm/x86
+    quantized engine, and ``q4`` to int8 where the runner's C kernels do not build, with a
+    warning). Off the CPU only ``dense`` (``auto`` means it): the others are CPU kernels."""
     if device.type != "cpu":
         if requested in ("auto", "dense"):
             return "dense"
@@ -153,8 +154,9 @@ def decode_weights(requested: str, device: torch.device = CPU) -> str:
             f"int4/int8 ones); the model is on {device}: set engine.weights to auto or dense "
             "(the model's own dtype there), or engine.runner to hf"
         )
-    if requested in ("int8", "q4") and not int8_supported():
-        logger.warning("runner: %s needs torch's fbgemm/x86 int8 engine; using int4", requested)
+    if requested in ("auto", "int8", "q4") and not int8_supported():
+        if requested != "auto":
+            logger.warning("runner: %s needs torch's fbgemm/x86 int8 engine; using int4", requested)
         return "int4"
     if requested in ("auto", "q4"):
         reason = native.unavailable_reason()
