@@ -262,7 +262,7 @@ def _bucket(lines: int) -> int:
 
 
 def main() -> None:
-    parser = base_parser(__doc__)
+    parser = base_parser(__doc__, "edit")
     parser.add_argument("--per-bucket", type=int, default=2, help="files per language and size")
     parser.add_argument("--no-model", action="store_true", help="merge and check only, no app")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the replica")

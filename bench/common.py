@@ -14,6 +14,8 @@ from pathlib import Path
 import aiohttp
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+ROOT = Path(__file__).resolve().parents[1]
+LOCAL_CONFIG = "configs/local.yaml"
 
 # The vector extensions that decide which kernels the engine picks (weights.py, threads.py).
 KERNEL_FLAGS = (
@@ -35,12 +37,24 @@ def cpu_flags() -> str:
     return f"{name}; {os.cpu_count()} CPUs; {shown}"
 
 
-def base_parser(description: str) -> argparse.ArgumentParser:
+def base_parser(description: str, role: str) -> argparse.ArgumentParser:
+    """The options of a benchmark against a running service whose requests go to ``role``'s
+    deployment (``fim``, ``edit`` or ``decisions``)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--url", default=os.environ.get("SERVE_APP_URL", DEFAULT_URL))
     parser.add_argument("--key", default=os.environ.get("SERVE_APP_API_KEY"))
-    parser.add_argument("--model", default="qwen2.5-coder-0.5b")
+    parser.add_argument(
+        "--model", default=local_role_model(role), help=f"default: {LOCAL_CONFIG}'s {role} model"
+    )
     return parser
+
+
+def local_role_model(role: str) -> str:
+    """The model ``configs/local.yaml`` (what ``make run`` serves) names for ``role``."""
+    from serve_app.config import serve_file_configs
+
+    (config,) = serve_file_configs(ROOT / LOCAL_CONFIG)
+    return getattr(config.roles, role)
 
 
 @dataclass

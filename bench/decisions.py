@@ -24,8 +24,12 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from bench.common import base_parser, percentile, session, table
+
+if TYPE_CHECKING:
+    from serve_app.engine.engine_config import EngineConfig
 
 Send = Callable[[dict], Awaitable[tuple[float, dict]]]  # body -> (seconds, usage)
 
@@ -173,8 +177,9 @@ async def run_in_process(args) -> list[list[str]]:
     return rows
 
 
-def in_process_sender(loaded, runner: str, cpu_time: bool = False) -> Send:
-    """A decision service whose scorer is built as the scorer deployment builds it.
+def in_process_sender(loaded, engine: str | EngineConfig, cpu_time: bool = False) -> Send:
+    """A decision service whose scorer is built as the scorer deployment builds it, on the
+    engine settings ``engine`` (or the defaults with ``runner: engine``).
 
     ``cpu_time``: seconds of this process's CPU instead of wall-clock time; with
     ``--threads 1`` that is the request's own work, which other jobs on a shared machine
@@ -185,9 +190,8 @@ def in_process_sender(loaded, runner: str, cpu_time: bool = False) -> Send:
     from serve_app.serving.billing import BilledCall, RequestContext, UsageMeter
     from serve_app.serving.decisions import DecisionService
 
-    service = DecisionService(
-        LikelihoodScorer.for_model(loaded, EngineConfig(runner=runner), 32768)
-    )
+    settings = engine if isinstance(engine, EngineConfig) else EngineConfig(runner=engine)
+    service = DecisionService(LikelihoodScorer.for_model(loaded, settings, 32768))
     context = RequestContext(grant=None, model="bench", endpoint="decisions", cache_salt="bench")
 
     async def send(body: dict) -> tuple[float, dict]:
@@ -201,7 +205,7 @@ def in_process_sender(loaded, runner: str, cpu_time: bool = False) -> Send:
 
 
 def main() -> None:
-    parser = base_parser(__doc__)
+    parser = base_parser(__doc__, "decisions")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--in-process", action="store_true", help="score in this process")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (--in-process)")

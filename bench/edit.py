@@ -59,7 +59,7 @@ async def run(args) -> list[list[str]]:
 
 
 def main() -> None:
-    parser = base_parser(__doc__)
+    parser = base_parser(__doc__, "edit")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--in-process", action="store_true")

@@ -222,7 +222,7 @@ def ratio(ours: float, theirs: float) -> str:
 
 
 def main() -> None:
-    parser = base_parser(__doc__)
+    parser = base_parser(__doc__, "fim")
     parser.add_argument("--threads", type=int, default=1, help="baseline torch threads")
     parser.add_argument("--source", default="embedded:qwen2.5-coder-0.5b")
     parser.add_argument(

@@ -188,7 +188,7 @@ def rows_for(results: dict[str, Figures]) -> list[list[str]]:
 
 
 def main() -> None:
-    parser = base_parser(__doc__.split("\n")[0])
+    parser = base_parser(__doc__.split("\n")[0], "fim")
     parser.add_argument("--llama-url", default=None)
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--keystrokes", type=int, default=4)

@@ -1,8 +1,11 @@
 """Which model each role gets: both embedded models' quality and latency per role, one run.
 
-    python -m bench.models [--models qwen2.5-coder-0.5b,qwen2.5-coder-1.5b] [--threads 2]
+    python -m bench.models [--models qwen2.5-coder-0.5b,qwen2.5-coder-1.5b] [--threads 1]
+        [--roles fim,edit,decisions] [--config configs/local.yaml]
 
-Per model, one after the other, through the code the deployments run, in this process:
+Per model, one after the other, through the code the deployments run, in this process, with
+the engine settings ``--config`` gives each role's deployment (``engine`` with its
+``role_engines``; ``--threads`` torch threads per replica, as ``torch_threads``):
 
 - ``fim``: ``--fim-cases`` lines cut from standard-library modules (``bench.fim_cases``'
   ``file`` set: 30 lines before, 10 after), the prompt the FIM service sends
@@ -29,11 +32,15 @@ import asyncio
 import gc
 import statistics
 import time
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from bench.common import cpu_flags, percentile, table
 from bench.fim_cases import CASE_SETS
 
+ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED = ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 
 
@@ -44,18 +51,33 @@ def p50_p90(seconds: list[float]) -> str:
 # ---------------------------------------------------------------------- fim
 
 
-def fim_role(model: str, threads: int, count: int) -> dict[str, Any]:
+def role_config(config_path: Path, model: str, threads: int) -> Any:
+    """``config_path``'s application config with ``model`` (an embedded model, with the
+    settings the config's first model has) serving every role on ``threads`` torch threads."""
+    from serve_app.config import AppConfig
+
+    document = yaml.safe_load(config_path.read_text())
+    args = document["applications"][0]["args"]
+    first = args["models"][0]
+    served = {**first, "id": model, "source": f"embedded:{model}", "aliases": []}
+    served.pop("openrouter_slug", None)
+    engine = {**args.get("engine", {}), "torch_threads": threads}
+    roles = {"fim": model, "edit": model, "decisions": model}
+    return AppConfig.model_validate(
+        {**args, "models": [served], "roles": roles, "engine": engine, "auth": {}}
+    )
+
+
+def fim_role(config: Any, count: int) -> dict[str, Any]:
     from bench.fim_quality import first_line_matches
-    from serve_app.engine.engine import LLMEngine
-    from serve_app.engine.engine_config import EngineConfig
-    from serve_app.engine.loader import load_model
     from serve_app.engine.prompts.fim import fim_format_for
     from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
     from serve_app.serving.fim import service_fim_prompt
+    from serve_app.serving.generation import start_engine
 
-    loaded = load_model(f"embedded:{model}", threads=threads)
+    engine = start_engine(config, config.models[0], "fim")
+    loaded = engine.loaded
     fmt = fim_format_for(loaded.tokenizer, loaded.model_type)
-    engine = LLMEngine(loaded, EngineConfig(max_batch_size=2))  # local.yaml's engine block
     params = SamplingParams(max_tokens=64, stop=("\n",))
 
     def prompt(prefix: str, suffix: str) -> tuple[list[int], str]:
@@ -88,22 +110,31 @@ def fim_role(model: str, threads: int, count: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------- edit
 
 
-def edit_role(model: str, threads: int, every: int) -> dict[str, Any]:
+def edit_role(config: Any, every: int) -> dict[str, Any]:
+    """``bench.next_edit`` with the prompt the model is configured with (``edit_prompt``), as
+    Continue and Zed send it."""
     from bench import next_edit
 
+    model = config.models[0]
+    engine = config.engine_for("edit")
+    variant = f"{model.edit_prompt}/as-sent"
+    if variant not in next_edit.VARIANTS:
+        variant = next_edit.BASELINE
     args = argparse.Namespace(
         data=next_edit.CASES,
         cases=None,
         every=every,
-        threads=threads,
-        variants=[next_edit.BASELINE],
-        repeat_for=[next_edit.BASELINE],
+        threads=engine.torch_threads,
+        prompt_threads=engine.prompt_threads,
+        weights=engine.weights,
+        variants=[variant],
+        repeat_for=[variant],
         log=None,
-        model=model,
+        model=model.id,
     )
     log = asyncio.run(next_edit.run(args))
     cases = {case.name: case for case in next_edit.load_cases(args.data, None)}
-    tally = next_edit.tallies_of(log, cases)[next_edit.BASELINE]
+    tally = next_edit.tallies_of(log, cases)[variant]
     n = tally.answered
     return {
         "exact": f"{tally.exact}/{n}",
@@ -111,20 +142,23 @@ def edit_role(model: str, threads: int, every: int) -> dict[str, Any]:
         "no-op": f"{tally.noop / n:.0%}",
         "cold p50 s": f"{percentile(tally.cold, 50):.2f}",
         "repeat p50 s": f"{percentile(tally.repeat, 50):.2f}",
+        "prompt": variant,
     }
 
 
 # ---------------------------------------------------------------------- decisions
 
 
-def decisions_role(model: str, threads: int) -> dict[str, Any]:
+def decisions_role(config: Any) -> dict[str, Any]:
+    """As the DecisionScorer deployment scores: its role's engine settings."""
     from bench import decisions, noul_probe
-    from serve_app.engine.engine_config import EngineConfig
-    from serve_app.engine.loader import load_model
     from serve_app.engine.scoring import LikelihoodScorer
+    from serve_app.serving.generation import load_configured_model
 
-    loaded = load_model(f"embedded:{model}", dtype="float32", threads=threads)
-    scorer = LikelihoodScorer.for_model(loaded, EngineConfig(), 32768)
+    model = config.models[0]
+    loaded = load_configured_model(config, model, "decisions")
+    engine = config.engine_for("decisions")
+    scorer = LikelihoodScorer.for_model(loaded, engine, model.context_length)
     seconds, results = [], []
     for _, state, claim, truth in noul_probe.claims(noul_probe.PAIRS):
         started = time.perf_counter()
@@ -137,8 +171,8 @@ def decisions_role(model: str, threads: int) -> dict[str, Any]:
     gc.collect()
     ordered = sum(a > b for (a, _), (b, _) in zip(results[::2], results[1::2], strict=True))
     right = sum((p > 0.5) == truth for p, truth in results)
-    send = decisions.in_process_sender(loaded, "auto")
-    body = {"model": model, "state": decisions.state(time.time_ns()), "questions": {}}
+    send = decisions.in_process_sender(loaded, engine)
+    body = {"model": model.id, "state": decisions.state(time.time_ns()), "questions": {}}
     body["questions"] = decisions.QUESTIONS
     ten, _ = asyncio.run(send(body))
     body |= {"state": decisions.state(time.time_ns()), "questions": decisions.LABELS}
@@ -155,9 +189,9 @@ def decisions_role(model: str, threads: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------- main
 
 ROLES = {
-    "fim": lambda model, args: fim_role(model, args.threads, args.fim_cases),
-    "edit": lambda model, args: edit_role(model, args.threads, args.edit_every),
-    "decisions": lambda model, args: decisions_role(model, args.threads),
+    "fim": lambda config, args: fim_role(config, args.fim_cases),
+    "edit": lambda config, args: edit_role(config, args.edit_every),
+    "decisions": lambda config, args: decisions_role(config),
 }
 
 
@@ -165,16 +199,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(EMBEDDED))
     parser.add_argument("--roles", default=",".join(ROLES))
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "local.yaml")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per replica")
     parser.add_argument("--fim-cases", type=int, default=30)
     parser.add_argument("--edit-every", type=int, default=5)
     args = parser.parse_args(argv)
-    print(f"CPU: {cpu_flags()}; {args.threads} torch threads", flush=True)
+    print(f"CPU: {cpu_flags()}; {args.config}, {args.threads} torch threads", flush=True)
     figures: dict[str, dict[str, dict[str, Any]]] = {}
     for role in args.roles.split(","):
         for model in args.models.split(","):
             started = time.perf_counter()
-            figures.setdefault(role, {})[model] = ROLES[role](model, args)
+            config = role_config(args.config, model, args.threads)
+            figures.setdefault(role, {})[model] = ROLES[role](config, args)
             took = time.perf_counter() - started
             print(f"{role} on {model}: {figures[role][model]} ({took:.0f} s)", flush=True)
     for role, by_model in figures.items():
