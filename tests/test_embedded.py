@@ -260,3 +260,43 @@ def test_real_embedded_model_loads_and_generates() -> None:
     new = tokenizer.decode(out[0, prompt["input_ids"].shape[1] :])
     assert out.shape[1] == prompt["input_ids"].shape[1] + 3
     assert "a" in new and "b" in new  # " a + b"
+
+
+def _serve_file(tmp_path: Path, roles: dict[str, str], unused: str | None = None) -> str:
+    """A Serve config file whose application serves ``roles`` (and lists ``unused``)."""
+    names = sorted({*roles.values(), *([unused] if unused else [])})
+    models = [{"id": name, "source": f"embedded:{name}"} for name in names]
+    document = {"applications": [{"args": {"models": models, "roles": roles}}]}
+    path = tmp_path / "serve.yaml"
+    path.write_text(json.dumps(document))  # JSON is YAML
+    return str(path)
+
+
+def test_cli_lists_the_extras_of_the_models_a_config_serves(monkeypatch, tmp_path, capsys):
+    spec = dataclasses.replace(_fake_spec(_fake_parts(tmp_path)), extra="fake-extra")
+    monkeypatch.setitem(EMBEDDED_MODELS, spec.name, spec)
+    cache = tmp_path / "cache"
+    roles = {"fim": spec.name, "edit": DEFAULT_MODEL, "decisions": spec.name}
+    assert (
+        main(["--config", _serve_file(tmp_path, roles), "--extras", "--cache-dir", str(cache)]) == 0
+    )
+    assert capsys.readouterr().out.strip() == "fake-extra"  # its parts are not installed
+    only_default = {"fim": DEFAULT_MODEL, "edit": DEFAULT_MODEL, "decisions": DEFAULT_MODEL}
+    path = _serve_file(tmp_path, only_default, unused=spec.name)
+    assert main(["--config", path, "--extras", "--cache-dir", str(cache)]) == 0
+    assert capsys.readouterr().out.strip() == ""  # listed but served by no deployment
+
+
+def test_cli_prepares_every_model_a_config_serves(
+    fake_model: dict, monkeypatch, tmp_path, capsys
+) -> None:
+    spec = dataclasses.replace(fake_model["spec"], extra="fake-extra")
+    monkeypatch.setitem(EMBEDDED_MODELS, spec.name, spec)
+    cache = fake_model["cache"]
+    roles = {"fim": spec.name, "edit": spec.name, "decisions": spec.name}
+    path = _serve_file(tmp_path, roles)
+    assert main(["--config", path, "--cache-dir", str(cache)]) == 0
+    assert capsys.readouterr().out.strip() == str(cache / spec.name)
+    assert len(fake_model["calls"]) == 1
+    assert main(["--config", path, "--extras", "--cache-dir", str(cache)]) == 0
+    assert capsys.readouterr().out.strip() == ""  # prepared: nothing left to install

@@ -16,7 +16,6 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from serve_app.auth.interface import AuthStore
 from serve_app.auth.keys import generate_key, hash_key, key_hint
@@ -89,13 +88,9 @@ def _bootstrap(store: AuthStore, args: argparse.Namespace) -> int:
 
 def _wants_local_key(config_path: str) -> bool:
     """Whether every application of a Serve config file enables ``bootstrap_local_key``."""
-    import yaml
+    from serve_app.config import serve_file_configs
 
-    from serve_app.config import AppConfig
-
-    document = yaml.safe_load(Path(config_path).read_text())
-    configs = [AppConfig(**(app.get("args") or {})) for app in document["applications"]]
-    return all(config.auth.bootstrap_local_key for config in configs)
+    return all(config.auth.bootstrap_local_key for config in serve_file_configs(config_path))
 
 
 def _list(store: AuthStore, args: argparse.Namespace) -> int:

