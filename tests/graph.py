@@ -42,9 +42,10 @@ def graph_config(tiny_source: str, port: int) -> dict:
     document["http_options"]["port"] = port
     (application,) = document["applications"]
     args = application["args"]
-    args["models"][0].update(
-        id=MODEL, source=tiny_source, context_length=LONG_CONTEXT, dtype="auto"
-    )
+    args["models"] = [  # one model, with the first's settings, serves every role
+        {**args["models"][0], "id": MODEL, "source": tiny_source}
+        | {"context_length": LONG_CONTEXT, "dtype": "auto"}
+    ]
     args["roles"] = {"fim": MODEL, "edit": MODEL, "decisions": MODEL}
     for name in ("Router", "AuthService"):
         deployment = deployment_options(document, name)
