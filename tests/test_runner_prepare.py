@@ -10,6 +10,8 @@ import gc
 import mmap
 import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,8 @@ from serve_app.engine.runner.prepare import (
 )
 from serve_app.engine.runner.weights import int8_supported
 from tests.runner_support import PROMPTS, encode
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_auto_weights_follow_the_cpu(loaded, tmp_path) -> None:
@@ -154,6 +158,30 @@ def test_the_int8_file_is_released_once_packed(loaded, tmp_path) -> None:
         (saved,) = tmp_path.glob("runner-int8-*.pt")
         assert str(saved) not in Path("/proc/self/maps").read_text()
         assert runner.layers[0].down.smooth is not None
+
+
+def test_a_first_start_shows_its_preparation_on_stderr(tiny_source, tmp_path) -> None:
+    """Quantizing the 1.5B takes a replica minutes on its first start: a process that set up
+    no logging (a Serve replica) still prints what it prepares on stderr, which Serve shows;
+    a start that maps the saved files prints nothing."""
+    script = (
+        "import sys; from serve_app.engine.loader import load_model; "
+        "from serve_app.engine.runner.prepare import build_runner; "
+        f"build_runner(load_model({tiny_source!r}).model, weights='int8', cache_dir=sys.argv[1])"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        for _ in range(2)
+    ]
+    assert "runner: preparing int8 weights, once" in runs[0].stderr
+    assert "runner: quantizing weights:" in runs[0].stderr
+    assert "runner:" not in runs[1].stderr
 
 
 def test_saving_a_format_removes_its_older_versions(loaded, tmp_path) -> None:

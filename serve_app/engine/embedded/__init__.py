@@ -29,7 +29,7 @@ from pathlib import Path
 
 from serve_app.engine.embedded.assemble import assemble_parts
 from serve_app.engine.embedded.convert import EOS_TOKENS, FIM_TOKENS, convert_gguf
-from serve_app.engine.embedded.locking import exclusive_lock, visible_progress
+from serve_app.engine.embedded.locking import exclusive_lock
 from serve_app.engine.embedded.registry import (
     CACHE_ENV,
     DEFAULT_MODEL,
@@ -42,6 +42,7 @@ from serve_app.engine.embedded.registry import (
     get_embedded_model,
     part_paths,
 )
+from serve_app.engine.progress import visible_progress
 
 __all__ = [
     "CACHE_ENV",
@@ -75,7 +76,7 @@ def ensure_embedded_model(name: str, cache_dir: str | Path | None = None) -> Pat
     if is_complete(folder, spec):
         return folder
     cache.mkdir(parents=True, exist_ok=True)
-    with visible_progress(), exclusive_lock(cache / f"{spec.name}.lock"):
+    with visible_progress(logger), exclusive_lock(cache / f"{spec.name}.lock"):
         if is_complete(folder, spec):  # another replica finished it while we waited
             return folder
         _build(spec, folder)

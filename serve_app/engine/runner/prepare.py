@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from serve_app.engine.loader import DeviceError
+from serve_app.engine.progress import visible_progress
 from serve_app.engine.runner import native, weights_q4
 from serve_app.engine.runner.pages import page_out
 from serve_app.engine.runner.qwen2 import Layer, Qwen2Runner, norm_weight
@@ -70,6 +71,7 @@ from serve_app.engine.runner.weights import (
 )
 
 logger = logging.getLogger(__name__)
+RUNNER_LOGGER = logging.getLogger("serve_app.engine.runner")  # prepare's, smoothing's
 
 WEIGHTS = ("auto", "q4", "int4", "int8", "dense")
 PROMPT_WEIGHTS = ("auto", "dense", "decode")
@@ -405,9 +407,11 @@ def _cached(
                 except Exception:
                     logger.warning("runner: unreadable %s; computing again", path, exc_info=True)
             tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-            torch.save(compute(), tmp)
-            os.replace(tmp, path)
-            logger.info("runner: %s saved to %s", what, path)
+            with visible_progress(RUNNER_LOGGER):  # minutes for the 1.5B, once per machine
+                logger.info("runner: preparing %s, once: later starts map %s", what, path)
+                torch.save(compute(), tmp)
+                os.replace(tmp, path)
+                logger.info("runner: %s saved to %s", what, path)
             _remove_stale(path)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
