@@ -20,6 +20,8 @@ the engine settings ``--config`` gives each role's deployment (``engine`` with i
   on the right side of 0.5, p50 seconds per claim), then one request of 10 questions and one
   255-label choice, each about a fresh ``bench.decisions`` ~1,600-token ticket, cold (the
   deadline that matters is ``limits.decision_timeout_s``, 120 s).
+- ``decode``: decode tok/s of one request at a time with no speculation, prompt lookup and
+  draft-model speculation (the 1.5B drafted by the 0.5B), as ``bench.draft_model`` measures.
 
 The rule these figures feed (docs/models.md): each role gets the best quality that meets its
 latency budget on the machine it runs on.
@@ -186,12 +188,45 @@ def decisions_role(config: Any) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------------- decode
+
+
+def decode_role(config: Any, cases: int) -> dict[str, Any]:
+    """Decode tok/s of one request at a time: no speculation, prompt lookup and, for a model
+    with a smaller embedded one to draft for it, the draft model (``bench.draft_model``'s
+    comparison: ``cases`` stdlib FIM lines, 64 greedy tokens each)."""
+    from bench import draft_model
+    from serve_app.engine.loader import load_model
+
+    model = config.models[0]
+    threads = config.engine.torch_threads
+    target = load_model(model.source, dtype=model.dtype, threads=threads)
+    smaller = EMBEDDED[: EMBEDDED.index(model.id)] if model.id in EMBEDDED else ()
+    draft = None
+    if smaller:
+        draft = load_model(f"embedded:{smaller[-1]}", dtype=model.dtype, threads=threads)
+    modes = [mode for mode in draft_model.MODES if draft is not None or "draft" not in mode]
+    prompts = draft_model.stdlib_prompts(target, cases)
+    results = draft_model.compare(target, draft, prompts, 64, "cpu", modes)
+    base = results["none"]
+    figures: dict[str, Any] = {}
+    for mode in draft_model.MODES:
+        got = results.get(mode)
+        if got is None:
+            figures[f"{mode} tok/s"] = "-"
+            continue
+        same = "" if got["ids"] == base["ids"] else ", NOT the same text"
+        figures[f"{mode} tok/s"] = f"{got['tps']:.1f} ({got['tps'] / base['tps']:.2f}x{same})"
+    return figures
+
+
 # ---------------------------------------------------------------------- main
 
 ROLES = {
     "fim": lambda config, args: fim_role(config, args.fim_cases),
     "edit": lambda config, args: edit_role(config, args.edit_every),
     "decisions": lambda config, args: decisions_role(config),
+    "decode": lambda config, args: decode_role(config, args.decode_cases),
 }
 
 
@@ -203,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per replica")
     parser.add_argument("--fim-cases", type=int, default=30)
     parser.add_argument("--edit-every", type=int, default=5)
+    parser.add_argument("--decode-cases", type=int, default=6)
     args = parser.parse_args(argv)
     print(f"CPU: {cpu_flags()}; {args.config}, {args.threads} torch threads", flush=True)
     figures: dict[str, dict[str, dict[str, Any]]] = {}
