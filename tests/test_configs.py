@@ -135,8 +135,8 @@ def test_make_run_prepares_the_models_local_yaml_serves():
     from serve_app.engine.embedded.cli import served_embedded_models
 
     assert served_embedded_models(str(ROOT / "configs" / "local.yaml")) == [
-        "qwen2.5-coder-0.5b",
-        "qwen2.5-coder-1.5b",
+        ("qwen2.5-coder-0.5b", None),
+        ("qwen2.5-coder-1.5b", None),
     ]
     listed = {"id": "listed", "source": "embedded:qwen2.5-coder-1.5b"}
     drafted = {"id": "d", "source": "tiny", "draft_model": "small"}

