@@ -42,10 +42,8 @@ def graph_config(tiny_source: str, port: int) -> dict:
     document["http_options"]["port"] = port
     (application,) = document["applications"]
     args = application["args"]
-    args["models"] = [  # one model, with the first's settings, serves every role
-        {**args["models"][0], "id": MODEL, "source": tiny_source}
-        | {"context_length": LONG_CONTEXT, "dtype": "auto"}
-    ]
+    tiny = {"id": MODEL, "source": tiny_source, "context_length": LONG_CONTEXT, "dtype": "auto"}
+    args["models"] = [args["models"][0] | tiny]  # one model, the first's settings, every role
     args["roles"] = {"fim": MODEL, "edit": MODEL, "decisions": MODEL}
     for name in ("Router", "AuthService"):
         deployment = deployment_options(document, name)
