@@ -133,6 +133,9 @@ def edit_role(config: Any, every: int) -> dict[str, Any]:
         repeat_for=[variant],
         log=None,
         model=model.id,
+        config=None,
+        source=None,
+        answer_tokens="client",
     )
     log = asyncio.run(next_edit.run(args))
     cases = {case.name: case for case in next_edit.load_cases(args.data, None)}

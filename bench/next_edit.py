@@ -214,16 +214,21 @@ class Tally:
     followed: int = 0
 
 
-def start_services(args: argparse.Namespace, rejected: dict[str, Any]) -> tuple[Any, dict]:
-    """One engine on the embedded model (as configs/local.yaml runs it), one edit service per
-    variant on it, each counting its rejections in ``rejected[variant]``."""
-    from serve_app.config import AppConfig, ModelConfig, Roles
+def app_config(args: argparse.Namespace) -> Any:
+    """``--config``'s application (its edit role's model and engine), or the embedded
+    ``--model`` as configs/local.yaml runs it, with ``--threads`` and ``--weights``."""
+    from serve_app.config import AppConfig, ModelConfig, Roles, serve_file_configs
     from serve_app.engine.engine_config import EngineConfig
-    from serve_app.serving.edit import EditService
-    from serve_app.serving.generation import EngineClient, start_engine
 
+    if args.config:
+        config = serve_file_configs(args.config)[0]
+        if args.source:  # e.g. bench.random_checkpoint's folder in place of a hub id
+            edit = config.model(config.roles.edit).model_copy(update={"source": args.source})
+            models = [edit if m.id == edit.id else m for m in config.models]
+            config = config.model_copy(update={"models": models})
+        return config
     model = ModelConfig(id=args.model, source=f"embedded:{args.model}", dtype="float32")
-    config = AppConfig(
+    return AppConfig(
         models=[model],
         roles=Roles(fim=args.model, edit=args.model, decisions=args.model),
         engine=EngineConfig(
@@ -233,6 +238,17 @@ def start_services(args: argparse.Namespace, rejected: dict[str, Any]) -> tuple[
             weights=args.weights,
         ),
     )
+
+
+def start_services(args: argparse.Namespace, rejected: dict[str, Any]) -> tuple[Any, dict]:
+    """One engine on the edit role's model, one edit service per variant on it, each
+    counting its rejections in ``rejected[variant]``; sets ``args.model`` to that model."""
+    from serve_app.serving.edit import EditService
+    from serve_app.serving.generation import EngineClient, start_engine
+
+    config = app_config(args)
+    model = config.model(config.roles.edit)
+    args.model = model.id
     engine = start_engine(config, model, "edit")
     client = EngineClient(engine, model)
     services = {
@@ -241,6 +257,12 @@ def start_services(args: argparse.Namespace, rejected: dict[str, Any]) -> tuple[
         if name in args.variants
     }
     return engine, services
+
+
+def expected_length(engine: Any, case: Case) -> dict[str, int]:
+    """``max_tokens`` for an answer as long as the expected one in its code block (a few
+    tokens over): times a model whose answers are noise (random weights) at a real length."""
+    return {"max_tokens": len(engine.loaded.tokenizer.encode(case.expected)) + 12}
 
 
 async def answer(
@@ -285,6 +307,8 @@ async def run(args: argparse.Namespace) -> list[dict]:
             expected_rejected[rejected_edit(case.expected, prompt) or "kept"] += 1
             for name, service in services.items():
                 fields = VARIANTS[name][1]
+                if args.answer_tokens == "expected":
+                    fields = {**fields, **expected_length(engine, case)}
                 rejected[name].last = None
                 region, cold, tokens = await answer(service, call, fields, read, name, args.model)
                 entry = {"case": case.name, "variant": name, "answer": region, "tokens": tokens}
@@ -378,6 +402,15 @@ def main() -> None:
     )
     parser.add_argument("--model", default=MODEL_ID, help="an embedded model's name")
     parser.add_argument("--weights", default="auto", help="engine.weights (decode weights)")
+    parser.add_argument("--config", type=Path, help="a serve config: its edit role's model")
+    parser.add_argument("--source", help="with --config: the edit model's weights from here")
+    parser.add_argument(
+        "--answer-tokens",
+        choices=["client", "expected"],
+        default="client",
+        help="max_tokens as the client sends it, or the expected answer's length (timing "
+        "random weights)",
+    )
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
     parser.add_argument(
         "--repeat-for", default=",".join(VARIANTS), help="variants timed on a repeat too"
