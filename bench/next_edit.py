@@ -61,6 +61,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "chat/as-sent (today)": ("chat", {}),
     "chat/greedy": ("chat", GREEDY),
     "chat_split/as-sent": ("chat_split", {}),
+    "chat_split/greedy": ("chat_split", GREEDY),
     "tagged/greedy": ("tagged", GREEDY),
     "few_shot/greedy": ("few_shot", GREEDY),
     "fim/greedy": ("fim", GREEDY),
@@ -226,7 +227,10 @@ def app_config(args: argparse.Namespace) -> Any:
             edit = config.model(config.roles.edit).model_copy(update={"source": args.source})
             models = [edit if m.id == edit.id else m for m in config.models]
             config = config.model_copy(update={"models": models})
-        return config
+        # A fixed seed, as below: the clients' temperature 0.2 then draws the same answers
+        # run after run, so two runs (or two configs) differ only where their settings do.
+        engine = config.engine.model_copy(update={"seed": config.engine.seed or 0})
+        return config.model_copy(update={"engine": engine})
     model = ModelConfig(id=args.model, source=f"embedded:{args.model}", dtype="float32")
     return AppConfig(
         models=[model],
