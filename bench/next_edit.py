@@ -395,7 +395,7 @@ def latency(seconds: list[float]) -> str:
     return f"{percentile(seconds, 50):.2f}/{percentile(seconds, 90):.2f}"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=CASES)
     parser.add_argument("--cases", type=int, default=None, help="the first N cases only")
@@ -421,7 +421,7 @@ def main() -> None:
     )
     parser.add_argument("--log", type=Path, help="append every answer here (JSON lines)")
     parser.add_argument("--from-log", type=Path, help="no run: the figures of a logged one")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.variants = [name.strip() for name in args.variants.split(",")]
     args.repeat_for = [name.strip() for name in args.repeat_for.split(",")]
     if args.from_log:
