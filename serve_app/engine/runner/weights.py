@@ -113,6 +113,7 @@ def prepack_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.ScriptObject:
 ACTIVATION_STEP = 2 / 127
 
 
+@torch.no_grad()  # fbgemm's kernel has no gradient; the buffer's out= ops refuse autograd
 def int8_linear(
     x: torch.Tensor,
     packed: torch.ScriptObject,
