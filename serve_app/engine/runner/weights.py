@@ -136,8 +136,9 @@ def int8_linear(
     (0.0013-0.0018 over six requests on the 0.5B).
 
     fbgemm's input (the scaled rows, the remainders, the pin row) is written into one buffer
-    in place: built with ``torch.cat`` instead, the copies and temporaries around the kernel
-    took ~20% of a 0.5B prompt chunk's time (2026-11-27, bench.prompt_threads' shapes).
+    in place, without ``torch.cat``'s copies: the same bits, and fewer temporaries (1.6x on
+    prompts where a process's main thread runs the runner, whose malloc arena trimmed and
+    regrew around them; unchanged in the engine's own thread: git history).
     """
     rows, width = x.shape
     count = 2 * rows if precise else rows
