@@ -118,26 +118,13 @@ def edit_role(config: Any, every: int) -> dict[str, Any]:
     from bench import next_edit
 
     model = config.models[0]
-    engine = config.engine_for("edit")
     variant = f"{model.edit_prompt}/as-sent"
     if variant not in next_edit.VARIANTS:
         variant = next_edit.BASELINE
-    args = argparse.Namespace(
-        data=next_edit.CASES,
-        cases=None,
-        every=every,
-        threads=engine.torch_threads,
-        prompt_threads=engine.prompt_threads,
-        weights=engine.weights,
-        variants=[variant],
-        repeat_for=[variant],
-        log=None,
-        model=model.id,
-        config=None,
-        source=None,
-        answer_tokens="client",
+    args = next_edit.parse_args(
+        ["--every", str(every), "--variants", variant, "--repeat-for", variant]
     )
-    log = asyncio.run(next_edit.run(args))
+    log = asyncio.run(next_edit.run(args, config))
     cases = {case.name: case for case in next_edit.load_cases(args.data, None)}
     tally = next_edit.tallies_of(log, cases)[variant]
     n = tally.answered

@@ -227,10 +227,7 @@ def app_config(args: argparse.Namespace) -> Any:
             edit = config.model(config.roles.edit).model_copy(update={"source": args.source})
             models = [edit if m.id == edit.id else m for m in config.models]
             config = config.model_copy(update={"models": models})
-        # A fixed seed, as below: the clients' temperature 0.2 then draws the same answers
-        # run after run, so two runs (or two configs) differ only where their settings do.
-        engine = config.engine.model_copy(update={"seed": config.engine.seed or 0})
-        return config.model_copy(update={"engine": engine})
+        return config
     model = ModelConfig(id=args.model, source=f"embedded:{args.model}", dtype="float32")
     return AppConfig(
         models=[model],
@@ -238,19 +235,24 @@ def app_config(args: argparse.Namespace) -> Any:
         engine=EngineConfig(
             torch_threads=args.threads,
             prompt_threads=args.prompt_threads,
-            seed=0,
             weights=args.weights,
         ),
     )
 
 
-def start_services(args: argparse.Namespace, rejected: dict[str, Any]) -> tuple[Any, dict]:
-    """One engine on the edit role's model, one edit service per variant on it, each
+def start_services(
+    args: argparse.Namespace, rejected: dict[str, Any], config: Any
+) -> tuple[Any, dict]:
+    """One engine on ``config``'s edit model, one edit service per variant on it, each
     counting its rejections in ``rejected[variant]``; sets ``args.model`` to that model."""
     from serve_app.serving.edit import EditService
     from serve_app.serving.generation import EngineClient, start_engine
 
-    config = app_config(args)
+    # A fixed seed where the config sets none: the clients' temperature 0.2 then draws the
+    # same answers run after run, so two runs (or two configs) differ only where their
+    # settings do.
+    seeded = config.engine.model_copy(update={"seed": config.engine.seed or 0})
+    config = config.model_copy(update={"engine": seeded})
     model = config.model(config.roles.edit)
     args.model = model.id
     engine = start_engine(config, model, "edit")
@@ -291,14 +293,15 @@ async def answer(
     return (call.old_region if region is None else region), seconds, tokens
 
 
-async def run(args: argparse.Namespace) -> list[dict]:
-    """Every variant on every case, interleaved; one log entry per case and variant (also
-    appended to ``args.log`` as it comes, so a run cut short still has its figures)."""
+async def run(args: argparse.Namespace, config: Any = None) -> list[dict]:
+    """Every variant on every case, interleaved, on ``config``'s edit model (default:
+    ``app_config(args)``); one log entry per case and variant (also appended to ``args.log``
+    as it comes, so a run cut short still has its figures)."""
     from serve_app.engine.prompts.edit import parse_edit_prompt, rejected_edit
 
     cases = load_cases(args.data, args.cases, args.every)
     rejected = {name: _LastReason() for name in VARIANTS}
-    engine, services = start_services(args, rejected)
+    engine, services = start_services(args, rejected, config or app_config(args))
     log, expected_rejected = [], Counter()
     try:
         for number, case in enumerate(cases, 1):
@@ -309,10 +312,9 @@ async def run(args: argparse.Namespace) -> list[dict]:
             )
             prompt = parse_edit_prompt(call.body["messages"][0]["content"])
             expected_rejected[rejected_edit(case.expected, prompt) or "kept"] += 1
+            length = expected_length(engine, case) if args.answer_tokens == "expected" else {}
             for name, service in services.items():
-                fields = VARIANTS[name][1]
-                if args.answer_tokens == "expected":
-                    fields = {**fields, **expected_length(engine, case)}
+                fields = {**VARIANTS[name][1], **length}
                 rejected[name].last = None
                 region, cold, tokens = await answer(service, call, fields, read, name, args.model)
                 entry = {"case": case.name, "variant": name, "answer": region, "tokens": tokens}
@@ -395,7 +397,7 @@ def latency(seconds: list[float]) -> str:
     return f"{percentile(seconds, 50):.2f}/{percentile(seconds, 90):.2f}"
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=CASES)
     parser.add_argument("--cases", type=int, default=None, help="the first N cases only")
@@ -424,6 +426,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.variants = [name.strip() for name in args.variants.split(",")]
     args.repeat_for = [name.strip() for name in args.repeat_for.split(",")]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.from_log:
         log = [json.loads(line) for line in args.from_log.read_text().splitlines()]
     else:
