@@ -13,11 +13,12 @@ tokens; 70% greedy, the rest sampled with a seed; 1-95 tokens each; a quarter ar
 their client after 0-19 chunks, as an IDE drops the previous request on a keystroke.
 
 Prints per model: the wall time, how many requests raised, how many that were not closed
-ended without a finish reason, what the engine still holds afterwards (running, waiting: both
-must be 0), prefix-cache hits, the peak GPU memory, and how many greedy answers the same
-request sent alone afterwards repeats word for word. The last is not exactness: on a GPU a
-step's bits depend on the batch's shape (docs/operations.md), and random weights' top two
-logits lie close, so a batch of 20 can flip a token a batch of one does not.
+ended without a finish reason, what the engine still holds once it has had SETTLE_S to reap
+the closed requests (running, waiting: both must be 0), prefix-cache hits, the peak GPU
+memory, and how many greedy answers the same request sent alone afterwards repeats word for
+word. The last is not exactness: on a GPU a step's bits depend on the batch's shape
+(docs/operations.md), and random weights' top two logits lie close, so a batch of 20 can flip
+a token a batch of one does not.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from serve_app.engine.protocol import GenerationRequest, SamplingParams
 
 ACCOUNTS = ("acct-a", "acct-b", "acct-c")
 FILE_TOKENS = 3000
+SETTLE_S = 10.0
 
 
 def workload(n: int, vocab: int, seed: int) -> list[tuple[GenerationRequest, int | None, float]]:
@@ -94,6 +96,8 @@ async def load(engine: LLMEngine, jobs: list, repeats: int) -> list[str]:
         for (_, close_after, _), r in zip(jobs, results, strict=True)
         if close_after is None and not isinstance(r, BaseException) and r[0] is None
     )
+    # Closed streams' aborts land at the loop's next step: what stays past SETTLE_S is a leak.
+    await engine.wait_until_idle(SETTLE_S)
     stats = engine.stats()
     greedy = [
         (request, r[1])

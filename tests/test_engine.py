@@ -236,8 +236,7 @@ def test_abort_frees_the_slot_within_a_step(loaded, make_engine) -> None:
         assert engine.num_running == 1
         await stream.aclose()  # what a client disconnect does
         steps_at_abort = engine.stats().steps
-        while engine.num_running:
-            await asyncio.sleep(0.001)
+        assert await engine.wait_until_idle(timeout=30)
         return engine.stats().steps - steps_at_abort
 
     assert run(main()) <= 2
@@ -260,8 +259,7 @@ def test_cancelling_the_consumer_aborts(loaded, make_engine) -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        while engine.num_running:
-            await asyncio.sleep(0.001)
+        assert await engine.wait_until_idle(timeout=30)
 
     run(main())
     assert engine.stats().requests_aborted == 1
@@ -279,8 +277,7 @@ def test_a_request_whose_event_loop_closed_is_aborted(loaded, make_engine) -> No
     dying.close()  # no shutdown_asyncgens: the stream is never closed
 
     async def main():
-        while engine.num_running:
-            await asyncio.sleep(0.001)
+        assert await engine.wait_until_idle(timeout=30)
         return await collect(engine.generate(request("next", prompt, max_tokens=4)))
 
     assert run(main())[-1].finish_reason == "length"

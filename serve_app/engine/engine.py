@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -100,6 +101,10 @@ SUGGESTION_DRAFT_TOKENS = 16
 # once, the runner's KV cache had to regrow for the next request: 0.27-0.34 s of a repeated
 # 1,100-token FIM prompt's 0.53 s went to allocating and faulting in 9 slots x 2,048 positions.
 IDLE_TRIM_S = 10.0
+
+# How often ``wait_until_idle`` looks. A poll, not an event the loop sets: the loop would
+# pay for a signal at every step for a question only benches and tests ask.
+IDLE_POLL_S = 0.002
 
 # Whole steps failing in a row before the loop gives up and ``check_health`` reports it.
 MAX_CONSECUTIVE_STEP_FAILURES = 10
@@ -243,6 +248,19 @@ class LLMEngine(Engine):
     @property
     def num_waiting(self) -> int:
         return self.scheduler.num_waiting
+
+    async def wait_until_idle(self, timeout: float) -> bool:
+        """True once the loop holds no request (running or waiting); False if ``timeout``
+        seconds pass first. A closed stream's abort lands at the loop's next step, and so does
+        the slot of a request whose last chunk went out with its prompt's first token: a
+        caller that wants to see what stayed behind reads ``stats()`` after this, not right
+        after its streams ended."""
+        deadline = time.monotonic() + timeout
+        while self.num_running or self.num_waiting:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(IDLE_POLL_S)
+        return True
 
     def stats(self) -> EngineStats:
         cache = self.prefix_cache
