@@ -29,6 +29,7 @@ from serve_app.auth.records import UsageRecord
 from serve_app.auth.store import open_store
 from serve_app.config import AppConfig, HttpLimits
 from serve_app.engine.engine_config import SpeculationConfig
+from serve_app.http.app import BACKSTOP_GRACE_S
 from serve_app.serving.billing import RequestContext, UsageRecorder
 from serve_app.serving.fim import FimService
 from serve_app.serving.generation import EngineClient, start_engine
@@ -36,7 +37,11 @@ from tests.conftest import LONG_CONTEXT, TEST_KEY, TINY_ID, tiny_config
 from tests.conftest import LONG_FIM as LONG
 from tests.fixtures.auth import new_account
 
-REQUEST_TIMEOUT_S = 5.0  # LONG needs ~20 s here without speculation (off below)
+# A deadline LONG cannot meet by construction, on any CPU: with speculation off (below) it
+# decodes one token a step, and writing its 8,192 tokens in 0.5 s would take 16k steps a second
+# (a step of the tiny model takes ~1.5 ms on the AVX2 box, ~0.6 ms on the AVX-512 one), while its
+# first token comes ~10 ms after the request: both sides at least 6x clear of the deadline.
+DEADLINE_S = 0.5
 SECRET = "API_TOKEN = 'hunter2-7f3a9c' # deploy key for the payments cluster, rotate monthly"
 
 
@@ -46,17 +51,15 @@ def billing_config(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -
         tiny_source,
         tmp_path_factory.mktemp("billing-data"),
         context_length=LONG_CONTEXT,
-        limits=HttpLimits(max_body_bytes=1_000_000, request_timeout_s=REQUEST_TIMEOUT_S),
+        limits=HttpLimits(max_body_bytes=1_000_000),
     )
-    # FIM speculation off: with it, LONG can finish inside the deadline these tests need it to
-    # outlast (4,000 of its tokens took 4-5 s, against a 5 s deadline, when it was on).
+    # FIM speculation off: one token a step, so LONG's length in steps is its length in tokens.
     speculation = SpeculationConfig(fim=0)
     engine = config.engine.model_copy(update={"speculation": speculation})
     return config.model_copy(update={"engine": engine})
 
 
-@pytest.fixture(scope="module")
-def billing_client(billing_config: AppConfig) -> Iterator:
+def serve_in_process(config: AppConfig) -> Iterator:
     import os
 
     from fastapi.testclient import TestClient
@@ -64,9 +67,20 @@ def billing_client(billing_config: AppConfig) -> Iterator:
     from serve_app.testing import local_router_app
 
     os.environ["SERVE_APP_API_KEY"] = TEST_KEY
-    app = local_router_app(billing_config)
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with TestClient(local_router_app(config), raise_server_exceptions=False) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def billing_client(billing_config: AppConfig) -> Iterator:
+    yield from serve_in_process(billing_config)
+
+
+@pytest.fixture(scope="module")
+def deadline_client(billing_config: AppConfig) -> Iterator:
+    """The same service (same auth store) with a request deadline of DEADLINE_S."""
+    limits = billing_config.limits.model_copy(update={"request_timeout_s": DEADLINE_S})
+    yield from serve_in_process(billing_config.model_copy(update={"limits": limits}))
 
 
 def ledger(db: str, account_id: int) -> list[UsageRecord]:
@@ -141,7 +155,7 @@ def test_decisions_bill_a_shared_state_to_whoever_sends_it(billing_client, billi
 
 
 def test_a_finished_and_a_timed_out_request_are_billed_what_they_processed(
-    billing_client, billing_config
+    billing_client, deadline_client, billing_config
 ):
     key, account = new_account(billing_config.auth_db, "timed-out")
     short = {"model": TINY_ID, "prompt": "def f(", "max_tokens": 3}
@@ -149,11 +163,12 @@ def test_a_finished_and_a_timed_out_request_are_billed_what_they_processed(
     assert finished.status_code == 200, finished.text
     usage = finished.json()["usage"]
     started = time.monotonic()
-    response = billing_client.post(
+    response = deadline_client.post(
         "/v1/fim/completions", json={"model": TINY_ID, **LONG}, headers=bearer(key)
     )
     assert response.status_code == 504, response.text
-    assert time.monotonic() - started < REQUEST_TIMEOUT_S + 3  # not the router's backstop
+    # the replica's own deadline answered, not the router's backstop (BACKSTOP_GRACE_S later)
+    assert time.monotonic() - started < DEADLINE_S + BACKSTOP_GRACE_S
     done, row = ledger(billing_config.auth_db, account)
     assert (done.status, done.input_tokens, done.output_tokens) == (
         200,
@@ -200,7 +215,7 @@ def test_a_timeout_cancels_the_engine_request_and_frees_its_slot(billing_config)
     async def write(context, input_tokens, output_tokens, status) -> None:
         rows.append((input_tokens, output_tokens, status))
 
-    recorder = UsageRecorder(write, timeout_s=0.5)
+    recorder = UsageRecorder(write, timeout_s=DEADLINE_S)
     context = RequestContext(grant=None, model=model.id, endpoint="fim", cache_salt="a")
     body = FimCompletionRequest(model=model.id, **LONG)
 
@@ -208,7 +223,7 @@ def test_a_timeout_cancels_the_engine_request_and_frees_its_slot(billing_config)
         with pytest.raises(Exception) as caught:
             await recorder.run(context, partial(service.complete, body))
         assert getattr(caught.value, "status_code", None) == 504
-        await asyncio.sleep(0.3)  # the loop frees the slot at its next step
+        assert await engine.wait_until_idle(timeout=30)  # the abort lands at the next step
 
     try:
         asyncio.run(scenario())
@@ -376,9 +391,11 @@ def test_a_stream_read_partly_then_dropped_is_billed_499(graph):
 def test_a_non_streamed_request_whose_client_left_is_billed_499(graph):
     # The client leaves after `wait` seconds. If the call has not reached the model by then
     # (admitting a new key, a replica still busy on a shared 2-core box), nothing ran and
-    # nothing is billed: no row, rightly. So a second try waits longer; a row that is never
-    # written after the model worked fails both.
-    for attempt, wait in enumerate((3.0, 5.0)):
+    # nothing is billed: no row, rightly. So each next try waits longer; a row that is never
+    # written after the model worked fails them all. Short waits first: LONG must still be
+    # running when the client leaves, and on a fast CPU with the graph's speculation it takes
+    # ~3 s (~10 s on the AVX2 box).
+    for attempt, wait in enumerate((0.5, 1.0, 2.0)):
         key, account = new_account(graph["db"], f"drops-call-{attempt}")
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(
