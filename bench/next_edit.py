@@ -1,4 +1,4 @@
-"""Next-edit judged the way its editors judge it, on real edits (bench/data/next_edit_cases.json).
+"""Next-edit judged the way its editors judge it, on real edits (shared/data/next_edit_cases.json).
 
     PYTHONPATH=$PWD .venv/bin/python -m bench.next_edit [--cases 48] [--variants a,b]
 
@@ -47,7 +47,9 @@ from tests.fixtures.edit_clients import (
     zed_extract,
 )
 
-CASES = Path(__file__).parent / "data" / "next_edit_cases.json"
+# Fetched material stays out of the project's git: the cases live in shared/ beside the project
+# (../shared/data/README.md); --data reads them from anywhere else.
+CASES = Path(__file__).resolve().parents[2] / "shared" / "data" / "next_edit_cases.json"
 MODEL_ID = "qwen2.5-coder-0.5b"
 SHAPES: dict[str, tuple[Callable[[Scenario, str], ClientCall], Callable[[dict], str | None]]] = {
     "continue": (continue_call, continue_extract),
@@ -424,6 +426,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log", type=Path, help="append every answer here (JSON lines)")
     parser.add_argument("--from-log", type=Path, help="no run: the figures of a logged one")
     args = parser.parse_args(argv)
+    if not args.data.exists():
+        parser.error(
+            f"no cases at {args.data}: the fetched cases live in shared/data/ beside the "
+            "project; point --data at a copy"
+        )
     args.variants = [name.strip() for name in args.variants.split(",")]
     args.repeat_for = [name.strip() for name in args.repeat_for.split(",")]
     return args

@@ -1,6 +1,6 @@
 """Extract next-edit cases from public projects' commits, mechanically (bench/next_edit.py).
 
-    python -m bench.next_edit_cases --out bench/data/next_edit_cases.json \\
+    python -m bench.next_edit_cases --out ../shared/data/next_edit_cases.json \\
         /work/.mirror/pallets+itsdangerous/repo=pallets/itsdangerous ...
 
 For each commit (no merges, newest first) and each source file it changes, the change is split

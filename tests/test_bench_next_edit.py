@@ -1,9 +1,11 @@
 """bench/next_edit.py on any config and checkpoint folder: the path the GPU run takes
 (``bench.random_checkpoint``'s folder served as configs/local.yaml serves its EditModel), on
-the tiny model's tokenizer, one real case, in seconds."""
+the tiny model's tokenizer, one case written here in the cases' format, in seconds. (The
+bench's own cases are fetched material: they live outside the project, in shared/data/.)"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,25 @@ from bench import next_edit, random_checkpoint
 from serve_app.engine.tiny import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# A rename in the history, and the call site below it still to update.
+FILE = "def subtotal(items):\n    return sum(i.price for i in items)\n\n\nprint(total(cart))\n"
+CASE = {
+    "repo": "tests/rename",
+    "commit": "0" * 40,
+    "path": "cart.py",
+    "language": "python",
+    "file": FILE,
+    "first_line": 3,
+    "last_line": 4,
+    "cursor": [4, 6],
+    "expected": "\nprint(subtotal(cart))",
+    "hunks": [
+        "@@ -1,2 +1,2 @@\n-def total(items):\n+def subtotal(items):\n"
+        "     return sum(i.price for i in items)"
+    ],
+    "snippets": [["shop.py", "from cart import subtotal\n"]],
+}
 
 
 def test_a_random_checkpoint_answers_the_cases_through_a_config(
@@ -24,9 +45,11 @@ def test_a_random_checkpoint_answers_the_cases_through_a_config(
     )
     assert (folder / "tokenizer.json").exists() and (folder / "config.json").exists()
     variant = "chat_split/as-sent"
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps([CASE]))
     next_edit.main(
         ["--config", str(ROOT / "configs" / "local.yaml"), "--source", str(folder),
-         "--cases", "1", "--variants", variant, "--repeat-for", variant,
+         "--data", str(cases), "--cases", "1", "--variants", variant, "--repeat-for", variant,
          "--answer-tokens", "expected", "--log", str(tmp_path / "log.jsonl")]
     )  # fmt: skip
     out = capsys.readouterr().out
