@@ -79,7 +79,8 @@ class Scenario:
 
     samples: list[tuple[float, dict[str, int]]] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)
-    burst_s: float = 0.0
+    burst_s: float = 0.0  # when the burst's last request ended
+    burst_stopped_s: float = 0.0  # when the burst stopped sending new requests
     trickle_s: float = 0.0
 
     def counts(self, deployment: str) -> list[int]:
@@ -221,9 +222,13 @@ def run_scenario(
     def bursting() -> bool:
         now = time.monotonic()
         if burst_s is not None:
-            return now - start < burst_s
-        held = bool(reached_max_at) and now - reached_max_at[0] >= HOLD_S
-        return not held and now - start < phase_timeout_s
+            going = now - start < burst_s
+        else:
+            held = bool(reached_max_at) and now - reached_max_at[0] >= HOLD_S
+            going = not held and now - start < phase_timeout_s
+        if not going and not scenario.burst_stopped_s:  # clients finish what they sent
+            scenario.burst_stopped_s = now - start
+        return going
 
     def trickling() -> bool:
         elapsed = time.monotonic() - start

@@ -241,7 +241,7 @@ def report(results: dict[str, Figures], args: argparse.Namespace, device: str) -
     rows = [head]
     for name, f in results.items():
         row = [name, f"{f.single_tps:.1f}"] + [f"{f.streams_tps[n]:.1f}" for n in counts]
-        rows.append(row + [f"{f.ttft_s[n]:.3f}" if n in f.ttft_s else "-" for n in lengths])
+        rows.append(row + [f"{f.ttft_s[n]:.4g}" if n in f.ttft_s else "-" for n in lengths])
     print(table(rows))
     ratios = [["model", "graphs / eager, single"] + [f"{n} streams" for n in counts]]
     ratios[0].append("same greedy tokens")

@@ -45,6 +45,10 @@ def graph_config(tiny_source: str, port: int) -> dict:
     tiny = {"id": MODEL, "source": tiny_source, "context_length": LONG_CONTEXT, "dtype": "auto"}
     args["models"] = [args["models"][0] | tiny]  # one model, the first's settings, every role
     args["roles"] = {"fim": MODEL, "edit": MODEL, "decisions": MODEL}
+    # Tests that need a request in flight send LONG_FIM, which must run for seconds on any CPU:
+    # prompt lookup would accept nearly every draft of the tiny model's one repeated token
+    # (three tokens a step), so FIM drafts nothing here and writes one token a step.
+    args["engine"]["speculation"]["fim"] = 0
     for name in ("Router", "AuthService"):
         deployment = deployment_options(document, name)
         deployment["autoscaling_config"] = {"min_replicas": 2, "max_replicas": 2}

@@ -275,19 +275,17 @@ def test_monthly_quota_restarts_next_month(store, db):
 # -- replicas see changes
 
 
-def test_revocation_reaches_another_replica_within_one_second(store, db):
+def test_revocation_reaches_another_replica_within_its_cache_ttl(store, db):
+    ttl = 0.5  # the default
     key = new_key(store, "acme")
-    other = replica(db)  # real clock, default 0.5 s cache
-    other.authorize(key, "m1", "/v1/chat")  # now cached there
+    other = replica(db, ttl=ttl)  # real clock
+    other.authorize(key, "m1", "/v1/chat")  # now cached there, for at most ttl from here
+    cached_by = time.monotonic()
     store.revoke_key(store.list_keys()[0].id)
-    revoked_at = time.monotonic()
-    while True:
-        try:
-            other.authorize(key, "m1", "/v1/chat")
-        except AuthenticationError:
-            break
-        assert time.monotonic() - revoked_at < 1.0, "revoked key still accepted after 1 s"
-        time.sleep(0.02)
+    # However slow the box, once ttl has passed the replica asks the store again.
+    time.sleep(max(0.0, cached_by + ttl - time.monotonic()) + 0.01)
+    with pytest.raises(AuthenticationError):
+        other.authorize(key, "m1", "/v1/chat")
 
 
 def test_last_used_is_recorded_and_throttled(store, db, clock):

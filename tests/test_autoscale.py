@@ -11,6 +11,7 @@ scale-up and scale-down alike, answers 200 with its whole answer.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -34,7 +35,7 @@ def scaling_graph(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) ->
 def test_fim_scales_to_three_and_back_while_the_rest_keep_their_replicas(scaling_graph):
     admin = RayAdmin(scaling_graph["ray_address"])
     try:
-        assert admin.replica_counts() == {**FIXED, FIM: 1}
+        wait_for_counts(admin, {**FIXED, FIM: 1})
         scenario = run_scenario(scaling_graph["url"], TEST_KEY, MODEL, admin.replica_counts)
     finally:
         admin.close()
@@ -54,6 +55,16 @@ def test_fim_scales_to_three_and_back_while_the_rest_keep_their_replicas(scaling
     # no request failed or came back cut short while replicas started or stopped
     failed = [o for o in scenario.outcomes if o.status != 200 or o.error or o.tokens == 0]
     assert not failed, failed[:5]
-    # the trickle began with replicas to stop: the scale-down happened under requests
-    after_burst = [counts.get(FIM, 0) for at, counts in scenario.samples if at >= scenario.burst_s]
+    # the burst stopped with replicas to spare: the scale-down happened under requests (the
+    # burst's last ones, then the trickle's), however long the last burst requests took
+    stopped = scenario.burst_stopped_s
+    after_burst = [counts.get(FIM, 0) for at, counts in scenario.samples if at >= stopped]
     assert after_burst[0] > 1, scenario.changes()
+
+
+def wait_for_counts(admin: RayAdmin, expected: dict[str, int], timeout_s: float = 120) -> None:
+    """The graph answers once one replica of each serves; the others may still be starting."""
+    deadline = time.monotonic() + timeout_s
+    while (counts := admin.replica_counts()) != expected and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert counts == expected

@@ -388,7 +388,6 @@ def test_losing_the_model_node_under_load(cluster):
     assert [a.status for a in after] == [200, 200], after
 
     # billing: exactly one ledger row per delivered answer, with its tokens
-    time.sleep(2)  # ledger writes are detached from the answer
     answered = answers + probes + after
 
     def told(status: int) -> list[tuple[int, int]]:
@@ -400,12 +399,21 @@ def test_losing_the_model_node_under_load(cluster):
             if a.status == 200 and a.usage is not None and bool(a.error_event) == (status == 503)
         )
 
-    rows = [r for r in ledger(dsn) if r.id not in before]
+    def billed(rows: list, status: int) -> list[tuple[int, int]]:
+        return sorted((r.input_tokens, r.output_tokens) for r in rows if r.status == status)
+
+    # Some ledger writes are detached from the answer: wait until every answer's row is there.
+    deadline = time.monotonic() + 30
+    while True:
+        rows = [r for r in ledger(dsn) if r.id not in before]
+        settled = all(billed(rows, status) == told(status) for status in (200, 503))
+        if settled or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     # one row per request: every row names its request, no request twice
     assert all(r.request_id for r in rows) and len({r.request_id for r in rows}) == len(rows)
     for status in (200, 503):
-        billed = sorted((r.input_tokens, r.output_tokens) for r in rows if r.status == status)
-        assert billed == told(status), status
+        assert billed(rows, status) == told(status), status
     cut = [a for a in answered if a.error_event and a.text_events]
     assert cut and all(a.usage is not None for a in cut), "a cut stream's text went unbilled"
     # Any other row is work a replica did and the router cancelled at its backstop, just as

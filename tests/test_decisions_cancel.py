@@ -68,27 +68,29 @@ def test_cancelled_request_frees_the_scorer_within_a_second(tiny: LoadedModel, r
     recorder = UsageRecorder(write, timeout_s=600)
     context = RequestContext(grant=None, model="m", endpoint="decisions", cache_salt="account-1")
 
-    async def scenario() -> tuple[float, float]:
+    async def scenario() -> tuple[int, float]:
         heavy = asyncio.create_task(recorder.run(context, partial(service.decide, heavy_body())))
         while not engine.stats().scored_tokens:
             assert not heavy.done(), heavy.exception()  # it runs, and has run the state
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.2)
-        assert not heavy.done()
+        assert not heavy.done()  # 64 passes still to go
+        steps_at_cancel = engine.stats().steps
         heavy.cancel()
         cancelled_at = time.perf_counter()
         with pytest.raises(asyncio.CancelledError):
             await heavy
-        while engine.num_running or engine.num_waiting:
-            await asyncio.sleep(0.005)
-        freed = time.perf_counter() - cancelled_at
+        assert await engine.wait_until_idle(timeout=30)
+        steps = engine.stats().steps - steps_at_cancel
         answer = await service.decide(small_body(), BilledCall(context, UsageMeter()))
         assert answer.usage.input_tokens > 0
-        return freed, time.perf_counter() - cancelled_at
+        return steps, time.perf_counter() - cancelled_at
 
-    freed, answered = asyncio.run(scenario())
-    assert freed < 1.0, freed
-    assert answered < 1.0, answered
+    # Freed within the step under way (its pass stops between layers) and the next, which
+    # reaps it: counted in steps, so it holds on any CPU however loaded; the seconds are the
+    # same bound for a person, with the room a shared 2-core box needs.
+    steps, answered = asyncio.run(scenario())
+    assert steps <= 2, steps
+    assert answered < 5.0, answered
     # The stopped request's work is billed (499: its caller went away): some ran, and it
     # stopped before reading any answer (a finished request reads at least one per question).
     assert len(rows) == 1

@@ -189,10 +189,8 @@ def test_first_call_builds_atomically_and_later_calls_reuse(fake_model: dict) ->
     assert fake_model["calls"] == [cache / f"{spec.name}.tmp-{embedded.os.getpid()}"]
     assert (folder / "config.json").exists() and not (folder / spec.file_name).exists()
     assert not stale.exists()
-    started = time.perf_counter()
     assert ensure_embedded_model(spec.name, cache_dir=cache) == folder
-    assert time.perf_counter() - started < 0.5  # milliseconds; loose for busy CI
-    assert len(fake_model["calls"]) == 1
+    assert len(fake_model["calls"]) == 1  # reused: no second conversion
 
 
 def test_a_folder_without_the_marker_is_rebuilt(fake_model: dict) -> None:

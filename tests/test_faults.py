@@ -6,7 +6,7 @@
   deployments keep answering, Serve replaces the replica without the app restarting, and new
   requests succeed. The test waits for that recovery, so later tests get a healthy graph.
 - In-process, at the service level: closing a FIM stream after one chunk frees the engine
-  slot within a second (``num_running`` back to 0).
+  slot at the loop's next step (``num_running`` back to 0).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def test_killing_the_fim_replica_fails_in_flight_requests_cleanly_and_recovers(g
     try:
         before = admin.actors
         (fim_replica,) = replicas(before, "FimModel")
-        with ThreadPoolExecutor(max_workers=3) as pool, httpx.Client(timeout=60) as client:
+        with ThreadPoolExecutor(max_workers=3) as pool, httpx.Client(timeout=300) as client:
 
             def blocking_fim(index: int) -> tuple[httpx.Response, float]:
                 response = client.post(f"{url}/v1/fim/completions", json=fim_body(), headers=auth())
@@ -84,7 +84,7 @@ def test_killing_the_fim_replica_fails_in_flight_requests_cleanly_and_recovers(g
                 assert admin.command(f"kill {fim_replica}") == {"killed": fim_replica}
                 rest = [line for line in lines if line.startswith("data: ")]
             stream_ended = time.monotonic() - killed_at
-            answers = [future.result(timeout=180) for future in in_flight]
+            answers = [future.result(timeout=600) for future in in_flight]
 
         # the stream was under way: its status line is sent, so the error travels as an event
         assert rest[-1] == "data: [DONE]", rest[-3:]
@@ -105,7 +105,7 @@ def test_killing_the_fim_replica_fails_in_flight_requests_cleanly_and_recovers(g
             f"\nfaults: blocking statuses {[r.status_code for r, _ in answers]}, failures within "
             f"{answered:.1f}s of the kill; the stream ended {stream_ended:.1f}s after it"
         )
-        # failing fast, not by the client's 60 s timeout or the 4000 tokens running out
+        # failing fast, not by the client's timeout or the 8192 tokens running out
         assert answered < FAILURE_SEEN_WITHIN_S and stream_ended < FAILURE_SEEN_WITHIN_S
 
         # the rest of the graph is untouched meanwhile
@@ -148,7 +148,7 @@ def wait_for_fim(url: str, since: float) -> float:
 # --- client disconnect frees the engine slot (service level, in-process) -------------------------
 
 
-def test_closing_a_fim_stream_frees_its_engine_slot_within_a_second(app_config):
+def test_closing_a_fim_stream_frees_its_engine_slot_at_the_next_step(app_config):
     from serve_app.api.fim import FimCompletionRequest
     from serve_app.serving.billing import BilledCall, RequestContext, UsageMeter
     from serve_app.serving.fim import FimService
@@ -160,28 +160,22 @@ def test_closing_a_fim_stream_frees_its_engine_slot_within_a_second(app_config):
     # max_tokens within app_config's 4,096-token context; the stream is closed after one chunk
     body = FimCompletionRequest(model=model.id, **{**LONG_FIM, "max_tokens": 3000})
 
-    async def scenario() -> float:
+    async def scenario() -> int:
         context = RequestContext(grant=None, model=model.id, endpoint="fim", cache_salt="a")
         stream = service.stream(body, BilledCall(context, UsageMeter()))
         first = await anext(stream)
         assert first.choices and first.choices[0].finish_reason is None  # under way
+        steps_at_close = engine.stats().steps
         await stream.aclose()  # what the router does when the HTTP client disconnects
-        closed_at = time.monotonic()
-        # bounded poll; the abort counter too, since num_running can read 0 for an instant
-        # while a request moves from prefill to the decode batch
-        while time.monotonic() - closed_at < 1.0:
-            stats = engine.stats()
-            if stats.requests_aborted and not stats.num_running:
-                break
-            await asyncio.sleep(0.01)
-        return time.monotonic() - closed_at
+        assert await engine.wait_until_idle(timeout=30)
+        return engine.stats().steps - steps_at_close
 
     try:
-        freed_in = asyncio.run(scenario())
+        # freed at the loop's next step (counted in steps: a loaded box stretches seconds)
+        steps = asyncio.run(scenario())
         stats = engine.stats()
-        assert stats.num_running == 0 and stats.num_waiting == 0, (stats, freed_in)
         assert stats.requests_aborted == 1 and stats.requests_finished == 0, stats
-        assert freed_in < 1.0
+        assert steps <= 2, steps
     finally:
         engine.shutdown()
 
