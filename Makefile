@@ -9,7 +9,7 @@ export SERVE_APP_DATA_DIR ?= $(CURDIR)/data
 export RAY_AUTH_MODE ?= disabled
 CONFIG ?= configs/local.yaml
 
-.PHONY: install model models run test test-fast fuzz lint format bench clean
+.PHONY: install model models run test test-fast fuzz lint format bench clean next-edit-data
 
 install: $(STAMP)
 
@@ -44,6 +44,11 @@ test-fast: install
 # A longer schemathesis campaign than `make test` runs (FUZZ_EXAMPLES per operation and mode).
 fuzz: install
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-1000} $(PY) -m pytest -q -s -ra tests/test_fuzz.py
+
+# Next-edit training data from git mirrors: MIRRORS is a folder of owner+name/repo git
+# directories (docs/next_edit.md, "Training data"); written to $(SERVE_APP_DATA_DIR)/next_edit.
+next-edit-data: install
+	$(PY) -m serve_app.training.mine --out $(SERVE_APP_DATA_DIR)/next_edit --mirrors "$(MIRRORS)"
 
 # Benchmarks against a running `make run` (set SERVE_APP_API_KEY to its key).
 bench: install

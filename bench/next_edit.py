@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import cpu_flags, percentile, table
-from bench.next_edit_cases import unified_hunk
+from serve_app.training.edits import unified_hunk
 from tests.fixtures.edit_clients import (
     ClientCall,
     Scenario,

@@ -1,0 +1,1 @@
+"""Training the models this service serves: data mined from public history, adapters."""

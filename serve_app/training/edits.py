@@ -1,0 +1,248 @@
+"""Next-edit examples from one commit's change to one file, in the shape clients send.
+
+A commit's change to a file is split into hunks (line-level change blocks, blocks one line
+apart merged), in file order. The user is taken to make them in that order:
+
+- **An edit example** for hunk ``i`` (``i >= 1``) lying within ``NEAR`` lines of hunk
+  ``i - 1``: the hunks before it are the edit history (the last ``MAX_HISTORY`` as unified
+  diffs, each against the file as the one before left it), the file with them applied is the
+  current file, the editable region is hunk ``i``'s old lines with ``CONTEXT`` lines either
+  side, the cursor at the start of its first changed line's code, and the expected region is
+  the same lines with hunk ``i`` applied.
+- **A no-change example**: every hunk applied, the region around the last one (the edit the
+  user just finished), the cursor at the end of its last changed line. Nothing more is to be
+  done there, so the expected region is the region itself.
+
+The file is sent as an excerpt of ``WINDOW`` lines either side of the region, as Zed sends.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+LANGUAGES = {
+    ".py": "python",
+    ".ts": "typescript",
+    ".tsx": "typescript",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".go": "go",
+    ".rs": "rust",
+    ".java": "java",
+    ".rb": "ruby",
+    ".c": "c",
+    ".h": "c",
+    ".cpp": "cpp",
+    ".hpp": "cpp",
+}
+NEAR = 40  # lines between the last history hunk and the expected one
+CONTEXT = 2  # unchanged lines either side of the expected change in the region
+MAX_CHANGE_LINES = 8  # old or new lines of the expected hunk
+MAX_HISTORY_LINES = 30  # lines of one history hunk, old plus new
+MAX_HISTORY = 3  # hunks (Continue sends up to 6 diffs; 3 keeps a CPU run short)
+WINDOW = 20  # lines of the file kept either side of the region
+
+ExampleKind = Literal["edit", "no_change"]
+
+
+@dataclass(frozen=True)
+class Hunk:
+    """Lines [a_start, a_end) of the old file become lines [b_start, b_end) of the new one."""
+
+    a_start: int
+    a_end: int
+    b_start: int
+    b_end: int
+
+    @property
+    def size(self) -> int:
+        return (self.a_end - self.a_start) + (self.b_end - self.b_start)
+
+
+@dataclass
+class EditExample:
+    """One next-edit request and its right answer, with where it came from."""
+
+    repo: str
+    commit: str
+    path: str
+    language: str
+    file: str  # the current file (history applied), an excerpt around the region
+    first_line: int  # the editable region, 0-based inclusive line numbers in ``file``
+    last_line: int
+    cursor: tuple[int, int]  # (line, column) in ``file``
+    expected: str  # the region after the expected edit (the region itself: no change)
+    hunks: list[str]  # the history, oldest first, unified hunks with 3 lines of context
+    snippets: list[tuple[str, str]]  # (path, code) of recently viewed code
+    kind: ExampleKind = "edit"
+
+    @property
+    def region(self) -> str:
+        lines = self.file.split("\n")
+        return "\n".join(lines[self.first_line : self.last_line + 1])
+
+
+def language_of(path: str) -> str | None:
+    return LANGUAGES.get(Path(path).suffix)
+
+
+def hunks_of(old: list[str], new: list[str]) -> list[Hunk]:
+    """Change blocks of a line diff, blocks separated by at most one unchanged line merged.
+    The lines both versions start and end with are set aside first: a commit changes a few
+    lines of a long file, and the matcher's cost grows with the square of what it is given."""
+    head = 0
+    while head < min(len(old), len(new)) and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(old), len(new)) - head and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    middle_old, middle_new = old[head : len(old) - tail], new[head : len(new) - tail]
+    matcher = difflib.SequenceMatcher(None, middle_old, middle_new, autojunk=False)
+    hunks: list[Hunk] = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        i1, i2, j1, j2 = i1 + head, i2 + head, j1 + head, j2 + head
+        if hunks and i1 - hunks[-1].a_end <= 1:
+            last = hunks.pop()
+            hunks.append(Hunk(last.a_start, i2, last.b_start, j2))
+        else:
+            hunks.append(Hunk(i1, i2, j1, j2))
+    return hunks
+
+
+def applied(old: list[str], new: list[str], hunk: Hunk) -> list[str]:
+    """``old`` with every hunk up to and including ``hunk`` applied (hunks are in order)."""
+    return new[: hunk.b_end] + old[hunk.a_end :]
+
+
+def unified_hunk(before: list[str], after: list[str]) -> str:
+    """The one-hunk unified diff body (from ``@@``) between two versions of a file."""
+    lines = list(difflib.unified_diff(before, after, lineterm="", n=3))
+    return "\n".join(lines[2:])
+
+
+def edit_examples(
+    repo: str, commit: str, path: str, old: list[str], new: list[str], snippets: list
+) -> list[EditExample]:
+    """Every edit example the change ``old`` -> ``new`` of ``path`` gives, in file order."""
+    hunks = hunks_of(old, new)
+    found = []
+    for index in range(1, len(hunks)):
+        target = hunks[index]
+        if target.a_start - hunks[index - 1].a_end > NEAR:
+            continue
+        old_part, new_part = old[target.a_start : target.a_end], new[target.b_start : target.b_end]
+        if max(len(old_part), len(new_part)) > MAX_CHANGE_LINES:
+            continue
+        if "".join(old_part).split() == "".join(new_part).split():
+            continue  # whitespace only: nothing a model could be judged on
+        if any(h.size > MAX_HISTORY_LINES for h in hunks[max(0, index - MAX_HISTORY) : index]):
+            continue
+        example = _edit_example(repo, commit, path, old, new, hunks[:index], target, snippets)
+        if example is not None:
+            found.append(example)
+    return found
+
+
+def no_change_example(
+    repo: str, commit: str, path: str, old: list[str], new: list[str], snippets: list
+) -> EditExample | None:
+    """The file after the whole change, the region around its last hunk: nothing to do."""
+    hunks = hunks_of(old, new)
+    if not hunks or any(h.size > MAX_HISTORY_LINES for h in hunks[-MAX_HISTORY:]):
+        return None
+    last_hunk = hunks[-1]
+    if last_hunk.b_end == last_hunk.b_start:
+        return None  # a deletion: no line of it to sit on
+    first = max(0, last_hunk.b_start - CONTEXT)
+    last = min(len(new), last_hunk.b_end + CONTEXT) - 1
+    cursor_line = last_hunk.b_end - 1
+    return _example(
+        repo,
+        commit,
+        path,
+        _history(old, new, hunks),
+        new,
+        (first, last),
+        (cursor_line, len(new[cursor_line])),
+        "\n".join(new[first : last + 1]),
+        snippets,
+        "no_change",
+    )
+
+
+def _history(old: list[str], new: list[str], done: list[Hunk]) -> list[str]:
+    versions = [old] + [applied(old, new, hunk) for hunk in done]
+    return [unified_hunk(a, b) for a, b in zip(versions, versions[1:], strict=False)]
+
+
+def _edit_example(
+    repo: str,
+    commit: str,
+    path: str,
+    old: list[str],
+    new: list[str],
+    done: list[Hunk],
+    target: Hunk,
+    snippets: list,
+) -> EditExample | None:
+    current = applied(old, new, done[-1])
+    shift = done[-1].b_end - done[-1].a_end  # where the target's old lines sit in ``current``
+    start, end = target.a_start + shift, target.a_end + shift
+    first = max(0, start - CONTEXT)
+    last = min(len(current), end + CONTEXT) - 1
+    if last < first:
+        return None
+    region_new = current[first:start] + new[target.b_start : target.b_end] + current[end : last + 1]
+    if start <= last:
+        changed = current[start]
+        cursor = (start, len(changed) - len(changed.lstrip()))
+    else:
+        cursor = (last, 0)
+    return _example(
+        repo,
+        commit,
+        path,
+        _history(old, new, done),
+        current,
+        (first, last),
+        cursor,
+        "\n".join(region_new),
+        snippets,
+        "edit",
+    )
+
+
+def _example(
+    repo: str,
+    commit: str,
+    path: str,
+    history: list[str],
+    current: list[str],
+    region: tuple[int, int],
+    cursor: tuple[int, int],
+    expected: str,
+    snippets: list,
+    kind: ExampleKind,
+) -> EditExample:
+    """The example with ``current`` cut to ``WINDOW`` lines either side of ``region``."""
+    first, last = region
+    low, high = max(0, first - WINDOW), min(len(current), last + 1 + WINDOW)
+    return EditExample(
+        repo=repo,
+        commit=commit,
+        path=path,
+        language=LANGUAGES[Path(path).suffix],
+        file="\n".join(current[low:high]) + "\n",
+        first_line=first - low,
+        last_line=last - low,
+        cursor=(cursor[0] - low, cursor[1]),
+        expected=expected,
+        hunks=history[-MAX_HISTORY:],
+        snippets=snippets,
+        kind=kind,
+    )
