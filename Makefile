@@ -9,7 +9,7 @@ export SERVE_APP_DATA_DIR ?= $(CURDIR)/data
 export RAY_AUTH_MODE ?= disabled
 CONFIG ?= configs/local.yaml
 
-.PHONY: install model models run test test-fast fuzz lint format bench clean next-edit-data
+.PHONY: install model models run test test-fast fuzz lint format bench clean next-edit-data next-edit-adapter
 
 install: $(STAMP)
 
@@ -49,6 +49,12 @@ fuzz: install
 # directories (docs/next_edit.md, "Training data"); written to $(SERVE_APP_DATA_DIR)/next_edit.
 next-edit-data: install
 	$(PY) -m serve_app.training.mine --out $(SERVE_APP_DATA_DIR)/next_edit --mirrors "$(MIRRORS)"
+
+# A LoRA adapter of the embedded 0.5B for next-edit, on that data; resumes where it stopped.
+next-edit-adapter: install
+	$(PY) -m pip install --quiet -e ".[train]"
+	$(PY) -m serve_app.training.train --data $(SERVE_APP_DATA_DIR)/next_edit \
+		--out $(SERVE_APP_DATA_DIR)/adapters/next-edit
 
 # Benchmarks against a running `make run` (set SERVE_APP_API_KEY to its key).
 bench: install

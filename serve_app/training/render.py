@@ -1,0 +1,79 @@
+"""An example as the served model sees it: the request a client sends, then the prompt and
+answer tokens the edit service would build from it. Training and serving share one path
+(``parse_edit_prompt``, ``build_messages``, ``encode_edit_prompt``), so an adapter learns
+exactly the prompt it will be asked."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from serve_app.engine.prompts.chat_encoding import encode_untrusted
+from serve_app.engine.prompts.edit.extract import fence_region
+from serve_app.engine.prompts.edit.messages import (
+    EditPromptStyle,
+    build_messages,
+    encode_edit_prompt,
+)
+from serve_app.engine.prompts.edit.parse import CURSOR, parse_edit_prompt
+
+REGION_OPEN, REGION_CLOSE = "<|code_to_edit|>", "<|/code_to_edit|>"
+IGNORED = -100  # a label the loss skips: prompt tokens teach nothing
+
+
+class EditContext(Protocol):
+    """What the editor knows: ``EditExample`` and the tests' ``Scenario`` both are one."""
+
+    path: str
+    file: str
+    cursor: tuple[int, int]
+    first_line: int
+    last_line: int
+    snippets: Sequence[Sequence[str]]
+    hunks: Sequence[str]
+
+
+def tagged_file(context: EditContext) -> str:
+    """The whole file, the cursor inline, the region's tags on lines of their own."""
+    lines = context.file.split("\n")
+    row, column = context.cursor
+    lines[row] = lines[row][:column] + CURSOR + lines[row][column:]
+    first, last = context.first_line, context.last_line
+    return "\n".join(
+        [*lines[:first], REGION_OPEN, *lines[first : last + 1], REGION_CLOSE, *lines[last + 1 :]]
+    )
+
+
+def tagged_snippets(context: EditContext) -> str:
+    return "\n".join(
+        f"<|recently_viewed_code_snippet|>\ncode_snippet_file_path: {path}\n{code}\n"
+        "<|/recently_viewed_code_snippet|>"
+        for path, code in context.snippets
+    )
+
+
+def tagged_request(context: EditContext, diff_separator: str = "\n") -> str:
+    """The user message in the contract's tagged layout, as Continue builds it: snippets, the
+    file, then the diffs (jsdiff patches without their Index and === lines), oldest first."""
+    diffs = diff_separator.join(
+        f"--- {context.path}\n+++ {context.path}\n{hunk}" for hunk in context.hunks
+    )
+    return (
+        f"<|recently_viewed_code_snippets|>\n{tagged_snippets(context)}\n"
+        "<|/recently_viewed_code_snippets|>\n\n"
+        f"<|current_file_content|>\ncurrent_file_path: {context.path.rsplit('/', 1)[-1]}\n"
+        f"{tagged_file(context)}\n<|/current_file_content|>\n\n"
+        f"<|edit_diff_history|>\n{diffs}\n<|/edit_diff_history|>\n"
+    )
+
+
+def training_pair(
+    context: EditContext, expected: str, tokenizer: Any, style: EditPromptStyle
+) -> tuple[list[int], list[int]]:
+    """(input ids, labels) of one example: the served prompt in ``style``, then the answer the
+    service reads as ``expected`` (the region in a plain fence) and the end of the turn. Only
+    the answer's tokens carry labels."""
+    messages = build_messages(parse_edit_prompt(tagged_request(context)), style=style)
+    prompt = encode_edit_prompt(tokenizer, messages)
+    answer = encode_untrusted(tokenizer, fence_region(expected)) + [tokenizer.eos_token_id]
+    return prompt + answer, [IGNORED] * len(prompt) + answer

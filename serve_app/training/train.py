@@ -1,0 +1,273 @@
+"""Train a LoRA adapter for next-edit on the mined examples (``training.mine``).
+
+    python -m serve_app.training.train --data data/next_edit --out data/adapters/next-edit
+    make next-edit-adapter
+
+The base is the embedded 0.5B (``--model``: any source the config takes). Every linear layer
+gets a rank-``--rank`` LoRA (peft); the loss counts the answer's tokens only, rendered by the
+edit service's own prompt path (``training.render``) in ``--style``. On the CPU it trains in
+bf16 where the CPU computes it natively (AVX512-BF16, AMX), else fp32; on a CUDA GPU in bf16.
+
+Long runs stop and go on: every ``--save-every`` steps the adapter, the optimizer, the step
+and the data order go to ``OUT/checkpoint`` (written whole, then renamed into place), and a
+later run with the same ``--out`` resumes from there. A line per step shows the loss, tokens
+a second and what is left; every ``--eval-every`` steps, the loss on the validation split.
+The finished adapter is ``OUT/adapter`` (peft's files), with ``OUT/training.json`` beside it:
+the data's version, the seed, the steps, the style, the base model and every validation loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from serve_app.engine.prompts.edit.messages import PROMPT_STYLES
+from serve_app.training.edits import EditExample
+from serve_app.training.render import IGNORED, training_pair
+
+DEFAULT_MODEL = "embedded:qwen2.5-coder-0.5b"
+STATE_FILE = "state.pt"
+
+
+@dataclass
+class Progress:
+    """What a checkpoint holds besides the weights: enough to go on where it stopped."""
+
+    step: int = 0
+    order: list[int] = field(default_factory=list)  # training examples' indices, shuffled
+    position: int = 0  # next index into ``order``
+    validation: list[tuple[int, float]] = field(default_factory=list)  # (step, loss)
+    seconds: float = 0.0
+
+
+def load_examples(path: Path) -> list[EditExample]:
+    examples = []
+    for line in path.read_text().splitlines():
+        raw = json.loads(line)
+        raw["cursor"] = tuple(raw["cursor"])
+        raw["snippets"] = [tuple(snippet) for snippet in raw["snippets"]]
+        examples.append(EditExample(**raw))
+    return examples
+
+
+def encode_all(
+    examples: list[EditExample], tokenizer: Any, style: str, max_tokens: int
+) -> list[tuple[list[int], list[int]]]:
+    """Each example's (ids, labels); those over ``max_tokens`` are left out."""
+    pairs = []
+    for example in examples:
+        ids, labels = training_pair(example, example.expected, tokenizer, style)
+        if len(ids) <= max_tokens:
+            pairs.append((ids, labels))
+    return pairs
+
+
+def train_dtype(device: str) -> torch.dtype:
+    from serve_app.engine.runner.prepare import cpu_has_bf16_compute
+
+    if device.startswith("cuda") or cpu_has_bf16_compute():
+        return torch.bfloat16
+    return torch.float32
+
+
+def load_base(source: str, device: str, dtype: torch.dtype) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from serve_app.engine.loader import resolve_source
+
+    folder = resolve_source(source)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device)
+    return model, tokenizer
+
+
+def with_lora(model: Any, rank: int) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.05, target_modules="all-linear")
+    return get_peft_model(model, config)
+
+
+def answer_loss(model: Any, ids: list[int], labels: list[int], device: str) -> tuple[Any, int]:
+    """Mean cross-entropy over the answer's tokens, and how many tokens were read."""
+    inputs = torch.tensor([ids], device=device)
+    targets = torch.tensor([labels], device=device)
+    return model(input_ids=inputs, labels=targets).loss, len(ids)
+
+
+@torch.no_grad()
+def validation_loss(model: Any, pairs: list[tuple[list[int], list[int]]], device: str) -> float:
+    model.eval()
+    total, count = 0.0, 0
+    for ids, labels in pairs:
+        loss, _ = answer_loss(model, ids, labels, device)
+        answer_tokens = sum(label != IGNORED for label in labels[1:])  # what the loss averaged
+        total += float(loss) * answer_tokens
+        count += answer_tokens
+    model.train()
+    return total / max(count, 1)
+
+
+def save_checkpoint(out: Path, model: Any, optimizer: Any, progress: Progress) -> None:
+    """The adapter, the optimizer and ``progress`` in OUT/checkpoint, replaced whole."""
+    partial, final = out / "checkpoint.partial", out / "checkpoint"
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    torch.save(
+        {"optimizer": optimizer.state_dict(), "progress": asdict(progress)}, partial / STATE_FILE
+    )
+    shutil.rmtree(final, ignore_errors=True)
+    partial.rename(final)
+
+
+def resume(out: Path, model: Any, optimizer: Any) -> Progress | None:
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    checkpoint = out / "checkpoint"
+    if not (checkpoint / STATE_FILE).exists():
+        return None
+    weights = load_file(str(checkpoint / "adapter_model.safetensors"))
+    set_peft_model_state_dict(model, weights)
+    state = torch.load(checkpoint / STATE_FILE, weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    progress = Progress(**state["progress"])
+    progress.validation = [tuple(pair) for pair in progress.validation]
+    return progress
+
+
+def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
+    """Linear warm-up, then cosine down to a tenth of the peak."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    done = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(done, 1.0))))
+
+
+def manifest_version(data: Path) -> str:
+    manifest = data / "manifest.json"
+    return json.loads(manifest.read_text())["version"] if manifest.exists() else "unknown"
+
+
+def run(args: argparse.Namespace) -> dict:
+    torch.manual_seed(args.seed)
+    dtype = train_dtype(args.device)
+    base, tokenizer = load_base(args.model, args.device, dtype)
+    model = with_lora(base, args.rank)
+    train_pairs = encode_all(
+        load_examples(args.data / "train.jsonl"), tokenizer, args.style, args.max_tokens
+    )
+    validation_file = args.data / "validation.jsonl"
+    held_out = load_examples(validation_file) if validation_file.exists() else []
+    rng = random.Random(args.seed)
+    held_out = rng.sample(held_out, min(args.eval_examples, len(held_out)))
+    validation_pairs = encode_all(held_out, tokenizer, args.style, args.max_tokens)
+    if not train_pairs:
+        raise SystemExit(f"no training example of at most {args.max_tokens} tokens in {args.data}")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=0.0)
+    args.out.mkdir(parents=True, exist_ok=True)
+    progress = resume(args.out, model, optimizer)
+    if progress is None:
+        order = list(range(len(train_pairs)))
+        rng.shuffle(order)
+        progress = Progress(order=order)
+    else:
+        log(f"resumed at step {progress.step} from {args.out / 'checkpoint'}")
+    log(
+        f"{len(train_pairs)} training and {len(validation_pairs)} validation examples, "
+        f"{dtype}, {args.device}, LoRA r={args.rank}, style {args.style}"
+    )
+    model.train()
+    while progress.step < args.steps:
+        started = time.monotonic()
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(progress.step, args.steps, args.lr, args.warmup)
+        tokens, losses = 0, []
+        for _ in range(args.batch):
+            ids, labels = train_pairs[progress.order[progress.position % len(progress.order)]]
+            progress.position += 1
+            loss, read = answer_loss(model, ids, labels, args.device)
+            (loss / args.batch).backward()
+            tokens, losses = tokens + read, [*losses, float(loss.detach())]
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        progress.step += 1
+        seconds = time.monotonic() - started
+        progress.seconds += seconds
+        left = (args.steps - progress.step) * progress.seconds / progress.step
+        log(
+            f"step {progress.step}/{args.steps} loss {sum(losses) / len(losses):.4f} "
+            f"{tokens / seconds:.0f} tok/s, {left / 60:.1f} min left"
+        )
+        if validation_pairs and progress.step % args.eval_every == 0:
+            score = validation_loss(model, validation_pairs, args.device)
+            progress.validation.append((progress.step, score))
+            log(f"step {progress.step} validation loss {score:.4f}")
+        if progress.step % args.save_every == 0 or progress.step == args.steps:
+            save_checkpoint(args.out, model, optimizer, progress)
+    return finish(args, model, progress)
+
+
+def finish(args: argparse.Namespace, model: Any, progress: Progress) -> dict:
+    """The adapter and its record in OUT."""
+    model.save_pretrained(args.out / "adapter")
+    record = {
+        "base_model": args.model,
+        "data": str(args.data),
+        "data_version": manifest_version(args.data),
+        "style": args.style,
+        "seed": args.seed,
+        "steps": progress.step,
+        "batch": args.batch,
+        "rank": args.rank,
+        "lr": args.lr,
+        "validation_loss": progress.validation,
+        "hours": round(progress.seconds / 3600, 3),
+    }
+    (args.out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+    log(f"adapter: {args.out / 'adapter'}")
+    return record
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="training.mine's --out")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--style", default="chat_split", choices=PROMPT_STYLES)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--batch", type=int, default=4, help="examples per optimizer step")
+    parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=2048, help="longer examples skipped")
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--eval-examples", type=int, default=64)
+    parser.add_argument("--save-every", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    print(json.dumps(run(parse_args(argv))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The next-edit trainer on the tiny model: the loss reads only the answer, a run resumes from
+its checkpoint, and the adapter is written with its record."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from serve_app.training import train
+from serve_app.training.edits import EditExample
+from serve_app.training.render import IGNORED, training_pair
+
+pytest.importorskip("peft")
+
+FILE = "def subtotal(items):\n    return sum(i.price for i in items)\n\n\nprint(total(cart))\n"
+RENAME = (
+    "@@ -1,2 +1,2 @@\n-def total(items):\n+def subtotal(items):\n"
+    "     return sum(i.price for i in items)"
+)
+
+
+def example(path: str, expected: str = "\nprint(subtotal(cart))") -> EditExample:
+    return EditExample(
+        repo="tests/cart", commit="0" * 40, path=path, language="python", file=FILE,
+        first_line=3, last_line=4, cursor=(4, 6), expected=expected, hunks=[RENAME], snippets=[],
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("next_edit")
+    train_rows = [example(f"cart{i}.py") for i in range(3)]
+    (folder / "train.jsonl").write_text("".join(json.dumps(asdict(e)) + "\n" for e in train_rows))
+    held_out = json.dumps(asdict(example("shop.py"))) + "\n"
+    (folder / "validation.jsonl").write_text(held_out)
+    (folder / "manifest.json").write_text(json.dumps({"version": "v-test"}))
+    return folder
+
+
+def test_only_the_answer_carries_labels(tiny_source: str) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_source.removeprefix("tiny:"))
+    ids, labels = training_pair(
+        example("cart.py"), "\nprint(subtotal(cart))", tokenizer, "chat_split"
+    )
+    answer = [label for label in labels if label != IGNORED]
+    assert len(ids) == len(labels) and labels[: len(ids) - len(answer)] == [IGNORED] * (
+        len(ids) - len(answer)
+    )
+    assert answer == ids[-len(answer) :] and answer[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(answer[:-1]) == "```\n\nprint(subtotal(cart))\n```"
+
+
+def test_a_run_resumes_from_its_checkpoint_and_records_the_adapter(
+    tiny_source: str, data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = ["--data", str(data), "--out", str(tmp_path), "--model", tiny_source, "--batch", "2",
+              "--save-every", "1", "--eval-every", "2", "--warmup", "1"]  # fmt: skip
+    train.main([*common, "--steps", "2"])
+    first = json.loads((tmp_path / "training.json").read_text())
+    assert first["steps"] == 2 and first["data_version"] == "v-test" and first["seed"] == 0
+    assert [step for step, _ in first["validation_loss"]] == [2]
+    train.main([*common, "--steps", "3"])
+    err = capsys.readouterr().err
+    assert "resumed at step 2" in err and "step 3/3" in err and "step 1/3" not in err
+    record = json.loads((tmp_path / "training.json").read_text())
+    assert record["steps"] == 3
+    assert (tmp_path / "adapter" / "adapter_config.json").exists()
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+    assert not (tmp_path / "checkpoint.partial").exists()
