@@ -72,3 +72,15 @@ def test_a_run_resumes_from_its_checkpoint_and_records_the_adapter(
     assert (tmp_path / "adapter" / "adapter_config.json").exists()
     assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
     assert not (tmp_path / "checkpoint.partial").exists()
+
+
+def test_the_mix_keeps_every_edit_and_caps_the_no_change_share() -> None:
+    import random
+
+    edits = [example(f"e{i}.py") for i in range(8)]
+    quiet = [example(f"q{i}.py", expected=FILE) for i in range(10)]
+    for item in quiet:
+        item.kind = "no_change"
+    mix = train.with_no_change_share(edits + quiet, 0.2, random.Random(0))
+    assert [e for e in mix if e.kind == "edit"] == edits
+    assert sum(e.kind == "no_change" for e in mix) == 2  # 2 of 10: a fifth

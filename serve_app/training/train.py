@@ -60,6 +60,17 @@ def load_examples(path: Path) -> list[EditExample]:
     return examples
 
 
+def with_no_change_share(
+    examples: list[EditExample], share: float, rng: random.Random
+) -> list[EditExample]:
+    """Every edit example, and no-change ones drawn to make at most ``share`` of the whole:
+    the miner keeps them all, the mix a model learns from is chosen here."""
+    edits = [example for example in examples if example.kind == "edit"]
+    quiet = [example for example in examples if example.kind != "edit"]
+    wanted = round(len(edits) * share / (1 - share)) if share < 1 else len(quiet)
+    return edits + rng.sample(quiet, min(wanted, len(quiet)))
+
+
 def encode_all(
     examples: list[EditExample], tokenizer: Any, style: str, max_tokens: int
 ) -> list[tuple[list[int], list[int]]]:
@@ -164,12 +175,11 @@ def run(args: argparse.Namespace) -> dict:
     dtype = train_dtype(args.device)
     base, tokenizer = load_base(args.model, args.device, dtype)
     model = with_lora(base, args.rank)
-    train_pairs = encode_all(
-        load_examples(args.data / "train.jsonl"), tokenizer, args.style, args.max_tokens
-    )
+    rng = random.Random(args.seed)
+    mix = with_no_change_share(load_examples(args.data / "train.jsonl"), args.no_change, rng)
+    train_pairs = encode_all(mix, tokenizer, args.style, args.max_tokens)
     validation_file = args.data / "validation.jsonl"
     held_out = load_examples(validation_file) if validation_file.exists() else []
-    rng = random.Random(args.seed)
     held_out = rng.sample(held_out, min(args.eval_examples, len(held_out)))
     validation_pairs = encode_all(held_out, tokenizer, args.style, args.max_tokens)
     if not train_pairs:
@@ -228,6 +238,7 @@ def finish(args: argparse.Namespace, model: Any, progress: Progress) -> dict:
         "data": str(args.data),
         "data_version": manifest_version(args.data),
         "style": args.style,
+        "no_change_share": args.no_change,
         "seed": args.seed,
         "steps": progress.step,
         "batch": args.batch,
@@ -260,6 +271,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--eval-examples", type=int, default=64)
     parser.add_argument("--save-every", type=int, default=10)
+    parser.add_argument(
+        "--no-change", type=float, default=0.2, help="at most this share of no-change examples"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return parser.parse_args(argv)
