@@ -122,6 +122,7 @@ def test_the_miner_takes_permissive_repositories_only(repos, tmp_path, capsys) -
     assert "acme/gpl: refused (licence files read as ['copyleft'])" in err
     assert "pallets/flask: refused (held out from this project)" in err
     assert manifest["repositories"]["acme/shop"]["licence"] == "MIT"
+    assert mine.refused("Zed-Industries/zed", ["MIT"]) == "held out from this project"
 
 
 def test_examples_have_the_clients_shape_and_their_provenance(repos, tmp_path) -> None:

@@ -137,8 +137,9 @@ def classify_licence(text: str) -> str:
 def refused(name: str, licences: list[str]) -> str | None:
     """Why ``name`` may not be mined, or None: it must have a permissive licence file and no
     copyleft one."""
+    lowered = name.lower()  # GitHub's names are case-insensitive
     if any(
-        name == banned or (banned.endswith("/") and name.startswith(banned))
+        lowered == banned or (banned.endswith("/") and lowered.startswith(banned))
         for banned in NEVER_MINED
     ):
         return "held out from this project"
