@@ -6,6 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 export SERVE_APP_DATA_DIR ?= $(CURDIR)/data
+# The shipped adapter's run (docs/next_edit.md): the last 8 blocks, examples of <= 1024 tokens.
+TRAIN_ARGS ?= --layers 8 --max-tokens 1024 --batch 2 --steps 300 --warmup 10 --eval-every 50 \
+	--eval-examples 24
 export RAY_AUTH_MODE ?= disabled
 CONFIG ?= configs/local.yaml
 
@@ -54,7 +57,7 @@ next-edit-data: install
 next-edit-adapter: install
 	$(PY) -m pip install --quiet -e ".[train]"
 	$(PY) -m serve_app.training.train --data $(SERVE_APP_DATA_DIR)/next_edit \
-		--out $(SERVE_APP_DATA_DIR)/adapters/next-edit
+		--out $(SERVE_APP_DATA_DIR)/adapters/next-edit $(TRAIN_ARGS)
 
 # Benchmarks against a running `make run` (set SERVE_APP_API_KEY to its key).
 bench: install

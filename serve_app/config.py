@@ -104,6 +104,13 @@ class ModelConfig(StrictConfig):
         description="How next-edit requests are put to this model (docs/next_edit.md has "
         "each style's figures from bench/next_edit.py).",
     )
+    edit_adapter: str | None = Field(
+        default=None,
+        description="A LoRA adapter (a peft folder) the next-edit role answers with, applied "
+        "per request on this model's weights; apply and chat keep the model's own answers. "
+        "builtin:<name> names one shipped in serve_app/adapters/ (docs/next_edit.md). It "
+        "must have been trained on edit_prompt's layout. Null: the model alone.",
+    )
 
     fim_layout: FimLayout = Field(
         default="spm",

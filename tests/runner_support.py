@@ -4,6 +4,8 @@ them, and requests run through a real engine."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from pathlib import Path
 
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import EngineConfig
@@ -25,10 +27,12 @@ def generate_all(
     config: EngineConfig,
     requests: list[GenerationRequest],
     draft: LoadedModel | None = None,
+    adapters: Mapping[str, Path] | None = None,
 ) -> tuple[list[str], LLMEngine]:
-    """Run requests concurrently on a new engine (with ``draft`` as its draft model): each
-    one's text, and the engine (its stats stay readable after shutdown)."""
-    engine = LLMEngine(loaded, config, draft=draft)
+    """Run requests concurrently on a new engine (with ``draft`` as its draft model and
+    ``adapters`` its LoRA adapters): each one's text, and the engine (its stats stay readable
+    after shutdown)."""
+    engine = LLMEngine(loaded, config, draft=draft, adapters=adapters)
     try:
 
         async def main():
@@ -44,5 +48,9 @@ def encode(loaded: LoadedModel, text: str) -> list[int]:
     return loaded.tokenizer.encode(text)
 
 
-def greedy(rid: str, prompt: list[int], n: int, role: str = "") -> GenerationRequest:
-    return GenerationRequest(rid, prompt, SamplingParams(max_tokens=n), "test", role=role)
+def greedy(
+    rid: str, prompt: list[int], n: int, role: str = "", adapter: str = ""
+) -> GenerationRequest:
+    return GenerationRequest(
+        rid, prompt, SamplingParams(max_tokens=n), "test", role=role, adapter=adapter
+    )

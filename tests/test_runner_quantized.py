@@ -209,7 +209,7 @@ def test_prompts_on_the_decode_weights_keep_position_zero_dense(loaded, monkeypa
         dense.forward(ref, 0, [prompt], [0], decode=False)
         dense.forward(decoded, 0, [prompt[:1]], [0], decode=False)
         quantized.forward(decoded, 0, [prompt[1:]], [1], decode=True)
-        assert list(quantized.first_tokens) == [prompt[0]]
+        assert list(quantized.first_tokens) == [("", prompt[0])]
         one = [quantized.forward(c, 0, [prompt[:1]], [0], decode=False) for c in (whole, ref)]
     torch.testing.assert_close(kv_of(whole, 1), kv_of(ref, 1), rtol=0, atol=0)
     torch.testing.assert_close(kv_of(whole, 16), kv_of(decoded, 16), rtol=1e-4, atol=1e-4)
@@ -222,7 +222,7 @@ def test_prompts_on_the_decode_weights_keep_position_zero_dense(loaded, monkeypa
     with torch.inference_mode():
         for token in (7, 8, 9, 7, 10):
             quantized.forward(ref, 0, [[token, 11]], [0], decode=False)
-    assert list(quantized.first_tokens) == [9, 7, 10]
+    assert [token for _, token in quantized.first_tokens] == [9, 7, 10]
     config = engine_config(weights="int8", prompt_weights="decode")
     texts, engine = generate_all(loaded, config, [greedy("r0", prompt, 8)])
     assert engine.stats().backend == "RunnerBackend" and all(texts)

@@ -31,8 +31,9 @@ is chosen.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -87,17 +88,29 @@ class ModelBackend(Protocol):
 
 
 def make_backend(
-    loaded: Any, config: EngineConfig, max_columns: int, scoring: bool = False
+    loaded: Any,
+    config: EngineConfig,
+    max_columns: int,
+    scoring: bool = False,
+    adapters: Mapping[str, Path] | None = None,
 ) -> ModelBackend:
     """The runner when ``config.runner`` allows it and it supports the model, else HF.
     ``max_columns``: the most KV positions one request holds. ``scoring``: for an engine that
-    only scores (``configured_runner``: prompts' weights, activations rounded twice)."""
+    only scores (``configured_runner``: prompts' weights, activations rounded twice).
+    ``adapters``: LoRA adapters (peft folders) requests may name, by name; only the runner
+    applies them, so a model on HF with adapters fails to start."""
     from serve_app.engine.runner.backend import RunnerBackend, configured_runner
 
     purpose = "scoring backend" if scoring else "engine backend"
-    runner = configured_runner(loaded, config, purpose, scoring=scoring)
+    runner = configured_runner(loaded, config, purpose, scoring=scoring, adapters=adapters)
     if runner is None:
         from serve_app.engine.hf_backend import HFBackend
+
+        if adapters:
+            raise ValueError(
+                f"LoRA adapters ({', '.join(map(str, adapters.values()))}) need the engine's "
+                "runner, and this model runs on HF (see the log line above)"
+            )
 
         return HFBackend(loaded.model, loaded.device)
     logger.info(

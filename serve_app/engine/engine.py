@@ -49,7 +49,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -116,7 +117,8 @@ class LLMEngine(Engine):
     ``context_length``: prompt + max_tokens limit (the model's ``ModelConfig.context_length``);
     None: the model's ``max_position_embeddings``. ``scoring``: an engine that only scores
     (the runner reads prompts as the scorer needs; see ``configured_runner``), whose passes may
-    take up to ``score_columns`` KV positions past the context.
+    take up to ``score_columns`` KV positions past the context. ``adapters``: LoRA adapters
+    (peft folders) by name, which a request names in ``GenerationRequest.adapter``.
     """
 
     def __init__(
@@ -128,6 +130,7 @@ class LLMEngine(Engine):
         scoring: bool = False,
         score_columns: int = 0,
         draft: LoadedModel | None = None,
+        adapters: Mapping[str, Path] | None = None,
     ) -> None:
         self.loaded = loaded
         self.config = config or EngineConfig()
@@ -139,7 +142,8 @@ class LLMEngine(Engine):
         self.prefix_cache = PrefixCache(self.config.prefix_cache_bytes)
         self.counters = EngineCounters()
         self.max_columns = self.context_length + score_columns
-        self.backend = make_backend(loaded, self.config, self.max_columns, scoring)
+        self.backend = make_backend(loaded, self.config, self.max_columns, scoring, adapters)
+        self.adapters = frozenset(adapters or {})
         self.drafter = make_drafter(draft, self.config, self.backend, loaded, self.max_columns)
         self.reuse = PromptReuse(
             self.prefix_cache, self.backend, self.token_texts, self._draft_tokens
@@ -283,6 +287,8 @@ class LLMEngine(Engine):
     ) -> RequestState:
         """Validate a request and build its state (on the caller's thread, so errors are 4xx)."""
         self._raise_if_down()
+        if request.adapter and request.adapter not in self.adapters:
+            raise InvalidRequestError(f"This model has no adapter {request.adapter!r}.")
         return new_request_state(
             request,
             context_param,
@@ -563,7 +569,7 @@ class LLMEngine(Engine):
                 continue
             tokens = state.history.prompt_ids + state.history.output_ids
             if self.drafter.reads(tokens) and len(chosen) < self.drafter.max_rows:
-                requests.append((id(state), state.request.cache_salt, tokens, room))
+                requests.append((id(state), state.request.cache_partition, tokens, room))
                 chosen.append((index, state))
         if not chosen:
             return

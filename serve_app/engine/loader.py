@@ -62,6 +62,19 @@ def resolve_source(source: str, cache_dir: str | Path | None = None) -> str | Pa
     return source
 
 
+BUILTIN_ADAPTER = "builtin:"
+# The adapters that ship with the project (``builtin:<name>``).
+BUILTIN_ADAPTERS = Path(__file__).resolve().parents[1] / "adapters"
+
+
+def adapter_path(source: str) -> Path:
+    """A LoRA adapter's folder: ``builtin:<name>`` one shipped in ``serve_app/adapters``,
+    anything else a path."""
+    if source.startswith(BUILTIN_ADAPTER):
+        return BUILTIN_ADAPTERS / source.removeprefix(BUILTIN_ADAPTER)
+    return Path(source).expanduser()
+
+
 class DeviceError(ValueError):
     """The model cannot run on the device the config names, here: raised while a replica
     starts (with what to change), never as a crash deep in torch at the first request."""

@@ -83,7 +83,8 @@ class GenerationRequest:
     ``role``: which service asked (``fim``, ``edit``, ``chat``); per-role engine settings
     (speculation) key on it. ``answer_prefix``: text the answer must begin with, which is not
     returned (token healing: the prompt's last tokens, a partial word or blanks at the cursor,
-    were taken off for the model to spell again with tokens of its choice)."""
+    were taken off for the model to spell again with tokens of its choice). ``adapter``: the
+    LoRA adapter the request runs with, by the engine's name for it ("": the base model)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -91,6 +92,11 @@ class GenerationRequest:
     cache_salt: str
     role: str = ""
     answer_prefix: str = ""
+    adapter: str = ""
+
+    @property
+    def cache_partition(self) -> str:
+        return cache_partition(self.cache_salt, self.adapter)
 
 
 @dataclass
@@ -105,6 +111,18 @@ class ScoringRequest:
     prompt_token_ids: list[int]
     passes: list[Any]
     cache_salt: str
+
+    adapter = ""  # scoring runs on the base model's weights
+
+    @property
+    def cache_partition(self) -> str:
+        return cache_partition(self.cache_salt, self.adapter)
+
+
+def cache_partition(salt: str, adapter: str) -> str:
+    """Where a request's prompts are kept in the prefix cache: its account's ``salt``, apart
+    per LoRA adapter, since an adapter's keys and values are not the base model's."""
+    return f"{salt}\x00lora:{adapter}" if adapter else salt
 
 
 @dataclass

@@ -59,7 +59,7 @@ class PromptReuse:
         if not isinstance(state, RequestState) or not state.request.params.greedy:
             return None
         request = state.request
-        stored = self.cache.answer(request.prompt_token_ids, request.cache_salt)
+        stored = self.cache.answer(request.prompt_token_ids, request.cache_partition)
         if stored is None:
             return None
         (params, given), answer = stored
@@ -79,7 +79,7 @@ class PromptReuse:
         its KV and last logits (nothing to read); otherwise the KV of the longest stored
         prefix, less the last prompt token, and no logits. A generation that drafts also gets
         what followed the prompt (``draft_corpus``)."""
-        salt = state.request.cache_salt
+        salt = state.request.cache_partition
         if isinstance(state, RequestState) and self.drafts(state):
             state.draft_corpus = self.cache.continuation(state.lookup_ids, salt)
         whole = self.cache.whole(state.lookup_ids, salt)
@@ -103,7 +103,7 @@ class PromptReuse:
         self.cache.insert(
             state.prompt_ids[:length],
             crop_kv(kv, length),
-            state.request.cache_salt,
+            state.request.cache_partition,
             following=state.following_ids if whole_prompt else (),
             recipe=_recipe(state) if whole_prompt else None,
             logits=logits if whole_prompt else None,

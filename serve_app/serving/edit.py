@@ -21,7 +21,7 @@ from serve_app.engine.prompts.edit import (
 )
 from serve_app.engine.protocol import GenerationRequest
 from serve_app.serving.billing import BilledCall
-from serve_app.serving.generation import EngineClient, completion, usage_of
+from serve_app.serving.generation import EDIT_ADAPTER, EngineClient, completion, usage_of
 from serve_app.serving.predictions import Prediction, Predictions
 
 logger = logging.getLogger(__name__)
@@ -45,6 +45,8 @@ class EditService:
         self.style: EditPromptStyle = style or client.model.edit_prompt
         self.on_rejected = on_rejected or (lambda reason: None)
         self.predictions = Predictions()
+        # The model's next-edit adapter, which its engine loaded (``role_adapters``).
+        self.adapter = EDIT_ADAPTER if client.model.edit_adapter else ""
 
     async def complete(self, body: EditCompletionRequest, call: BilledCall) -> EditCompletion:
         # Text that cannot fit the context is refused unread; the rest is parsed and tokenised
@@ -67,7 +69,7 @@ class EditService:
             params, stop=answer_stops(prompt, messages), max_tokens=min(params.max_tokens, budget)
         )
         request: GenerationRequest = self.client.request(
-            call, prompt_ids, params, "messages", role="edit"
+            call, prompt_ids, params, "messages", role="edit", adapter=self.adapter
         )
         account = _account_key(call)
         followed = self.predictions.followed(account, prompt)

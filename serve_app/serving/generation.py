@@ -7,13 +7,14 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from serve_app.api.common import CompletionUsage, new_id, now
 from serve_app.config import AppConfig, EngineRole, ModelConfig
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.json.token_bytes import TokenTexts
-from serve_app.engine.loader import LoadedModel, load_model
+from serve_app.engine.loader import LoadedModel, adapter_path, load_model
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest, SamplingParams
 from serve_app.errors import (
     ContextLengthExceededError,
@@ -55,7 +56,22 @@ def start_engine(
     draft = None
     if model.draft_model is not None and engine.speculation.draft_model_roles:
         draft = load_configured_model(config, config.model(model.draft_model), role, cpus)
-    return LLMEngine(loaded, engine, model.context_length, draft=draft)
+    return LLMEngine(
+        loaded, engine, model.context_length, draft=draft, adapters=role_adapters(model, role)
+    )
+
+
+# The engine's name for a model's ``edit_adapter``, which next-edit requests run with.
+EDIT_ADAPTER = "next-edit"
+
+
+def role_adapters(model: ModelConfig, role: EngineRole) -> dict[str, Path]:
+    """The LoRA adapters the engine of ``role``'s deployment loads for ``model``: the
+    next-edit adapter in the edit role's (next-edit, apply and chat share that engine, and
+    only next-edit requests name it)."""
+    if role != "edit" or model.edit_adapter is None:
+        return {}
+    return {EDIT_ADAPTER: adapter_path(model.edit_adapter)}
 
 
 class GenerationObserver(Protocol):
@@ -119,10 +135,12 @@ class EngineClient:
         prompt_param: str,
         role: str = "",
         answer_prefix: str = "",
+        adapter: str = "",
     ) -> GenerationRequest:
         """Check the limits of the contract, then shape an engine request in the prefix-cache
         partition of the account ``call`` serves; ``role`` (fim, edit, chat) picks per-role
-        engine settings such as speculation."""
+        engine settings such as speculation; ``adapter``: the engine's LoRA adapter to run
+        with ("": none)."""
         if params.max_tokens > self.model.max_output_length:
             raise InvalidRequestError(
                 f"max_tokens is {params.max_tokens}; this model produces at most "
@@ -132,7 +150,7 @@ class EngineClient:
         if len(prompt_ids) + params.max_tokens > self.model.context_length:
             raise ContextLengthExceededError.for_limit(self.model.context_length, prompt_param)
         return GenerationRequest(
-            uuid.uuid4().hex, prompt_ids, params, call.cache_salt, role, answer_prefix
+            uuid.uuid4().hex, prompt_ids, params, call.cache_salt, role, answer_prefix, adapter
         )
 
     async def stream(

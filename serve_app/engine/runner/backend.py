@@ -13,7 +13,8 @@ makes every move a plain copy, even when the destination is a prefilling request
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -66,8 +67,16 @@ class RunnerBackend:
         tokens = [c.state.prompt_ids[c.start : c.end] for c in chunks]
         starts = [c.start for c in chunks]
         slots = [c.state.kv for c in chunks]
+        adapters = [c.state.request.adapter for c in chunks]
         logits = self.runner.forward(
-            self.cache, slots[0], tokens, starts, decode=False, check=check, slots=slots
+            self.cache,
+            slots[0],
+            tokens,
+            starts,
+            decode=False,
+            check=check,
+            slots=slots,
+            adapters=adapters,
         )
         return list(logits)
 
@@ -102,7 +111,8 @@ class RunnerBackend:
         """Logits ``[sum(1 + len(draft)), V]``: each row's last token, then its drafts."""
         tokens = [[s.last_token_id, *d] for s, d in zip(self.rows, drafts, strict=True)]
         starts = [s.num_computed for s in self.rows]
-        return self.runner.forward(self.cache, 0, tokens, starts, decode=True)
+        adapters = [s.request.adapter for s in self.rows]
+        return self.runner.forward(self.cache, 0, tokens, starts, decode=True, adapters=adapters)
 
     def release(self, states: Sequence[Any]) -> None:
         """Free the slots of finished/aborted requests, keeping decode rows compact."""
@@ -148,7 +158,11 @@ class RunnerBackend:
 
 
 def configured_runner(
-    loaded: Any, config: EngineConfig, purpose: str, scoring: bool = False
+    loaded: Any,
+    config: EngineConfig,
+    purpose: str,
+    scoring: bool = False,
+    adapters: Mapping[str, Path] | None = None,
 ) -> Qwen2Runner | None:
     """The runner ``config`` asks for (its ``runner``, ``weights``, ``prompt_weights``,
     ``prefill_dtype``), or None where the model runs on HF: ``runner: hf``, or a model the
@@ -167,8 +181,10 @@ def configured_runner(
     moved it by up to 0.25; read so, a cold 800-token prompt takes about the dense weights'
     time (7.1 s against 7.0; 4.6 s with one rounding), without mapping the dense weights
     into the scorer.
+    ``adapters``: LoRA adapters requests may name (``lora.load_adapter``, checked here).
     """
     from serve_app.engine.runner.graphs import DecodeGraphs
+    from serve_app.engine.runner.lora import load_adapter
     from serve_app.engine.runner.prepare import (
         LINEARS,
         PRECISE_WHEN_GENERATING,
@@ -203,6 +219,10 @@ def configured_runner(
         first_tokens=prompt_start_tokens(loaded.tokenizer),
         precise_activations=LINEARS if scoring else PRECISE_WHEN_GENERATING,
         calibration=calibration_ids(loaded.tokenizer),
+        adapters={
+            name: load_adapter(name, Path(path), loaded.model, device)
+            for name, path in (adapters or {}).items()
+        },
     )
     if device.type == "cuda" and config.cuda_graphs and not scoring:
         runner.graphs = DecodeGraphs()

@@ -47,7 +47,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ import torch
 from serve_app.engine.loader import DeviceError
 from serve_app.engine.progress import visible_progress
 from serve_app.engine.runner import native, weights_q4
+from serve_app.engine.runner.lora import LoraAdapter
 from serve_app.engine.runner.pages import page_out
 from serve_app.engine.runner.qwen2 import Layer, Qwen2Runner, norm_weight
 from serve_app.engine.runner.smoothing import input_peaks, smoothing
@@ -190,6 +191,7 @@ def build_runner(
     first_tokens: Iterable[int] = (),
     precise_activations: Sequence[str] = (),
     calibration: Sequence[int] = (),
+    adapters: Mapping[str, LoraAdapter] | None = None,
 ) -> Qwen2Runner:
     """A runner over ``model``'s weights; quantized weights (and, with prompts on the decode
     weights, the first-position entries of ``first_tokens``) are read from / saved to
@@ -197,7 +199,8 @@ def build_runner(
     ``precise_activations``: the kinds of ``LINEARS`` whose int8 activations are rounded twice
     (``int8_linear``).
     ``calibration``: token ids read once on the dense weights to smooth int8's inputs
-    (``smoothing.py``, ``smoothing.calibration_ids``); empty: int8 unsmoothed."""
+    (``smoothing.py``, ``smoothing.calibration_ids``); empty: int8 unsmoothed.
+    ``adapters``: the LoRA adapters requests may name (``lora.load_adapter``)."""
     if weights not in WEIGHTS:
         raise ValueError(f"unknown runner weights {weights!r}; use one of {WEIGHTS}")
     weights = decode_weights(weights, model_device(model))
@@ -236,7 +239,9 @@ def build_runner(
             Layer(norm_in, built["qkv"], built["o"], norm_post, built["gate_up"], built["down"])
         )
     head_linear = linear(head, "lm_head")
-    runner = Qwen2Runner(model, layers, head_linear, small_prefill_tokens, on_decode_weights)
+    runner = Qwen2Runner(
+        model, layers, head_linear, small_prefill_tokens, on_decode_weights, adapters
+    )
     if runner.device.type == "cpu" and native.unavailable_reason() is None:
         # Decode attention in C on every CPU runner: a query alone over its own columns costs
         # torch ~1.7x the batched pass (7 drafts, 800 columns, the 0.5B), C ~1.07x.
@@ -374,7 +379,7 @@ def _first_token_entries(runner: Qwen2Runner, tokens: list[int], path: Path | No
         with torch.inference_mode():
             for token in tokens:
                 runner.first_token(cache, 0, token)
-                kv, hidden = runner.first_tokens.pop(token)
+                kv, hidden = runner.first_tokens.pop(("", token))
                 out[f"{token}.kv"] = torch.stack([torch.stack(pair) for pair in kv])
                 out[f"{token}.hidden"] = hidden
         return out
@@ -383,7 +388,10 @@ def _first_token_entries(runner: Qwen2Runner, tokens: list[int], path: Path | No
         return {}
     saved = _cached(path, f"first-position entries of {len(tokens)} tokens", compute)
     return {
-        token: (tuple((kv[0], kv[1]) for kv in saved[f"{token}.kv"]), saved[f"{token}.hidden"])
+        ("", token): (
+            tuple((kv[0], kv[1]) for kv in saved[f"{token}.kv"]),
+            saved[f"{token}.hidden"],
+        )
         for token in tokens
         if f"{token}.kv" in saved
     }

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from serve_app.engine.runner.graphs import DecodeGraphs
 from serve_app.engine.runner.kv import SlotCache
+from serve_app.engine.runner.lora import LoraAdapter, LoraBatch
 from serve_app.engine.runner.native import Native
 from serve_app.engine.runner.weights import Linear
 
@@ -90,6 +91,7 @@ class Qwen2Runner:
         lm_head: Linear,
         small_prefill_tokens: int = 0,
         quantized_prompts: bool = False,
+        adapters: Mapping[str, LoraAdapter] | None = None,
     ) -> None:
         config = model.config
         self.model = model
@@ -97,7 +99,10 @@ class Qwen2Runner:
         self.lm_head = lm_head
         self.small_prefill_tokens = small_prefill_tokens
         self.quantized_prompts = quantized_prompts
-        self.first_tokens: OrderedDict[int, tuple[Any, torch.Tensor]] = OrderedDict()
+        # LoRA adapters a request may name (``lora``), by name.
+        self.adapters: dict[str, LoraAdapter] = dict(adapters or {})
+        # Position 0's entries by (adapter name, token id): an adapter changes its KV too.
+        self.first_tokens: OrderedDict[tuple[str, int], tuple[Any, torch.Tensor]] = OrderedDict()
         # Captured decode steps (``graphs.DecodeGraphs``); None: every step runs eagerly.
         self.graphs: DecodeGraphs | None = None
         # The runner's C kernels (``native``) where its weights use them: decode attention too.
@@ -160,9 +165,11 @@ class Qwen2Runner:
         decode: bool,
         check: Callable[[], None] | None = None,
         slots: Sequence[int] | None = None,
+        adapters: Sequence[str] | None = None,
     ) -> torch.Tensor:
         """Feed ``tokens[b]`` at ``starts[b]..`` of slot ``slot0 + b`` (of ``slots[b]`` where
-        given: prompt chunks of requests in any slots); write their KV.
+        given: prompt chunks of requests in any slots); write their KV. ``adapters[b]``: the
+        LoRA adapter row ``b`` runs with, by name ("": the base model's weights alone).
 
         ``decode``: a decode or speculative-verify step: q4, int4 or int8 weights where the runner
         has them (q4: the decoder layers only), and fp32 logits ``[sum(len(t)), V]`` for every
@@ -182,14 +189,17 @@ class Qwen2Runner:
         first included, is read through the same head (it feeds no KV).
         ``check``: called before every layer (it raises to stop the pass, e.g. on cancellation).
         """
+        names = list(adapters) if adapters is not None else [""] * len(tokens)
         if not decode and self.quantized_prompts and 0 in starts:
             if len(tokens) != 1:
                 raise ValueError("a chunk that starts a prompt on quantized weights is one row")
-            hidden = self.first_token(cache, slot0, tokens[0][0])
+            hidden = self.first_token(cache, slot0, tokens[0][0], names[0])
             if len(tokens[0]) == 1:
                 return self.lm_head(self._norm(hidden, self.final_norm), True, decode=True)
-            return self.forward(cache, slot0, [tokens[0][1:]], [1], decode=False, check=check)
-        if decode and self.graphs is not None and slot0 == 0:
+            return self.forward(
+                cache, slot0, [tokens[0][1:]], [1], decode=False, check=check, adapters=names
+            )
+        if decode and self.graphs is not None and slot0 == 0 and not any(names):
             logits = self.graphs.decode(self, cache, tokens, starts)
             if logits is not None:
                 return logits
@@ -200,7 +210,8 @@ class Qwen2Runner:
         if slots is not None and list(slots) == list(range(slots[0], slots[0] + len(slots))):
             slot0, slots = slots[0], None  # consecutive: read in place
         batch = _Batch.ragged(slot0, tokens, starts, decode, self.device, slots)
-        x = self._layers(cache, batch, decode or small, check, decode)
+        lora = LoraBatch.of_rows([self.adapter(name) for name in names], batch.row_of)
+        x = self._layers(cache, batch, decode or small, check, decode, lora)
         if not decode:
             ends_flat = torch.tensor([len(t) for t in tokens], device=self.device).cumsum(0) - 1
             x = x[ends_flat]
@@ -224,7 +235,13 @@ class Qwen2Runner:
         x = self._layers(cache, batch, True, None, True)
         return self.lm_head(self._norm(x, self.final_norm), True, decode=True)
 
-    def first_token(self, cache: SlotCache, slot: int, token: int) -> torch.Tensor:
+    def adapter(self, name: str) -> LoraAdapter | None:
+        """The adapter named ``name`` ("": none); the engine admits only names it has."""
+        return self.adapters[name] if name else None
+
+    def first_token(
+        self, cache: SlotCache, slot: int, token: int, adapter: str = ""
+    ) -> torch.Tensor:
         """Write position 0's keys/values for ``token`` into ``slot``; its hidden state ``[1, H]``.
 
         Qwen's first position carries activations 10-30x the others' in a few channels (the
@@ -234,17 +251,19 @@ class Qwen2Runner:
         token id alone: they are computed once on dense weights and kept (LRU,
         ``FIRST_TOKENS_KEPT``).
         """
-        entry = self.first_tokens.get(token)
+        key = (adapter, token)
+        entry = self.first_tokens.get(key)
         if entry is None:
             logger.info("runner: position-0 entry for token %d computed on dense weights", token)
             batch = _Batch.ragged(slot, [[token]], [0], False, self.device)
-            hidden = self._layers(cache, batch, False, None)
+            lora = LoraBatch.of_rows([self.adapter(adapter)], batch.row_of)
+            hidden = self._layers(cache, batch, False, None, lora=lora)
             kv = tuple((k.clone(), v.clone()) for k, v in cache.read(slot, 1))
-            entry = self.first_tokens[token] = (kv, hidden)
+            entry = self.first_tokens[key] = (kv, hidden)
             if len(self.first_tokens) > FIRST_TOKENS_KEPT:
                 self.first_tokens.popitem(last=False)
             return hidden
-        self.first_tokens.move_to_end(token)
+        self.first_tokens.move_to_end(key)
         cache.load(slot, entry[0])
         return entry[1]
 
@@ -278,11 +297,18 @@ class Qwen2Runner:
         quantized: bool,
         check: Callable[[], None] | None,
         decode: bool = False,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
         """The decoder layers over the batch's flattened tokens ``[N]``: hidden states
         ``[N, hidden]`` before the final norm; each token's KV is written at (its row's slot,
         its column). ``quantized``: int4/int8 linears where the runner has them; ``decode``: a
-        decode step's rows (the q4 linears where the runner has them)."""
+        decode step's rows (the q4 linears where the runner has them); ``lora``: the adapters'
+        deltas added to the linears' outputs, for the tokens of the rows that named them."""
+
+        def linear(fused: str, x: torch.Tensor) -> torch.Tensor:
+            y = getattr(layer, fused)(x, quantized, decode)
+            return y if lora is None else lora.add(y, x, index, fused)
+
         rows, span, padded = batch.rows, batch.span, batch.padded
         width = batch.mask.shape[-1]
         cache.ensure(width)
@@ -297,7 +323,7 @@ class Qwen2Runner:
             if check is not None:
                 check()
             h = self._norm(x, layer.input_norm)
-            qkv = layer.qkv(h, quantized, decode)
+            qkv = linear("qkv", h)
             # q and k heads side by side: one RoPE for both.
             qk = _rope(qkv[:, :qk_width].view(-1, qk_heads, self.head_dim), cos, sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
@@ -332,10 +358,10 @@ class Qwen2Runner:
                 if padded
                 else attn.reshape(-1, self.num_heads, self.head_dim)
             )
-            x = x + layer.o(attn.reshape(x.shape[0], -1), quantized, decode)
+            x = x + linear("o", attn.reshape(x.shape[0], -1))
             h = self._norm(x, layer.post_norm)
-            gate, up = layer.gate_up(h, quantized, decode).split(self.intermediate, dim=-1)
-            x = x + layer.down(F.silu(gate) * up, quantized, decode)
+            gate, up = linear("gate_up", h).split(self.intermediate, dim=-1)
+            x = x + linear("down", F.silu(gate) * up)
         return x
 
 
