@@ -55,18 +55,21 @@ SHAPES: dict[str, tuple[Callable[[Scenario, str], ClientCall], Callable[[dict], 
     "continue": (continue_call, continue_extract),
     "zed": (zed_call, zed_extract),
 }
-# name -> (prompt style, request fields that replace the client's). "as sent" keeps what the
-# client sends (Zed: no temperature, so the 0.2 default; Continue: 0.01; both the default
-# presence penalty of 1.0); "greedy" asks for temperature 0 and no penalty.
+# name -> (prompt style, request fields that replace the client's, whether the next-edit
+# adapter answers). "as sent" keeps what the client sends (Zed: no temperature, so the 0.2
+# default; Continue: 0.01; both the default presence penalty of 1.0); "greedy" asks for
+# temperature 0 and no penalty; "tuned" runs with --adapter (the style it was trained on).
 GREEDY = {"temperature": 0.0, "presence_penalty": 0.0}
-VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "chat/as-sent (today)": ("chat", {}),
-    "chat/greedy": ("chat", GREEDY),
-    "chat_split/as-sent": ("chat_split", {}),
-    "chat_split/greedy": ("chat_split", GREEDY),
-    "tagged/greedy": ("tagged", GREEDY),
-    "few_shot/greedy": ("few_shot", GREEDY),
-    "fim/greedy": ("fim", GREEDY),
+VARIANTS: dict[str, tuple[str, dict[str, Any], bool]] = {
+    "chat/as-sent (today)": ("chat", {}, False),
+    "chat/greedy": ("chat", GREEDY, False),
+    "chat_split/as-sent": ("chat_split", {}, False),
+    "chat_split/greedy": ("chat_split", GREEDY, False),
+    "tagged/greedy": ("tagged", GREEDY, False),
+    "few_shot/greedy": ("few_shot", GREEDY, False),
+    "fim/greedy": ("fim", GREEDY, False),
+    "tuned/as-sent": ("chat_split", {}, True),
+    "tuned/greedy": ("chat_split", GREEDY, True),
 }
 BASELINE = "chat/as-sent (today)"
 
@@ -149,9 +152,16 @@ class Case:
 def load_cases(path: Path, limit: int | None, every: int = 1) -> list[Case]:
     """The cases, taken round-robin across the repositories (so a run cut short, or every
     ``every``-th case, still covers every language), the first ``limit`` of them. Continue's
-    shape for cases at even positions of the file, Zed's for odd ones."""
+    shape for cases at even positions of the file, Zed's for odd ones. ``path``: a JSON list,
+    or JSON lines (``.jsonl``: the miner's splits, e.g. data/next_edit/validation.jsonl)."""
+    text = path.read_text()
+    raws = (
+        [json.loads(line) for line in text.splitlines()]
+        if path.suffix == ".jsonl"
+        else json.loads(text)
+    )
     by_repo: dict[str, list[Case]] = {}
-    for index, raw in enumerate(json.loads(path.read_text())):
+    for index, raw in enumerate(raws):
         scenario = Scenario(
             path=raw["path"],
             file=raw["file"],
@@ -248,7 +258,7 @@ def start_services(
     """One engine on ``config``'s edit model, one edit service per variant on it, each
     counting its rejections in ``rejected[variant]``; sets ``args.model`` to that model."""
     from serve_app.serving.edit import EditService
-    from serve_app.serving.generation import EngineClient, start_engine
+    from serve_app.serving.generation import EDIT_ADAPTER, EngineClient, start_engine
 
     # A fixed seed where the config sets none: the clients' temperature 0.2 then draws the
     # same answers run after run, so two runs (or two configs) differ only where their
@@ -256,12 +266,19 @@ def start_services(
     seeded = config.engine.model_copy(update={"seed": config.engine.seed or 0})
     config = config.model_copy(update={"engine": seeded})
     model = config.model(config.roles.edit)
+    if args.adapter:
+        model = model.model_copy(update={"edit_adapter": args.adapter})
     args.model = model.id
     engine = start_engine(config, model, "edit")
     client = EngineClient(engine, model)
     services = {
-        name: EditService(client, style=style, on_rejected=rejected[name])
-        for name, (style, _) in VARIANTS.items()
+        name: EditService(
+            client,
+            style=style,
+            on_rejected=rejected[name],
+            adapter=EDIT_ADAPTER if tuned else "",
+        )
+        for name, (style, _, tuned) in VARIANTS.items()
         if name in args.variants
     }
     return engine, services
@@ -423,6 +440,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--repeat-for", default=",".join(VARIANTS), help="variants timed on a repeat too"
     )
+    parser.add_argument(
+        "--adapter",
+        help="the tuned variants' next-edit adapter (a peft folder, or builtin:<name>); "
+        "without one they are left out",
+    )
     parser.add_argument("--log", type=Path, help="append every answer here (JSON lines)")
     parser.add_argument("--from-log", type=Path, help="no run: the figures of a logged one")
     args = parser.parse_args(argv)
@@ -431,7 +453,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"no cases at {args.data}: the fetched cases live in shared/data/ beside the "
             "project; point --data at a copy"
         )
-    args.variants = [name.strip() for name in args.variants.split(",")]
+    named = [name.strip() for name in args.variants.split(",")]
+    unknown = [name for name in named if name not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+    args.variants = [n for n in named if args.adapter or args.from_log or not VARIANTS[n][2]]
     args.repeat_for = [name.strip() for name in args.repeat_for.split(",")]
     return args
 

@@ -59,3 +59,31 @@ def test_a_random_checkpoint_answers_the_cases_through_a_config(
     assert cells[-3] != "-" and cells[-2] != "-", out  # cold and repeat timed
     logged = (tmp_path / "log.jsonl").read_text().splitlines()
     assert len(logged) == 1 and '"repeat_s"' in logged[0]
+
+
+def test_the_tuned_variant_answers_with_the_adapter(tmp_path: Path) -> None:
+    """With an adapter of zero weights the tuned variant answers as its untuned twin (same
+    prompt style, same request fields): the bench routes it through the adapter, and the
+    adapter is applied per request, not to the other variants. Cases read as JSON lines, the
+    miner's format."""
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    folder = build_tiny_model(tmp_path / "tiny")
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(folder), LoraConfig(r=2, target_modules=["q_proj"])
+    )
+    model.save_pretrained(tmp_path / "adapter")
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text(json.dumps(CASE) + "\n")
+    log = tmp_path / "log.jsonl"
+    next_edit.main(
+        ["--config", str(ROOT / "configs" / "local.yaml"), "--source", str(folder),
+         "--data", str(cases), "--variants", "chat_split/as-sent,tuned/as-sent",
+         "--repeat-for", "", "--answer-tokens", "expected", "--adapter",
+         str(tmp_path / "adapter"), "--log", str(log)]
+    )  # fmt: skip
+    answers = {e["variant"]: e["answer"] for e in map(json.loads, log.read_text().splitlines())}
+    assert set(answers) == {"chat_split/as-sent", "tuned/as-sent"}
+    assert answers["tuned/as-sent"] == answers["chat_split/as-sent"]

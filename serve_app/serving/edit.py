@@ -29,7 +29,9 @@ logger = logging.getLogger(__name__)
 
 class EditService:
     """``style``: the prompt style (default: the model's ``edit_prompt``); ``on_rejected`` is
-    told why an answer was replaced by "no change" (the deployment counts it in metrics).
+    told why an answer was replaced by "no change" (the deployment counts it in metrics);
+    ``adapter``: the engine's LoRA adapter to answer with (default: the model's next-edit
+    adapter where it has one).
 
     A request whose region has part of the account's last prediction for that file typed
     (``Predictions.followed``) gets that prediction again without the model: the user is
@@ -40,13 +42,17 @@ class EditService:
         client: EngineClient,
         style: EditPromptStyle | None = None,
         on_rejected: Callable[[EditRejection], None] | None = None,
+        adapter: str | None = None,
     ) -> None:
         self.client = client
         self.style: EditPromptStyle = style or client.model.edit_prompt
         self.on_rejected = on_rejected or (lambda reason: None)
         self.predictions = Predictions()
-        # The model's next-edit adapter, which its engine loaded (``role_adapters``).
-        self.adapter = EDIT_ADAPTER if client.model.edit_adapter else ""
+        # The engine's adapter this service's requests run with: by default the model's
+        # next-edit adapter, which the edit role's engine loaded (``role_adapters``).
+        if adapter is None:
+            adapter = EDIT_ADAPTER if client.model.edit_adapter else ""
+        self.adapter = adapter
 
     async def complete(self, body: EditCompletionRequest, call: BilledCall) -> EditCompletion:
         # Text that cannot fit the context is refused unread; the rest is parsed and tokenised
