@@ -204,3 +204,44 @@ def test_an_adapter_of_another_model_fails_at_start(
 def test_adapters_need_the_runner(loaded: LoadedModel, lora) -> None:
     with pytest.raises(ValueError, match="need the engine's runner"):
         LLMEngine(loaded, engine_config(runner="hf"), adapters={"a": lora[0]})
+
+
+def test_the_service_answers_next_edit_with_its_adapter_and_chat_without(
+    app_config, client, lora, tmp_path: Path
+) -> None:
+    """A model's ``edit_adapter`` through the whole router app: next-edit answers with it,
+    and chat (same engine, same batch) answers exactly as on the app without one."""
+    from fastapi.testclient import TestClient
+
+    from serve_app.testing import local_router_app
+    from tests.conftest import AUTH, TINY_ID
+    from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
+
+    model = app_config.model(TINY_ID).model_copy(update={"edit_adapter": str(lora[0])})
+    config = app_config.model_copy(update={"models": [model], "data_dir": str(tmp_path)})
+    chat = {"model": TINY_ID, "messages": [{"role": "user", "content": "Hello"}]}
+    chat |= {"max_tokens": 8, "temperature": 0}
+    edit = {"model": TINY_ID, "messages": [{"role": "user", "content": EXAMPLE_EDIT_CONTENT}]}
+    with TestClient(local_router_app(config), raise_server_exceptions=False) as adapted:
+        answered = adapted.post("/v1/edit/completions", json=edit, headers=AUTH)
+        assert answered.status_code == 200, answered.text
+        assert answered.json()["choices"][0]["message"]["content"].startswith("```")
+        with_adapter = adapted.post("/v1/chat/completions", json=chat, headers=AUTH)
+    without = client.post("/v1/chat/completions", json=chat, headers=AUTH)
+    assert with_adapter.status_code == without.status_code == 200, with_adapter.text
+    content = [r.json()["choices"][0]["message"]["content"] for r in (with_adapter, without)]
+    assert content[0] == content[1]
+
+
+def test_the_service_refuses_to_start_on_a_broken_adapter(app_config, tmp_path: Path) -> None:
+    from serve_app.testing import local_router_app
+    from tests.conftest import TINY_ID
+
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text('{"r": 4, "lora_alpha": 8}')
+    model = app_config.model(TINY_ID).model_copy(update={"edit_adapter": str(folder)})
+    config = app_config.model_copy(update={"models": [model], "data_dir": str(tmp_path)})
+    with pytest.raises(AdapterError, match="cannot read adapter_model.safetensors") as raised:
+        local_router_app(config)
+    assert str(folder) in str(raised.value)
