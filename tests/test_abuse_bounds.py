@@ -310,18 +310,22 @@ def test_huge_prompt_is_refused_before_tokenising(client, endpoint):
     assert response.json()["error"]["code"] == "context_length_exceeded"
 
 
-def test_huge_fim_prompt_is_cut_without_tokenising_it_whole(client):
-    """FIM cuts text over the context at its far end from the cursor (docs/fim.md), and
-    tokenises only windows near the cursor: 900 KB answers without freezing the replica,
-    billed for what fits."""
-    # Ends with a newline: nothing for token healing to give back, so every token that fits
-    # is read.
-    body = {"model": TINY_ID, "prompt": "word " * 180_000 + "\n", "max_tokens": 1}
+@pytest.mark.parametrize("where", ["prompt", "suffix"])
+def test_a_fim_prompt_over_the_context_is_refused_unread(client, where: str):
+    """Text over the context is ``context_length_exceeded`` (api-spec.md's limits), never cut
+    and read: 900 KB is refused without freezing the replica, having tokenised only the
+    context's worth of text nearest the cursor."""
+    text = "word " * 180_000 + "\n"
+    body = {"model": TINY_ID, "prompt": text if where == "prompt" else "x = ", "max_tokens": 1}
+    body |= {"suffix": text} if where == "suffix" else {}
+    started = time.monotonic()
     response = assert_never_blocks(
         client, lambda attempt: client.post("/v1/fim/completions", json=body, headers=AUTH), True
     )
-    assert response.status_code == 200, response.text
-    assert response.json()["usage"]["prompt_tokens"] == 4096 - 1
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("context_length_exceeded", "prompt")
+    assert time.monotonic() - started < 30  # three attempts at most, each refused at once
 
 
 # --------------------------------------------------------------------------- bodies

@@ -1,4 +1,4 @@
-"""FIM prompts: the two layouts, text over the context cut at its far end from the cursor, and
+"""FIM prompts: the two layouts, text over the context refused (never cut), and
 client-written templates, through the builder (tiny model's Qwen tokenizer) and over HTTP."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 from serve_app.engine.json.token_bytes import TokenTexts
 from serve_app.engine.prompts.fim import FIM_FORMATS, build_fim_prompt
 from serve_app.engine.prompts.healing import heal_cursor
-from serve_app.errors import InvalidRequestError
+from serve_app.errors import ContextLengthExceededError, InvalidRequestError
 from tests.conftest import AUTH, TINY_ID
 
 QWEN = FIM_FORMATS["qwen"]
@@ -52,21 +52,23 @@ def test_repo_context_comes_first_in_both_layouts(tokenizer) -> None:
 
 
 @pytest.mark.parametrize("layout", ["psm", "spm"])
-def test_text_over_the_budget_is_cut_at_the_far_end_from_the_cursor(tokenizer, layout) -> None:
-    prefix = "".join(f"line_{i} = {i}\n" for i in range(3000)) + "cursor_here = "
-    suffix = "after_cursor = 1\n" + "".join(f"tail_{i} = {i}\n" for i in range(3000))
-    ids = build_fim_prompt(QWEN, tokenizer, prefix, suffix, layout, max_tokens=400)
-    assert len(ids) == 400
-    text = text_of(tokenizer, ids)
-    assert "cursor_here = " in text and "after_cursor = 1" in text  # nearest the cursor kept
-    assert "line_0 =" not in text and "tail_2999" not in text  # far ends cut
-    assert text.count("<|fim_middle|>") == 1 and text.count("<|fim_suffix|>") == 1
+@pytest.mark.parametrize("over", ["prefix", "suffix", "both"])
+def test_text_over_the_budget_is_refused_not_cut(tokenizer, layout, over) -> None:
+    long = "".join(f"line_{i} = {i}\n" for i in range(3000))
+    prefix = (long if over != "suffix" else "") + "cursor_here = "
+    suffix = "after_cursor = 1\n" + (long if over != "prefix" else "")
+    with pytest.raises(ContextLengthExceededError) as raised:
+        build_fim_prompt(QWEN, tokenizer, prefix, suffix, layout, max_tokens=400)
+    assert raised.value.param == "prompt"
 
 
-def test_a_short_prefix_leaves_its_room_to_the_suffix(tokenizer) -> None:
-    suffix = "".join(f"tail_{i} = {i}\n" for i in range(3000))
-    ids = build_fim_prompt(QWEN, tokenizer, "x = ", suffix, "spm", max_tokens=400)
-    assert len(ids) == 400  # not a quarter of the budget: the prefix did not need the rest
+def test_text_that_just_fits_is_read_whole(tokenizer) -> None:
+    prefix = "".join(f"line_{i} = {i}\n" for i in range(40))
+    whole = build_fim_prompt(QWEN, tokenizer, prefix, "x = 1\n", "spm")
+    exact = build_fim_prompt(QWEN, tokenizer, prefix, "x = 1\n", "spm", max_tokens=len(whole))
+    assert exact == whole
+    with pytest.raises(ContextLengthExceededError):
+        build_fim_prompt(QWEN, tokenizer, prefix, "x = 1\n", "spm", max_tokens=len(whole) - 1)
 
 
 def test_text_within_the_budget_is_untouched(tokenizer) -> None:
@@ -154,13 +156,17 @@ def test_a_word_typed_halfway_is_read_without_it(client, tokenizer):
     assert usage["completion_tokens"] == 4
 
 
-def test_a_file_longer_than_the_context_is_completed_from_the_text_near_the_cursor(client):
+def test_a_file_longer_than_the_context_is_a_context_length_error(client):
     prefix = "".join(f"value_{i} = {i}\n" for i in range(4000))  # ~28k tokens; context 4,096
     body = {"model": TINY_ID, "prompt": prefix, "suffix": "print(1)\n" * 500, "max_tokens": 8}
     response = client.post("/v1/fim/completions", json=body, headers=AUTH)
-    assert response.status_code == 200, response.text
-    usage = response.json()["usage"]
-    assert usage["prompt_tokens"] == 4096 - 8  # billed what was read, all the room there was
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "context_length_exceeded",
+        "prompt",
+    )
 
 
 def test_a_template_and_a_suffix_field_together_are_a_400(client):

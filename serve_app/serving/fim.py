@@ -27,9 +27,10 @@ class FimService:
         self.format = fim_format_for(loaded.tokenizer, loaded.model_type)
 
     async def _request(self, body: FimCompletionRequest, call: BilledCall) -> GenerationRequest:
-        """Tokenise off the event loop, text over the context cut at its far end from the
-        cursor (usage counts what was read); a cursor inside a word is healed (spm only)."""
+        """Tokenise off the event loop (text over the context is refused unread:
+        ``build_fim_prompt``); a cursor inside a word is healed (spm only)."""
         model = self.client.model
+        self.client.check_input_size(len(body.prompt) + len(body.suffix or ""), "prompt")
         params = body.to_sampling_params(model.default_temperature)
         prompt_ids, answer_prefix = await self.client.off_loop(
             service_fim_prompt,

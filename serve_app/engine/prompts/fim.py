@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from serve_app.engine.prompts.chat_encoding import encode_trusted, encode_untrusted
-from serve_app.errors import InvalidRequestError
+from serve_app.errors import ContextLengthExceededError, InvalidRequestError
 
 # Continue sends this literal suffix when there is nothing after the cursor.
 EMPTY_SUFFIX_SPELLING = "<|endoftext|>"
@@ -124,10 +124,11 @@ def build_fim_prompt(
     module docstring become tokens. Repo-level context always comes first (it changes least).
 
     ``max_tokens``: the prompt's budget (the context less the answer's room). Text over it is
-    cut at the far end from the cursor, as llama.cpp's ``/infill`` does: the suffix keeps its
-    start (up to a quarter of the budget, more when the prefix leaves room), the prefix and
-    the context before it keep their end. Only text near the cursor is ever tokenised, so a
-    huge file costs what fits, not its size.
+    ``ContextLengthExceededError`` (``param: prompt``), as the contract says, never cut: a
+    client that wants a window sends one (Continue and Zed do), and a cut prompt would be read
+    for minutes on a CPU for an answer the client did not ask for. Only text near the cursor
+    is ever tokenised (as much as the budget holds), so a huge file is refused in the time
+    the budget's worth of text takes to tokenise, not its size's.
     """
     context, prefix = split_repo_context(fmt, prompt)
     suffix = "" if suffix == EMPTY_SUFFIX_SPELLING else suffix
@@ -141,23 +142,22 @@ def build_fim_prompt(
         context_ids += (encode_trusted if is_marker else encode_untrusted)(tokenizer, text)
     prefix_ids = _encode_near_cursor(tokenizer, prefix, room, keep_end=True)
     suffix_ids = _encode_near_cursor(tokenizer, suffix, room, keep_end=False)
-    over = len(context_ids) + len(prefix_ids) + len(suffix_ids) - (room or 0)
-    if room is not None and over > 0:
-        before = len(context_ids) + len(prefix_ids)
-        keep_suffix = min(len(suffix_ids), max(room // 4, room - before))
-        suffix_ids = suffix_ids[:keep_suffix]
-        drop = before - (room - keep_suffix)  # from the far end: the context, then the prefix
-        prefix_ids = prefix_ids[max(0, drop - len(context_ids)) :]
-        context_ids = context_ids[drop:]
+    if room is not None and len(context_ids) + len(prefix_ids) + len(suffix_ids) > room:
+        raise ContextLengthExceededError(
+            f"The prompt and suffix need more than the {max_tokens} tokens of this model's "
+            "context that max_tokens leaves them. Please send a shorter window of the file or "
+            "ask for fewer tokens.",
+            param="prompt",
+        )
     if layout == "spm":
         return context_ids + pre + suf + suffix_ids + mid + prefix_ids
     return context_ids + pre + prefix_ids + suf + suffix_ids + mid
 
 
 def _encode_near_cursor(tokenizer: Any, text: str, limit: int | None, keep_end: bool) -> list[int]:
-    """``text``'s tokens, or, when ``limit`` tokens cannot hold it, at least the ``limit``
-    tokens nearest the cursor (its end for a prefix, its start for a suffix): windows of
-    text twice as wide each time are tokenised until one holds ``limit`` tokens."""
+    """``text``'s tokens, or, when ``limit`` tokens cannot hold it, more than ``limit`` tokens
+    of it nearest the cursor (its end for a prefix, its start for a suffix): windows of text
+    twice as wide each time are tokenised until one holds that many."""
     if limit is None:
         return encode_untrusted(tokenizer, text)
     width = 8 * limit
@@ -167,8 +167,7 @@ def _encode_near_cursor(tokenizer: Any, text: str, limit: int | None, keep_end: 
         if len(window) == len(text):
             return ids
         if len(ids) > limit:
-            # Drop the window's far-end token: it may be half a word the cut split.
-            return ids[-limit:] if keep_end else ids[:limit]
+            return ids
         width *= 2
 
 
