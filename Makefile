@@ -58,6 +58,8 @@ next-edit-adapter: install
 	$(PY) -m pip install --quiet -e ".[train]"
 	$(PY) -m serve_app.training.train --data $(SERVE_APP_DATA_DIR)/next_edit \
 		--out $(SERVE_APP_DATA_DIR)/adapters/next-edit $(TRAIN_ARGS)
+	$(PY) -m serve_app.training.export $(SERVE_APP_DATA_DIR)/adapters/next-edit \
+		serve_app/adapters/next-edit-0.5b
 
 # Benchmarks against a running `make run` (set SERVE_APP_API_KEY to its key).
 bench: install

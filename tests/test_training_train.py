@@ -84,3 +84,40 @@ def test_the_mix_keeps_every_edit_and_caps_the_no_change_share() -> None:
     mix = train.with_no_change_share(edits + quiet, 0.2, random.Random(0))
     assert [e for e in mix if e.kind == "edit"] == edits
     assert sum(e.kind == "no_change" for e in mix) == 2  # 2 of 10: a fifth
+
+
+def test_an_exported_adapter_serves_and_names_its_base(
+    tiny_source: str, data: Path, tmp_path: Path
+) -> None:
+    """The trainer's adapter, exported (bf16, its base named), is what the engine loads for a
+    request that names it; the same file on another base is refused, naming the file."""
+    from safetensors.torch import load_file
+
+    from serve_app.engine.engine import LLMEngine
+    from serve_app.engine.loader import load_model
+    from serve_app.engine.runner.lora import AdapterError
+    from serve_app.training.export import export
+    from tests.conftest import engine_config
+    from tests.runner_support import encode, generate_all, greedy
+
+    out = tmp_path / "run"
+    train.main(["--data", str(data), "--out", str(out), "--model", tiny_source, "--steps", "1",
+                "--batch", "1", "--layers", "1", "--lr", "0.5"])  # fmt: skip
+    shipped = export(out, tmp_path / "shipped")
+    config = json.loads((shipped / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == tiny_source
+    assert {
+        str(w.dtype) for w in load_file(str(shipped / "adapter_model.safetensors")).values()
+    } == {"torch.bfloat16"}
+    assert json.loads((shipped / "training.json").read_text())["layers"] == 1
+    loaded = load_model(tiny_source)
+    prompt = encode(loaded, "def subtotal(items):")
+    texts, _ = generate_all(
+        loaded, engine_config(), [greedy("a", prompt, 4, adapter="a")], adapters={"a": shipped}
+    )
+    assert len(texts) == 1
+    config["base_model_name_or_path"] = "embedded:qwen2.5-coder-0.5b"
+    (shipped / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(AdapterError, match="built for embedded:qwen2.5-coder-0.5b") as raised:
+        LLMEngine(loaded, engine_config(), adapters={"a": shipped})
+    assert str(shipped) in str(raised.value)

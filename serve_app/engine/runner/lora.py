@@ -35,6 +35,24 @@ FUSED = {
     "down": ("mlp.down_proj",),
 }
 MODULES = {module.rsplit(".", 1)[1]: module for parts in FUSED.values() for module in parts}
+# peft options that change what an adapter computes beyond x @ A @ B * scale: refused.
+UNSUPPORTED = (
+    "use_dora",
+    "modules_to_save",
+    "rank_pattern",
+    "alpha_pattern",
+    "lora_bias",
+    "fan_in_fan_out",
+    "layer_replication",
+    "use_qalora",
+    "alora_invocation_tokens",
+    "arrow_config",
+    "kasa_config",
+    "monteclora_config",
+)
+# An adapter that names its base this way (``training.export`` writes it) is checked against
+# the folder the model was loaded from: the same shapes do not make the same model.
+EMBEDDED_BASE = "embedded:"
 
 
 class AdapterError(ValueError):
@@ -68,6 +86,7 @@ class LoraAdapter:
 def load_adapter(name: str, path: Path, model: Any, device: torch.device) -> LoraAdapter:
     """``path``'s adapter, checked against ``model`` (an HF Qwen2 module) and fused."""
     config = _read_config(path)
+    _check_base(path, config, model)
     rank, alpha = int(config.get("r", 0)), float(config.get("lora_alpha", 0))
     if rank <= 0:
         raise AdapterError(path, f"rank r={config.get('r')!r} is not a positive integer")
@@ -108,16 +127,19 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise AdapterError(path, f"cannot read {CONFIG_FILE}: {error}") from None
     if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
         raise AdapterError(path, f"{CONFIG_FILE} is not a LoRA adapter's config")
-    unsupported = [
-        key
-        for key in ("use_dora", "modules_to_save", "rank_pattern", "alpha_pattern")
-        if config.get(key)
-    ]
+    unsupported = [key for key in UNSUPPORTED if config.get(key)]
     if config.get("bias", "none") != "none":
         unsupported.append("bias")
     if unsupported:
         raise AdapterError(path, f"unsupported LoRA options: {', '.join(unsupported)}")
     return config
+
+
+def _check_base(path: Path, config: dict[str, Any], model: Any) -> None:
+    base = str(config.get("base_model_name_or_path") or "")
+    loaded_from = Path(str(getattr(model.config, "_name_or_path", ""))).name
+    if base.startswith(EMBEDDED_BASE) and base.removeprefix(EMBEDDED_BASE) != loaded_from:
+        raise AdapterError(path, f"built for {base}, not the model in {loaded_from!r}")
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
