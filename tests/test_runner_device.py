@@ -89,6 +89,7 @@ class Stream:
     last_token_id: int = -1
     ids: list[int] = dataclasses.field(default_factory=list)
     logits: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    adapter: str = ""
 
     def take(self, logits: torch.Tensor) -> None:
         self.logits.append(logits.float())

@@ -18,6 +18,10 @@ The step loop drives a backend through these calls, never through a model direct
 - ``release(states)`` frees ended requests' KV; ``idle()`` gives memory back once the engine
   has had nothing to do for ``IDLE_TRIM_S``; ``reset()`` frees everything after a failure.
 
+A backend reads of a request state its ``prompt_ids``, ``kv``, ``num_computed``,
+``last_token_id`` and ``adapter`` (the LoRA adapter it runs with, "" for none; only the
+runner applies one).
+
 ``check`` (prefill and score) runs between decoder layers where the backend can, and raises
 ``RequestAborted`` for an aborted request: a long chunk stops within one layer's work.
 

@@ -78,6 +78,11 @@ class InFlight:
         return self.request.prompt_token_ids
 
     @property
+    def adapter(self) -> str:
+        """The LoRA adapter the backend runs this request with ("": none)."""
+        return self.request.adapter
+
+    @property
     def lookup_ids(self) -> list[int]:
         """What the prefix cache is asked for: the prompt (a hit keeps its last token back,
         whose logits give the first output token)."""

@@ -35,7 +35,7 @@ class RunnerBackend:
     def __init__(self, runner: Qwen2Runner, max_batch: int, max_columns: int) -> None:
         self.runner = runner
         # On CPU one request's chunk per forward: its aligned attention keeps a position's
-        # numbers independent of how the prompt was cut (``qwen2._aligned_prefill_attention``).
+        # numbers independent of how the prompt was cut (``attention.aligned_prefill_attention``).
         # On a GPU a forward per request is launch-bound (64 prompts of 128 tokens: 27 ms
         # each on an H200), so every prefilling request's chunk goes in one.
         self.prompt_batch = 1 if runner.device.type == "cpu" else max_batch
@@ -67,7 +67,7 @@ class RunnerBackend:
         tokens = [c.state.prompt_ids[c.start : c.end] for c in chunks]
         starts = [c.start for c in chunks]
         slots = [c.state.kv for c in chunks]
-        adapters = [c.state.request.adapter for c in chunks]
+        adapters = [c.state.adapter for c in chunks]
         logits = self.runner.forward(
             self.cache,
             slots[0],
@@ -111,7 +111,7 @@ class RunnerBackend:
         """Logits ``[sum(1 + len(draft)), V]``: each row's last token, then its drafts."""
         tokens = [[s.last_token_id, *d] for s, d in zip(self.rows, drafts, strict=True)]
         starts = [s.num_computed for s in self.rows]
-        adapters = [s.request.adapter for s in self.rows]
+        adapters = [s.adapter for s in self.rows]
         return self.runner.forward(self.cache, 0, tokens, starts, decode=True, adapters=adapters)
 
     def release(self, states: Sequence[Any]) -> None:
