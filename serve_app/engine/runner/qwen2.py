@@ -30,8 +30,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from serve_app.engine.runner.attention import (
+    aligned_prefill_attention,
+    aligned_width,
+    exact_attention,
+    rope,
+    small_attention,
+)
 from serve_app.engine.runner.graphs import DecodeGraphs
 from serve_app.engine.runner.kv import SlotCache
+from serve_app.engine.runner.layout import PassLayout
 from serve_app.engine.runner.lora import LoraAdapter, LoraBatch
 from serve_app.engine.runner.native import Native
 from serve_app.engine.runner.weights import Linear
@@ -149,7 +157,7 @@ class Qwen2Runner:
     ) -> torch.Tensor:
         if decode:
             blocked = ~mask.unsqueeze(1)
-            return _small_attention(q, keys, values, blocked)
+            return small_attention(q, keys, values, blocked)
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -182,7 +190,7 @@ class Qwen2Runner:
         (``first_token``); a chunk that starts a prompt is then one row.
         A decode step's weights never depend on its row count, and every quantized linear
         works per row (int4: bf16 activations; int8: one activation scale per row; q4: one per
-        32 inputs of a row), and on CPU each query attends alone (``_exact_attention``), so a
+        32 inputs of a row), and on CPU each query attends alone (``exact_attention``), so a
         token's numbers do not depend on what else shares the batch or on how many drafts are
         verified with it.
         Logits always come from the decode head where there is one: every sampled token, the
@@ -209,7 +217,7 @@ class Qwen2Runner:
         )
         if slots is not None and list(slots) == list(range(slots[0], slots[0] + len(slots))):
             slot0, slots = slots[0], None  # consecutive: read in place
-        batch = _Batch.ragged(slot0, tokens, starts, decode, self.device, slots)
+        batch = PassLayout.ragged(slot0, tokens, starts, decode, self.device, slots)
         lora = LoraBatch.of_rows([self.adapter(name) for name in names], batch.row_of)
         x = self._layers(cache, batch, decode or small, check, decode, lora)
         if not decode:
@@ -231,7 +239,7 @@ class Qwen2Runner:
         attending over the columns up to its position of the cache's whole allocation.
         Logits ``[rows * span, V]``. ``cache`` must already hold ``max(positions) + 1``
         columns."""
-        batch = _Batch.static_decode(tokens, positions, slots, span, cache.capacity)
+        batch = PassLayout.static_decode(tokens, positions, slots, span, cache.capacity)
         x = self._layers(cache, batch, True, None, True)
         return self.lm_head(self._norm(x, self.final_norm), True, decode=True)
 
@@ -255,7 +263,7 @@ class Qwen2Runner:
         entry = self.first_tokens.get(key)
         if entry is None:
             logger.info("runner: position-0 entry for token %d computed on dense weights", token)
-            batch = _Batch.ragged(slot, [[token]], [0], False, self.device)
+            batch = PassLayout.ragged(slot, [[token]], [0], False, self.device)
             lora = LoraBatch.of_rows([self.adapter(adapter)], batch.row_of)
             hidden = self._layers(cache, batch, False, None, lora=lora)
             kv = tuple((k.clone(), v.clone()) for k, v in cache.read(slot, 1))
@@ -286,14 +294,14 @@ class Qwen2Runner:
         sibling branches of an option trie share a position without seeing each other. The
         caller applies the LM head only where it reads (``lm_head(h, quantized_prompts)``).
         """
-        batch = _Batch.tree(slot, start, tokens, positions, mask, self.device)
+        batch = PassLayout.tree(slot, start, tokens, positions, mask, self.device)
         x = self._layers(cache, batch, self.quantized_prompts, check)
         return self._norm(x, self.final_norm)
 
     def _layers(
         self,
         cache: SlotCache,
-        batch: _Batch,
+        batch: PassLayout,
         quantized: bool,
         check: Callable[[], None] | None,
         decode: bool = False,
@@ -313,7 +321,7 @@ class Qwen2Runner:
         width = batch.mask.shape[-1]
         cache.ensure(width)
         if batch.prefill_start is not None:  # room for the aligned attention's widths
-            cache.ensure(min(_aligned(width), cache.max_capacity))
+            cache.ensure(min(aligned_width(width), cache.max_capacity))
         cos, sin = self.rotary(self.embed[:1].unsqueeze(0), batch.positions.unsqueeze(0))
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [N, 1, D]
         qk_heads = self.num_heads + self.num_kv_heads
@@ -325,7 +333,7 @@ class Qwen2Runner:
             h = self._norm(x, layer.input_norm)
             qkv = linear("qkv", h)
             # q and k heads side by side: one RoPE for both.
-            qk = _rope(qkv[:, :qk_width].view(-1, qk_heads, self.head_dim), cos, sin)
+            qk = rope(qkv[:, :qk_width].view(-1, qk_heads, self.head_dim), cos, sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
             v = qkv[:, qk_width:].view(-1, self.num_kv_heads, self.head_dim)
             keys, values = cache.write(index, batch.slot_of, batch.columns, k, v)
@@ -343,11 +351,11 @@ class Qwen2Runner:
             else:
                 qp = q.view(rows, span, self.num_heads, self.head_dim)
             if batch.prefill_start is not None:
-                attn = _aligned_prefill_attention(
+                attn = aligned_prefill_attention(
                     qp.transpose(1, 2), cache, index, batch.slot0, batch.prefill_start
                 )
             elif batch.query_ends is not None:
-                attn = _exact_attention(
+                attn = exact_attention(
                     qp.transpose(1, 2), keys, values, batch.query_ends, self.native
                 )
             else:
@@ -363,284 +371,3 @@ class Qwen2Runner:
             gate, up = linear("gate_up", h).split(self.intermediate, dim=-1)
             x = x + linear("down", F.silu(gate) * up)
         return x
-
-
-@dataclass
-class _Batch:
-    """What a pass feeds and where it goes: the flattened token ids ``tokens`` ``[N]``; row
-    ``b`` is slot ``slot0 + b`` (or ``read_slots[b]``); token ``i`` is query ``step_of[i]``
-    of row ``row_of[i]``, stored at (slot ``slot_of[i]``, column ``columns[i]``) and rotated
-    as ``positions[i]`` (the same column, except in a tree, where siblings share a position;
-    its row's slot, except a padding row of ``static_decode``, which writes the spare).
-    ``mask`` ``[rows, 1, span, width]``: True where a query may attend."""
-
-    tokens: torch.Tensor
-    slot0: int
-    row_of: torch.Tensor
-    step_of: torch.Tensor
-    slot_of: torch.Tensor
-    columns: torch.Tensor
-    positions: torch.Tensor
-    mask: torch.Tensor
-    decode: bool  # few queries per row: attention as two matmuls (``_small_attention``)
-    # A prompt chunk (one row, not a tree): where it starts; its attention is
-    # ``_aligned_prefill_attention``.
-    prefill_start: int | None = None
-    # Row ``b``'s slot where rows are not slots ``slot0..`` in order (prompt chunks of several
-    # requests); None: slot ``slot0 + b``.
-    read_slots: torch.Tensor | None = None
-    # CPU decode steps: row ``b``'s query ``j`` reads columns ``< query_ends[b][j]``, exactly
-    # (``_exact_attention``); None: attention over the padded mask.
-    query_ends: list[list[int]] | None = None
-
-    @property
-    def rows(self) -> int:
-        return self.mask.shape[0]
-
-    @property
-    def span(self) -> int:
-        return self.mask.shape[2]
-
-    @property
-    def padded(self) -> bool:
-        """Rows of different lengths: queries are scattered into a padded block."""
-        return self.tokens.numel() != self.rows * self.span
-
-    @classmethod
-    def ragged(
-        cls,
-        slot0: int,
-        tokens: Sequence[Sequence[int]],
-        starts: Sequence[int],
-        decode: bool,
-        device: torch.device,
-        slots: Sequence[int] | None = None,
-    ) -> _Batch:
-        """``Qwen2Runner.forward``'s layout: row ``b`` feeds ``tokens[b]`` at positions
-        ``starts[b]..`` of slot ``slot0 + b``, or of ``slots[b]``."""
-        lengths = [len(t) for t in tokens]
-        rows = len(tokens)
-        width = max(s + n for s, n in zip(starts, lengths, strict=True))
-        span = max(lengths)
-        # output_size: no device-to-host read of the total (a sync on a GPU)
-        row_of = torch.repeat_interleave(
-            torch.arange(rows, device=device),
-            torch.tensor(lengths, device=device),
-            output_size=sum(lengths),
-        )
-        step_of = (
-            torch.cat([torch.arange(n, device=device) for n in lengths])
-            if rows > 1
-            else torch.arange(span, device=device)
-        )
-        first = torch.tensor(starts, device=device)
-        positions = first[row_of] + step_of
-        # Query j of row b sees columns <= starts[b] + j (causal, and never past the row's end).
-        ends = first.view(rows, 1, 1, 1) + torch.arange(span, device=device).view(1, 1, span, 1)
-        flat = [t for row in tokens for t in row]
-        read_slots = None if slots is None else torch.tensor(slots, device=device)
-        return cls(
-            tokens=torch.tensor(flat, dtype=torch.long, device=device),
-            slot0=slot0,
-            row_of=row_of,
-            step_of=step_of,
-            slot_of=slot0 + row_of if read_slots is None else read_slots[row_of],
-            columns=positions,
-            positions=positions,
-            mask=torch.arange(width, device=device).view(1, 1, 1, width) <= ends,
-            decode=decode,
-            # Off the CPU one attention call per chunk: the aligned blocks are there for the
-            # CPU kernels' bits, and on a GPU each block is a launch per layer (a 128-token
-            # prompt took ~27 ms on an H200 through two blocks per layer).
-            prefill_start=None if decode or rows > 1 or device.type != "cpu" else starts[0],
-            read_slots=read_slots,
-            query_ends=(
-                [[s + j + 1 for j in range(n)] for s, n in zip(starts, lengths, strict=True)]
-                if decode and device.type == "cpu"
-                else None
-            ),
-        )
-
-    @classmethod
-    def static_decode(
-        cls,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        slots: torch.Tensor,
-        span: int,
-        width: int,
-    ) -> _Batch:
-        """``Qwen2Runner.static_decode``'s layout: ``span`` tokens per row, token ``i`` at
-        ``positions[i]`` written into slot ``slots[i]``, attending over the columns
-        ``<= positions[i]`` of its row's slot out of ``width``. Built from tensors only (no
-        host values), so a CUDA graph can capture it."""
-        rows = tokens.shape[0] // span
-        device = tokens.device
-        columns = torch.arange(width, device=device).view(1, 1, 1, width)
-        return cls(
-            tokens=tokens,
-            slot0=0,
-            row_of=torch.arange(rows * span, device=device) // span,
-            step_of=torch.arange(rows * span, device=device) % span,
-            slot_of=slots,
-            columns=positions,
-            positions=positions,
-            mask=columns <= positions.view(rows, 1, span, 1),
-            decode=True,
-        )
-
-    @classmethod
-    def tree(
-        cls,
-        slot: int,
-        start: int,
-        tokens: Sequence[int],
-        positions: torch.Tensor,
-        mask: torch.Tensor,
-        device: torch.device,
-    ) -> _Batch:
-        """``Qwen2Runner.forward_tree``'s layout: one row of ``tokens`` at columns
-        ``start..`` of ``slot``, rotated as ``positions``, attending where ``mask``."""
-        n = len(tokens)
-        step_of = torch.arange(n, device=device)
-        row_of = torch.zeros(n, dtype=torch.long, device=device)
-        return cls(
-            tokens=torch.tensor(tokens, dtype=torch.long, device=device),
-            slot0=slot,
-            row_of=row_of,
-            step_of=step_of,
-            slot_of=slot + row_of,
-            columns=start + step_of,
-            positions=positions.to(device),  # the caller's (a CPU tree); no copy on CPU
-            mask=mask.reshape(1, 1, n, start + n).to(device),
-            decode=False,
-        )
-
-
-# Prompt attention in blocks of this many positions, aligned at multiples of it (see
-# ``_aligned_prefill_attention``), with at least ``MIN_QUERY_ROWS`` queries per call.
-ATTENTION_BLOCK = 64
-MIN_QUERY_ROWS = 8
-
-
-def _aligned(width: int) -> int:
-    return -(-width // ATTENTION_BLOCK) * ATTENTION_BLOCK
-
-
-def _aligned_prefill_attention(
-    q: torch.Tensor, cache: SlotCache, layer: int, slot: int, start: int
-) -> torch.Tensor:
-    """Attention of a prompt chunk's queries ``q`` ``[1, heads, span, D]`` (positions
-    ``start..``) whose numbers do not depend on where the chunk starts or ends.
-
-    torch's CPU attention gives a query the same bits whatever other queries share the call,
-    but not whatever the key width (the reductions' blocking follows it), nor for calls of
-    1-3 queries (another path). So a prompt read cold in 256-token chunks and the same prompt
-    read after a prefix-cache hit (a chunk starting anywhere) disagreed in the last bits,
-    which int8 rounding and 24 layers grew into logits 1.8 apart and, now and then, another
-    greedy answer. Here every query at position ``p`` attends over the width
-    ``ceil((p + 1) / 64) * 64`` (the masked columns past ``p`` weigh exactly 0) in a call of
-    at least 8 queries (the last one repeated), so a position's keys, values and logits are
-    the same however the prompt was cut into chunks and cache hits.
-    """
-    keys, values = cache.keys[layer], cache.values[layer]
-    span = q.shape[2]
-    out = []
-    position = start
-    while position < start + span:
-        block = (position // ATTENTION_BLOCK + 1) * ATTENTION_BLOCK
-        end = min(block, start + span)
-        width = min(block, keys.shape[2])
-        queries = q[:, :, position - start : end - start]
-        at = torch.arange(position, end, device=q.device)
-        pad = MIN_QUERY_ROWS - (end - position)
-        if pad > 0:
-            queries = torch.cat([queries, queries[:, :, -1:].expand(-1, -1, pad, -1)], dim=2)
-            at = torch.cat([at, at[-1:].expand(pad)])
-        mask = torch.arange(width, device=q.device).view(1, 1, 1, width) <= at.view(1, 1, -1, 1)
-        attended = F.scaled_dot_product_attention(
-            queries,
-            keys[slot : slot + 1, :, :width],
-            values[slot : slot + 1, :, :width],
-            attn_mask=mask,
-            enable_gqa=True,
-        )
-        out.append(attended[:, :, : end - position])
-        position = end
-    return torch.cat(out, dim=2)
-
-
-def _exact_attention(
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    ends: list[list[int]],
-    native: Native | None,
-) -> torch.Tensor:
-    """Attention of each query over exactly the columns it may read: row ``b``'s query ``j``
-    over columns ``< ends[b][j]``, one query at a time. ``q`` is ``[rows, heads, span, D]``.
-
-    Why not one padded pass (``_small_attention``): the kernels sum a padded row in another
-    order than the same row alone, and the 1-ulp difference crosses the decode weights' next
-    activation rounding often enough to change greedy tokens (q4 rounds per 32 inputs). Here a
-    token's numbers are the same alone, next to other requests, or verified among drafts.
-    ``native``: the C kernel (``kernels/attention.c``, ~3x less time than torch's matmuls at
-    550 columns of the 1.5B), else torch, a few small ops per query and layer."""
-    rows, heads, span, dim = q.shape
-    kv_heads = keys.shape[1]
-    group = heads // kv_heads  # query head h reads kv head h // group, as HF's repeat_kv
-    out = q.new_empty(rows, span, heads, dim)
-    native = native if dim % 8 == 0 and group <= 16 else None  # what attention.c takes
-    for b, row_ends in enumerate(ends):
-        for j, end in enumerate(row_ends):
-            query = q[b, :, j].contiguous()
-            if native is not None:
-                _native_attention(native, query, keys[b], values[b], end, out[b, j])
-                continue
-            grouped = query.view(kv_heads, group, dim)
-            scores = torch.matmul(grouped, keys[b, :, :end].transpose(-1, -2)) * dim**-0.5
-            probs = torch.softmax(scores, dim=-1)
-            out[b, j] = torch.matmul(probs, values[b, :, :end]).reshape(heads, dim)
-    return out.transpose(1, 2)
-
-
-def _native_attention(
-    native: Native, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, end: int,
-    out: torch.Tensor,
-) -> None:  # fmt: skip
-    """One query ``[heads, D]`` over columns ``< end`` of one slot's ``[kv_heads, T, D]``
-    keys and values (the cache's own rows: each kv head's columns contiguous), into ``out``."""
-    heads, dim = query.shape
-    assert keys.stride() == values.stride() and keys.stride()[1:] == (dim, 1)
-    assert query.is_contiguous() and out.is_contiguous()
-    status = native.library.attend_one(
-        query.data_ptr(), heads, keys.shape[0], dim, keys.data_ptr(), values.data_ptr(),
-        keys.stride(0), end, dim**-0.5, out.data_ptr(),
-    )  # fmt: skip
-    if status != 0:
-        raise RuntimeError(f"decode attention kernel failed ({status})")
-
-
-def _small_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, blocked: torch.Tensor
-) -> torch.Tensor:
-    """Attention for a few queries per row as two batched matmuls over the grouped heads.
-
-    torch's CPU flash kernel is built for many queries: for decode-sized ones it measured ~2x
-    slower than this (8 rows x 600 columns). ``blocked`` is ``[B, 1, 1, T, W]``, True = masked.
-    """
-    rows, heads, span, dim = q.shape
-    kv_heads = keys.shape[1]
-    group = heads // kv_heads  # query head h reads kv head h // group, as HF's repeat_kv
-    grouped = q.reshape(rows, kv_heads, group * span, dim)
-    scores = torch.matmul(grouped, keys.transpose(-1, -2)) * dim**-0.5
-    scores = scores.view(rows, kv_heads, group, span, -1).masked_fill(blocked, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).view(rows, kv_heads, group * span, -1)
-    return torch.matmul(probs, values).view(rows, heads, span, dim)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """HF's rotate-half RoPE on ``[N, heads, D]`` with per-token ``cos``/``sin`` ``[N, 1, D]``."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin

@@ -1,0 +1,145 @@
+"""The runner's attention kernels, and why each pass takes the one it does.
+
+A prompt chunk on the CPU attends in aligned blocks (``aligned_prefill_attention``), so a
+position's numbers do not depend on how the prompt was cut; a CPU decode step attends one query
+at a time over exactly its columns (``exact_attention``, in C where ``native`` builds), so a
+token's numbers do not depend on what shares its batch; elsewhere a few queries per row go
+through two batched matmuls (``small_attention``), many through torch's SDPA. ``rope`` is HF's
+rotate-half rotary embedding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from serve_app.engine.runner.kv import SlotCache
+from serve_app.engine.runner.native import Native
+
+# Prompt attention in blocks of this many positions, aligned at multiples of it (see
+# ``aligned_prefill_attention``), with at least ``MIN_QUERY_ROWS`` queries per call.
+ATTENTION_BLOCK = 64
+MIN_QUERY_ROWS = 8
+
+
+def aligned_width(width: int) -> int:
+    return -(-width // ATTENTION_BLOCK) * ATTENTION_BLOCK
+
+
+def aligned_prefill_attention(
+    q: torch.Tensor, cache: SlotCache, layer: int, slot: int, start: int
+) -> torch.Tensor:
+    """Attention of a prompt chunk's queries ``q`` ``[1, heads, span, D]`` (positions
+    ``start..``) whose numbers do not depend on where the chunk starts or ends.
+
+    torch's CPU attention gives a query the same bits whatever other queries share the call,
+    but not whatever the key width (the reductions' blocking follows it), nor for calls of
+    1-3 queries (another path). So a prompt read cold in 256-token chunks and the same prompt
+    read after a prefix-cache hit (a chunk starting anywhere) disagreed in the last bits,
+    which int8 rounding and 24 layers grew into logits 1.8 apart and, now and then, another
+    greedy answer. Here every query at position ``p`` attends over the width
+    ``ceil((p + 1) / 64) * 64`` (the masked columns past ``p`` weigh exactly 0) in a call of
+    at least 8 queries (the last one repeated), so a position's keys, values and logits are
+    the same however the prompt was cut into chunks and cache hits.
+    """
+    keys, values = cache.keys[layer], cache.values[layer]
+    span = q.shape[2]
+    out = []
+    position = start
+    while position < start + span:
+        block = (position // ATTENTION_BLOCK + 1) * ATTENTION_BLOCK
+        end = min(block, start + span)
+        width = min(block, keys.shape[2])
+        queries = q[:, :, position - start : end - start]
+        at = torch.arange(position, end, device=q.device)
+        pad = MIN_QUERY_ROWS - (end - position)
+        if pad > 0:
+            queries = torch.cat([queries, queries[:, :, -1:].expand(-1, -1, pad, -1)], dim=2)
+            at = torch.cat([at, at[-1:].expand(pad)])
+        mask = torch.arange(width, device=q.device).view(1, 1, 1, width) <= at.view(1, 1, -1, 1)
+        attended = F.scaled_dot_product_attention(
+            queries,
+            keys[slot : slot + 1, :, :width],
+            values[slot : slot + 1, :, :width],
+            attn_mask=mask,
+            enable_gqa=True,
+        )
+        out.append(attended[:, :, : end - position])
+        position = end
+    return torch.cat(out, dim=2)
+
+
+def exact_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    ends: list[list[int]],
+    native: Native | None,
+) -> torch.Tensor:
+    """Attention of each query over exactly the columns it may read: row ``b``'s query ``j``
+    over columns ``< ends[b][j]``, one query at a time. ``q`` is ``[rows, heads, span, D]``.
+
+    Why not one padded pass (``small_attention``): the kernels sum a padded row in another
+    order than the same row alone, and the 1-ulp difference crosses the decode weights' next
+    activation rounding often enough to change greedy tokens (q4 rounds per 32 inputs). Here a
+    token's numbers are the same alone, next to other requests, or verified among drafts.
+    ``native``: the C kernel (``kernels/attention.c``, ~3x less time than torch's matmuls at
+    550 columns of the 1.5B), else torch, a few small ops per query and layer."""
+    rows, heads, span, dim = q.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads  # query head h reads kv head h // group, as HF's repeat_kv
+    out = q.new_empty(rows, span, heads, dim)
+    native = native if dim % 8 == 0 and group <= 16 else None  # what attention.c takes
+    for b, row_ends in enumerate(ends):
+        for j, end in enumerate(row_ends):
+            query = q[b, :, j].contiguous()
+            if native is not None:
+                native_attention(native, query, keys[b], values[b], end, out[b, j])
+                continue
+            grouped = query.view(kv_heads, group, dim)
+            scores = torch.matmul(grouped, keys[b, :, :end].transpose(-1, -2)) * dim**-0.5
+            probs = torch.softmax(scores, dim=-1)
+            out[b, j] = torch.matmul(probs, values[b, :, :end]).reshape(heads, dim)
+    return out.transpose(1, 2)
+
+
+def native_attention(
+    native: Native, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, end: int,
+    out: torch.Tensor,
+) -> None:  # fmt: skip
+    """One query ``[heads, D]`` over columns ``< end`` of one slot's ``[kv_heads, T, D]``
+    keys and values (the cache's own rows: each kv head's columns contiguous), into ``out``."""
+    heads, dim = query.shape
+    assert keys.stride() == values.stride() and keys.stride()[1:] == (dim, 1)
+    assert query.is_contiguous() and out.is_contiguous()
+    status = native.library.attend_one(
+        query.data_ptr(), heads, keys.shape[0], dim, keys.data_ptr(), values.data_ptr(),
+        keys.stride(0), end, dim**-0.5, out.data_ptr(),
+    )  # fmt: skip
+    if status != 0:
+        raise RuntimeError(f"decode attention kernel failed ({status})")
+
+
+def small_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, blocked: torch.Tensor
+) -> torch.Tensor:
+    """Attention for a few queries per row as two batched matmuls over the grouped heads.
+
+    torch's CPU flash kernel is built for many queries: for decode-sized ones it measured ~2x
+    slower than this (8 rows x 600 columns). ``blocked`` is ``[B, 1, 1, T, W]``, True = masked.
+    """
+    rows, heads, span, dim = q.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads  # query head h reads kv head h // group, as HF's repeat_kv
+    grouped = q.reshape(rows, kv_heads, group * span, dim)
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)) * dim**-0.5
+    scores = scores.view(rows, kv_heads, group, span, -1).masked_fill(blocked, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).view(rows, kv_heads, group * span, -1)
+    return torch.matmul(probs, values).view(rows, heads, span, dim)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's rotate-half RoPE on ``[N, heads, D]`` with per-token ``cos``/``sin`` ``[N, 1, D]``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
