@@ -19,8 +19,8 @@ One step (``_step``):
 3. decode: one batched forward for every decoding request (on a GPU a replayed CUDA graph,
    ``runner/graphs.py``), then per row: sample (plain greedy rows from one argmax over the
    step), detokenize, match stop sequences, and stream the new text. With speculation on
-   for the request's role, a row also feeds a prompt-lookup draft and keeps the verified
-   prefix (``runner/speculation.py``);
+   for the request's role, a row also feeds a draft and keeps the verified prefix
+   (``speculator.py``);
 4. drop finished and aborted requests, freeing their slots for the next step.
 
 Scoring requests (``score``: decisions) are prefill-only: their prefix is read in step 2 like
@@ -37,7 +37,8 @@ request's chunk goes in one forward (``RunnerBackend.prompt_batch``).
 
 The parts, each its own module: ``scheduler`` (waiting queue, admission, lifecycle lists),
 ``backend`` (the forward passes: the engine's own runner or the HF reference, picked once),
-``output`` (detokenization, stop strings, finish reasons), ``reuse`` (what a request takes
+``output`` (detokenization, stop strings, finish reasons), ``speculator`` (each decode row's
+draft and what is kept of it), ``reuse`` (what a request takes
 from its account's earlier ones: a replayed greedy answer, cached KV, drafts), ``stats``
 (counters), all
 configured by one ``EngineConfig``. This module is the loop that drives them.
@@ -79,8 +80,8 @@ from serve_app.engine.requests import (
     new_request_state,
 )
 from serve_app.engine.reuse import PromptReuse
-from serve_app.engine.runner.speculation import propose_draft
 from serve_app.engine.scheduler import Scheduler
+from serve_app.engine.speculator import Speculator
 from serve_app.engine.stats import EngineCounters, EngineStats
 from serve_app.engine.threads import PhaseThreads
 from serve_app.errors import (
@@ -92,11 +93,6 @@ from serve_app.errors import (
 )
 
 logger = logging.getLogger(__name__)
-
-# Draft length when the draft comes from the suggestion this account was just offered (see
-# ``_draft``): a user typing it makes long drafts likely right, and checking 16 tokens costs a
-# few decode steps, against 16 steps to decode them.
-SUGGESTION_DRAFT_TOKENS = 16
 
 # Seconds without work before the backend gives memory back (``ModelBackend.idle``). Freed at
 # once, the runner's KV cache had to regrow for the next request: 0.27-0.34 s of a repeated
@@ -145,8 +141,15 @@ class LLMEngine(Engine):
         self.backend = make_backend(loaded, self.config, self.max_columns, scoring, adapters)
         self.adapters = frozenset(adapters or {})
         self.drafter = make_drafter(draft, self.config, self.backend, loaded, self.max_columns)
+        self.speculator = Speculator(
+            self.config.speculation,
+            self.backend.supports_speculation,
+            self.drafter,
+            self.context_length,
+            self.counters,
+        )
         self.reuse = PromptReuse(
-            self.prefix_cache, self.backend, self.token_texts, self._draft_tokens
+            self.prefix_cache, self.backend, self.token_texts, self.speculator.draft_tokens
         )
         self.scheduler = Scheduler(
             self.backend, self.config.max_batch_size, self.config.max_waiting, self.reuse.keep
@@ -498,11 +501,7 @@ class LLMEngine(Engine):
         rows = list(self.backend.rows)
         if not rows:
             return
-        speculation = self.config.speculation
-        drafting = len(rows) <= speculation.max_batch
-        drafts = [self._draft(state) if drafting else [] for state in rows]
-        if drafting and self.drafter is not None:
-            self._draft_from_model(rows, drafts)
+        drafts = self.speculator.drafts(rows)
         try:
             logits = self.backend.decode(drafts)
         except Exception as e:  # cannot tell whose fault: fail the rows, rebuild from empty
@@ -512,97 +511,7 @@ class LLMEngine(Engine):
             self._reset_backend()
             return
         self.counters.decode_batch(len(rows))
-        sizes = [1 + len(draft) for draft in drafts]
-        picks = _greedy_picks(rows, logits, sizes)
-        per_row = zip(rows, drafts, logits.split(sizes), picks, strict=True)
-        for state, draft, row_logits, row_picks in per_row:
-            try:
-                self._verify(state, draft, row_logits, row_picks)
-            except Exception as e:
-                logger.exception("sampling failed for request %s", state.request_id)
-                self.output.fail(state, e)
-
-    def _draft_tokens(self, state: RequestState) -> int:
-        """How many tokens a step may draft for this request (0: its role does not speculate)."""
-        if not self.backend.supports_speculation:
-            return 0
-        return self.config.speculation.draft_tokens(state.request.role)
-
-    def _draft_room(self, state: RequestState) -> int:
-        """The most tokens a draft may hold: never past max_tokens (one token comes from the
-        last position) or the context."""
-        params = state.request.params
-        return min(
-            params.max_tokens - state.num_output_tokens - 1,
-            self.context_length - state.num_computed - 1,
-        )
-
-    def _draft(self, state: RequestState) -> list[int]:
-        """A prompt-lookup draft when the request's role speculates (see speculation.py)."""
-        state.drafted_by_model = False
-        k = self._draft_tokens(state)
-        if not k:
-            return []
-        limit = self._draft_room(state)
-        k = min(k, limit)
-        if k <= 0:
-            return []
-        history = state.history
-        tokens = history.prompt_ids + history.output_ids
-        if state.draft_corpus:
-            draft = propose_draft(tokens, min(limit, SUGGESTION_DRAFT_TOKENS), state.draft_corpus)
-            state.drafted_from_corpus = bool(draft)
-            if draft:
-                return draft
-        return propose_draft(tokens, k)
-
-    def _draft_from_model(self, rows: list[RequestState], drafts: list[list[int]]) -> None:
-        """The draft model's tokens for the rows whose role uses it and whose prompt lookup
-        found nothing (free drafts first), at most the drafter's row count."""
-        assert self.drafter is not None
-        roles = self.config.speculation.draft_model_roles
-        requests: list[tuple[int, str, list[int], int]] = []
-        chosen: list[tuple[int, RequestState]] = []
-        for index, state in enumerate(rows):
-            room = self._draft_room(state)
-            if drafts[index] or state.request.role not in roles or room <= 0:
-                continue
-            tokens = state.history.prompt_ids + state.history.output_ids
-            if self.drafter.reads(tokens) and len(chosen) < self.drafter.max_rows:
-                requests.append((id(state), state.request.cache_partition, tokens, room))
-                chosen.append((index, state))
-        if not chosen:
-            return
-        try:
-            proposed = self.drafter.propose(requests, {id(state) for state in rows})
-        except Exception:  # a draft only saves time: decode without one
-            logger.exception("draft model failed; this step decodes without its drafts")
-            self.drafter.release()
-            return
-        for (index, state), draft in zip(chosen, proposed, strict=True):
-            drafts[index] = draft
-            state.drafted_by_model = bool(draft)
-
-    def _verify(
-        self, state: RequestState, draft: list[int], logits: torch.Tensor, picks: list[int] | None
-    ) -> None:
-        """Sample position by position, as plain decoding would; stop at the first token that
-        differs from the draft (it is the step's last token) or when the request ends.
-        ``picks``: each position's argmax, read already, for a plain greedy request."""
-        start = state.num_computed
-        accepted = 0
-        for position, row in enumerate(logits):
-            token = picks[position] if picks is not None else state.sampler(row, state.history)
-            state.num_computed = start + position + 1
-            self.output.on_token(state, token)
-            if position == len(draft) or state.is_done or token != draft[position]:
-                break
-            accepted += 1
-        self.counters.count_drafts(len(draft), accepted, state.drafted_by_model)
-        if state.drafted_by_model and self.drafter is not None:
-            self.drafter.verified(id(state), len(draft), accepted)
-        if draft and position == 0 and state.drafted_from_corpus:
-            state.draft_corpus = []  # the answer left the old suggestion: stop paying for it
+        self.speculator.verify(rows, drafts, logits, self.output)
 
     def _fail_all(self, error: BaseException, include_waiting: bool) -> None:
         for state in self.scheduler.clear(include_waiting):
@@ -611,26 +520,7 @@ class LLMEngine(Engine):
 
     def _reset_backend(self) -> None:
         self.backend.reset()
-        if self.drafter is not None:
-            self.drafter.release()
-
-
-def _greedy_picks(
-    rows: list[RequestState], logits: torch.Tensor, sizes: list[int]
-) -> list[list[int] | None]:
-    """Per row, the argmax of each of its positions where its sampler is plain greedy (no
-    penalty or constraint changes the logits), else None: one argmax over the step's logits
-    and one read back, not one per row (on a GPU each read waits for the device: ~40 us a
-    row under a profiler, where a 64-row step of the 0.5B takes ~10 ms on an H200)."""
-    if not any(state.sampler.plain_greedy for state in rows):
-        return [None] * len(rows)
-    flat = logits.argmax(dim=-1).tolist()
-    picks: list[list[int] | None] = []
-    offset = 0
-    for state, size in zip(rows, sizes, strict=True):
-        picks.append(flat[offset : offset + size] if state.sampler.plain_greedy else None)
-        offset += size
-    return picks
+        self.speculator.release()
 
 
 # Prompt tokens two requests must start alike for the later one to wait for the earlier one's
