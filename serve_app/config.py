@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from serve_app.api.apply import ApplyCompletionRequest
 from serve_app.api.chat import ChatCompletionRequest
 from serve_app.api.common import MAX_QUESTIONS, RequestModel
+from serve_app.api.decisions import DecisionRequest
 from serve_app.api.edit import EditCompletionRequest
 from serve_app.api.fim import FimCompletionRequest
 from serve_app.api.models import (
@@ -50,6 +51,7 @@ ENDPOINT_REQUESTS: dict[Endpoint, type[RequestModel]] = {
     "edit.completions": EditCompletionRequest,
     "apply.completions": ApplyCompletionRequest,
     "fim.completions": FimCompletionRequest,
+    "decisions": DecisionRequest,
 }
 # What chat answers can be asked for (response_format), named as the listings name features.
 CHAT_FEATURES = ("json_mode", "structured_outputs")
@@ -332,6 +334,8 @@ class AppConfig(StrictConfig):
             endpoints += ["edit.completions", "apply.completions"]
         if model_id == self.roles.fim:
             endpoints.append("fim.completions")
+        if model_id == self.roles.decisions:
+            endpoints.append("decisions")
         return endpoints
 
     @property

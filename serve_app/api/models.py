@@ -8,7 +8,9 @@ from pydantic import Field
 
 from serve_app.api.common import ResponseModel
 
-Endpoint = Literal["chat.completions", "edit.completions", "apply.completions", "fim.completions"]
+Endpoint = Literal[
+    "chat.completions", "edit.completions", "apply.completions", "fim.completions", "decisions"
+]
 
 
 class Pricing(ResponseModel):

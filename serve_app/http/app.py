@@ -297,8 +297,24 @@ class RouteHandlers:
         return self.timeout_s(endpoint) + BACKSTOP_GRACE_S
 
     def require_role(self, grant: Any, model: str, role: str) -> None:
-        if model != getattr(self.config.roles, role):
+        """The request's model must be the one ``role`` serves. A model served on other
+        endpoints is named as such, with the model served here, where the account may see
+        it (the listings show the same)."""
+        served_here = getattr(self.config.roles, role)
+        if model == served_here:
+            return
+        known = any(m.id == model for m in self.config.models)
+        elsewhere = self.config.endpoints_of(model) if known else []
+        if not elsewhere:
             self.refuse(grant, ModelNotFoundError(model))
+        visible = grant.models is None or served_here in grant.models
+        here = f"; this endpoint serves '{served_here}'" if visible else ""
+        message = (
+            f"The model '{model}' is not served on this endpoint (it serves "
+            f"{', '.join(elsewhere)}){here}. Each endpoint's listing (GET "
+            "/v1/fim/completions/models, /v1/decisions/models, ...) names its models."
+        )
+        self.refuse(grant, ModelNotFoundError(model, message=message))
 
     def refuse(self, grant: Any, error: ServiceError) -> NoReturn:
         """Refuse an admitted request before any model work: its reservation is refunded."""

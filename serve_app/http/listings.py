@@ -1,4 +1,4 @@
-"""The model listings: ``/v1/models`` and ``/v1/{endpoint}/completions/models``."""
+"""The model listings: ``/v1/models`` and one per endpoint (``LISTINGS``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fastapi import Depends, FastAPI, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from serve_app.api.common import ErrorResponse
-from serve_app.api.models import EndpointModelList, ModelList
+from serve_app.api.models import Endpoint, EndpointModelList, ModelList
 
 if TYPE_CHECKING:
     from serve_app.http.app import RouteHandlers
@@ -16,8 +16,15 @@ if TYPE_CHECKING:
 LISTING_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (401, 500)
 }
-# The endpoints with a listing of their own (``/v1/{endpoint}/completions/models``).
-LISTED_ENDPOINTS = ("chat", "fim", "edit", "apply")
+# The endpoints with a listing of their own: the contract's and api-notes.md's, then apply's and
+# decisions' (so a client can find the model each serves), in the same shape.
+LISTINGS: dict[str, Endpoint] = {
+    "/v1/chat/completions/models": "chat.completions",
+    "/v1/fim/completions/models": "fim.completions",
+    "/v1/edit/completions/models": "edit.completions",
+    "/v1/apply/completions/models": "apply.completions",
+    "/v1/decisions/models": "decisions",
+}
 
 
 def register_listings(app: FastAPI, handlers: RouteHandlers, bearer: HTTPBearer) -> None:
@@ -25,16 +32,16 @@ def register_listings(app: FastAPI, handlers: RouteHandlers, bearer: HTTPBearer)
     app.get("/v1/models", response_model=ModelList, responses=LISTING_ERRORS, name="list_models")(
         listing_route(handlers, bearer, None)
     )
-    for endpoint in LISTED_ENDPOINTS:
+    for path, endpoint in LISTINGS.items():
         app.get(
-            f"/v1/{endpoint}/completions/models",
+            path,
             response_model=EndpointModelList,
             responses=LISTING_ERRORS,
-            name=f"list_{endpoint}_models",
-        )(listing_route(handlers, bearer, f"{endpoint}.completions"))
+            name=f"list_{endpoint.split('.')[0]}_models",
+        )(listing_route(handlers, bearer, endpoint))
 
 
-def listing_route(handlers: RouteHandlers, bearer: HTTPBearer, endpoint: str | None) -> Any:
+def listing_route(handlers: RouteHandlers, bearer: HTTPBearer, endpoint: Endpoint | None) -> Any:
     """The route of one model listing: every model (``None``, no ``supported_endpoints``)
     or the models of one endpoint (with them), less those the account may not use."""
     config = handlers.config
