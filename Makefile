@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 export SERVE_APP_DATA_DIR ?= $(CURDIR)/data
 # The shipped adapter's run (docs/next_edit.md): the last 8 blocks, examples of <= 1024 tokens.
-TRAIN_ARGS ?= --layers 8 --max-tokens 1024 --batch 2 --steps 400 --warmup 10 --eval-every 50 \
+TRAIN_ARGS ?= --layers 8 --max-tokens 1024 --batch 2 --steps 320 --warmup 10 --eval-every 50 \
 	--eval-examples 24
 export RAY_AUTH_MODE ?= disabled
 CONFIG ?= configs/local.yaml

@@ -63,7 +63,7 @@ def test_a_run_resumes_from_its_checkpoint_and_records_the_adapter(
     train.main([*common, "--steps", "2"])
     first = json.loads((tmp_path / "training.json").read_text())
     assert first["steps"] == 2 and first["data_version"] == "v-test" and first["seed"] == 0
-    assert [step for step, _ in first["validation_loss"]] == [2]
+    assert [step for step, _ in first["validation_loss"]] == [0, 2]  # the base model first
     train.main([*common, "--steps", "3"])
     err = capsys.readouterr().err
     assert "resumed at step 2" in err and "step 3/3" in err and "step 1/3" not in err

@@ -219,6 +219,10 @@ def run(args: argparse.Namespace) -> dict:
         f"{len(train_pairs)} training and {len(validation_pairs)} validation examples, "
         f"{dtype}, {args.device}, LoRA r={args.rank}, style {args.style}"
     )
+    if validation_pairs and progress.step == 0 and not progress.validation:
+        # The base model's score first: what every later one is compared with.
+        progress.validation.append((0, validation_loss(model, validation_pairs, args.device)))
+        log(f"step 0 validation loss {progress.validation[0][1]:.4f}")
     model.train()
     while progress.step < args.steps:
         started = time.monotonic()
