@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any, ClassVar
 
@@ -10,6 +11,7 @@ from deployments.metrics import LatencyMetrics, report_engine_stats
 from serve_app.config import AppConfig, EngineRole
 from serve_app.serving.billing import UsageRecorder, ledger_write
 from serve_app.serving.generation import EngineClient, start_engine
+from serve_app.serving.spool import LedgerSpool
 
 logger = logging.getLogger(__name__)
 
@@ -24,10 +26,15 @@ def replica_cpus() -> float | None:
         return None
 
 
-def usage_recorder(auth: Any, timeout_s: float) -> UsageRecorder:
+def usage_recorder(auth: Any, timeout_s: float, config: AppConfig) -> UsageRecorder:
     """The model side's ledger writer: rows go to the auth deployment (``auth``: its handle;
-    None where nothing bills, e.g. a deployment built on its own)."""
-    return UsageRecorder(ledger_write(auth), timeout_s)
+    None where nothing bills, e.g. a deployment built on its own), through this machine's
+    ledger spool while the store cannot take them."""
+    recorder = UsageRecorder(ledger_write(auth), timeout_s, LedgerSpool(config.ledger_spool))
+    # No event loop (built outside Serve): flushing starts with the first row spooled.
+    with contextlib.suppress(RuntimeError):
+        recorder.ledger.start_flushing()  # and adopts what a dead replica here left behind
+    return recorder
 
 
 class EngineDeployment:

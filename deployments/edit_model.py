@@ -35,7 +35,7 @@ class EditModel(EngineDeployment):
         self.editor = EditService(client, on_rejected=count_edit_rejection)
         self.chatter = ChatService(client)
         self.applier = ApplyService(client)
-        self.usage = usage_recorder(auth, config.limits.request_timeout_s)
+        self.usage = usage_recorder(auth, config.limits.request_timeout_s, config)
 
     async def edit(self, body: EditCompletionRequest, context: RequestContext) -> EditCompletion:
         return await self.usage.run(context, partial(self.editor.complete, body))

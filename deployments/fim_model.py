@@ -19,7 +19,7 @@ class FimModel(EngineDeployment):
 
     def __init__(self, config: AppConfig, auth: Any = None) -> None:
         self.fim = FimService(self.start_engine_client(config))
-        self.usage = usage_recorder(auth, config.limits.request_timeout_s)
+        self.usage = usage_recorder(auth, config.limits.request_timeout_s, config)
 
     async def complete(self, body: FimCompletionRequest, context: RequestContext) -> FimCompletion:
         return await self.usage.run(context, partial(self.fim.complete, body))

@@ -30,7 +30,7 @@ class DecisionScorer:
         )
         self.engine = scorer.engine
         self.decisions = DecisionService(scorer)
-        self.usage = usage_recorder(auth, config.limits.decision_timeout_s)
+        self.usage = usage_recorder(auth, config.limits.decision_timeout_s, config)
 
     def check_health(self) -> None:
         """Serve's health check: a replica whose engine loop died gets replaced."""

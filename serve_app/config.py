@@ -342,6 +342,11 @@ class AppConfig(StrictConfig):
     def auth_db(self) -> str:
         return resolve_auth_db(self.auth.db, self.data_dir)
 
+    @property
+    def ledger_spool(self) -> Path:
+        """Where replicas keep ledger rows the auth store could not take (serving/spool.py)."""
+        return Path(self.data_dir) / "ledger-spool"
+
 
 def serve_file_configs(path: str | Path) -> list[AppConfig]:
     """The ``AppConfig`` of each application of a Serve config file (its ``args:``)."""

@@ -47,6 +47,7 @@ from serve_app.serving.billing import (
     cache_salt_for,
     ledger_write,
 )
+from serve_app.serving.spool import LedgerSpool
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ class RouteHandlers:
         self.recent_keys: dict[str, float] = {}  # key digest -> trusted until (monotonic)
         self.refunds = Refunds(backends.auth.release)
         # The rows only the router can write: streams whose replica died (billing.py).
-        self.ledger = Ledger(ledger_write(backends.auth))
+        self.ledger = Ledger(ledger_write(backends.auth), LedgerSpool(config.ledger_spool))
 
     def register(self, app: FastAPI) -> None:
         app.post("/v1/decisions", response_model=DecisionResponse, responses=DECISION_ERRORS)(

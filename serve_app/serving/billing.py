@@ -14,8 +14,10 @@ reservation to settle, the prefix-cache salt), and ``UsageRecorder`` runs the ca
   billed the tokens it processed: 499 for a client that went away, the error's status for a
   failure after generation (a json_schema answer that fails validation is a 502, billed);
 - it writes the row in a ``finally`` through a detached task that a second cancellation
-  cannot stop, retrying a failed write; a successful answer whose row could not be written
-  is a 503, never a silent 200.
+  cannot stop, retrying a failed write; a row the store still cannot take goes to the
+  replica's spool on disk (``spool.LedgerSpool``), written to the store once it is back; a
+  successful answer whose row could be neither written nor spooled is a 503, never a silent
+  200.
 
 A prompt whose request is cancelled after it reached the engine is billed in full: the step
 loop may have read any part of it by then.
@@ -42,6 +44,7 @@ from typing import Any, TypeVar
 from serve_app.auth.records import Usage
 from serve_app.engine.protocol import SHARED_CACHE
 from serve_app.errors import ServiceError, UpstreamTimeoutError, UpstreamUnavailableError
+from serve_app.serving.spool import LedgerSpool
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +56,8 @@ CLIENT_GONE = 499  # nginx's status for a client that closed the connection firs
 REPLICA_LOST = UpstreamUnavailableError.status_code
 WRITE_ATTEMPTS = 3
 WRITE_RETRY_S = 0.2
+# How often a replica's ledger spool is written to the store while it holds rows.
+SPOOL_FLUSH_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -155,11 +160,33 @@ def ledger_write(auth: Any) -> Write:
 
 class Ledger:
     """Writes ledger rows with ``write`` (``ledger_write``): each in a task of its own that
-    cancelling the caller cannot stop, a failed write retried."""
+    cancelling the caller cannot stop, a failed write retried, and one that still fails kept
+    in ``spool`` (None: lost, and the request a 503) until a background flush writes it."""
 
-    def __init__(self, write: Write) -> None:
+    def __init__(self, write: Write, spool: LedgerSpool | None = None) -> None:
         self.write = write
+        self.spool = spool
         self._detached: set[asyncio.Task] = set()
+        self._flusher: asyncio.Task | None = None
+
+    def start_flushing(self) -> None:
+        """Flush the spool every ``SPOOL_FLUSH_S`` from now on, on the running loop (also
+        adopting rows a dead replica on this machine left behind)."""
+        if self.spool is not None and (self._flusher is None or self._flusher.done()):
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())
+
+    async def _flush_forever(self) -> None:
+        assert self.spool is not None
+        while True:
+            await asyncio.sleep(SPOOL_FLUSH_S)
+            if not self.spool.held() and not self.spool.orphans():
+                continue
+            try:
+                written = await self.spool.flush(self.write)
+                if written:
+                    logger.info("ledger spool: %d rows written to the store", written)
+            except Exception as error:  # the store is still away: next time
+                logger.warning("ledger spool not flushed yet: %s", type(error).__name__)
 
     async def settle(self, call: BilledCall, status: int) -> bool:
         """Write ``call``'s row with ``status``; whether it was written (True too when the
@@ -181,6 +208,20 @@ class Ledger:
             except Exception:
                 logger.warning("usage write failed (attempt %d of %d)", attempt + 1, WRITE_ATTEMPTS)
                 await asyncio.sleep(WRITE_RETRY_S * (attempt + 1))
+        return await self._keep(call, status)
+
+    async def _keep(self, call: BilledCall, status: int) -> bool:
+        """The row in the spool, for the flusher to write once the store is back."""
+        context, meter = call.context, call.meter
+        if self.spool is not None:
+            try:
+                row = (context, meter.input_tokens, meter.output_tokens, status)
+                await asyncio.to_thread(self.spool.keep, row)
+                self.start_flushing()
+                logger.warning("usage of a %s request kept in the ledger spool", context.endpoint)
+                return True
+            except Exception:
+                logger.exception("the ledger spool failed too")
         logger.error("usage of a %s request was not recorded", context.endpoint)
         return False
 
@@ -192,8 +233,8 @@ class UsageRecorder:
     ``timeout_s`` is the request deadline.
     """
 
-    def __init__(self, write: Write, timeout_s: float) -> None:
-        self.ledger = Ledger(write)
+    def __init__(self, write: Write, timeout_s: float, spool: LedgerSpool | None = None) -> None:
+        self.ledger = Ledger(write, spool)
         self.timeout_s = timeout_s
 
     def time_left(self, context: RequestContext) -> float:

@@ -1,0 +1,159 @@
+"""The ledger spool (``serving/spool.py``) on the real SQLite store, held locked the way a
+stuck writer or a failover holds it: rows the store cannot take are kept on disk and written
+once it is back, once each; a dead replica's rows are adopted by the next one on the machine;
+a row cut short by a crash is dropped, the rows before it kept."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from serve_app.auth.authorizer import AuthConfig, Authorizer
+from serve_app.auth.keys import generate_key, hash_key, key_hint
+from serve_app.auth.sqlite import SQLiteAuthStore
+from serve_app.serving import billing
+from serve_app.serving.billing import BilledCall, Ledger, RequestContext, UsageMeter, ledger_write
+from serve_app.serving.spool import LedgerSpool
+
+MODEL = "m"
+
+
+class InProcess:
+    """A deployment's methods called in this process, as its Serve handle calls them
+    (``handle.method.remote(*args)``, awaited)."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.target, name)
+
+        class Remote:
+            @staticmethod
+            def remote(*args: Any) -> Any:
+                return asyncio.to_thread(method, *args)
+
+        return Remote
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict]:
+    """A SQLite store with one account, an authorizer on it whose writes give up on a lock
+    after 0.1 s, and a way to hold the store locked."""
+    monkeypatch.setattr(billing, "SPOOL_FLUSH_S", 0.1)
+    monkeypatch.setattr(billing, "WRITE_RETRY_S", 0.01)
+    db = str(tmp_path / "auth.sqlite3")
+    admin = SQLiteAuthStore(db)
+    account = admin.create_account("acme")
+    key = generate_key()
+    admin.add_key(account.id, hash_key(key), key_hint(key))
+    authorizer = Authorizer(SQLiteAuthStore(db, busy_timeout_ms=100), AuthConfig({MODEL}))
+    yield {"db": db, "admin": admin, "account": account.id, "key": key, "auth": authorizer}
+    admin.close()
+
+
+def locked(db: str) -> sqlite3.Connection:
+    """Another connection holding the store's write lock until it rolls back."""
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    return holder
+
+
+def call(store: dict, request_id: str, tokens: tuple[int, int]) -> BilledCall:
+    grant = store["auth"].authorize(store["key"], MODEL, "fim", sum(tokens))
+    context = RequestContext(
+        grant=grant, model=MODEL, endpoint="fim", cache_salt="s", request_id=request_id
+    )
+    return BilledCall(context, UsageMeter(*tokens))
+
+
+def rows(store: dict) -> list[tuple[str, int, int]]:
+    ledger = store["admin"].list_usage(store["account"])
+    return sorted((r.request_id, r.input_tokens, r.output_tokens) for r in ledger)
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not within the timeout"
+        await asyncio.sleep(0.05)
+
+
+def test_rows_the_store_cannot_take_are_written_once_it_is_back(store, tmp_path) -> None:
+    spool = LedgerSpool(tmp_path / "spool")
+    ledger = Ledger(ledger_write(InProcess(store["auth"])), spool)
+    calls = [call(store, f"r{i}", (10 + i, 5)) for i in range(3)]
+
+    async def scenario() -> None:
+        holder = locked(store["db"])
+        try:
+            assert all([await ledger.settle(c, 200) for c in calls])  # kept: answers go out
+            assert await ledger.settle(calls[0], 200)  # the same request twice (router too)
+            assert spool.held() > 0 and rows(store) == []
+        finally:
+            holder.rollback()
+        await eventually(lambda: spool.held() == 0)
+        await asyncio.sleep(0.3)  # more flushes: nothing is written twice
+
+    asyncio.run(scenario())
+    assert rows(store) == [("r0", 10, 5), ("r1", 11, 5), ("r2", 12, 5)]
+
+
+def test_a_dead_replicas_rows_are_adopted_by_the_next(store, tmp_path) -> None:
+    folder = tmp_path / "spool"
+    dead = Ledger(ledger_write(InProcess(store["auth"])), LedgerSpool(folder))
+
+    async def die_with_a_row() -> None:
+        holder = locked(store["db"])
+        try:
+            assert await dead.settle(call(store, "orphan", (7, 3)), 200)
+        finally:
+            holder.rollback()
+        dead._flusher.cancel()  # the replica's process ends before it flushes
+
+    asyncio.run(die_with_a_row())
+    dead.spool.close()  # its lock goes with its process
+    (orphan,) = folder.glob("*.spool")
+
+    async def next_replica() -> None:
+        ledger = Ledger(ledger_write(InProcess(store["auth"])), LedgerSpool(folder))
+        ledger.start_flushing()
+        await eventually(lambda: not orphan.exists())
+
+    asyncio.run(next_replica())
+    assert rows(store) == [("orphan", 7, 3)]
+
+
+def test_a_living_replicas_spool_is_left_alone(store, tmp_path) -> None:
+    folder = tmp_path / "spool"
+    living = LedgerSpool(folder)
+    living.keep((call(store, "mine", (1, 1)).context, 1, 1, 200))
+    other = LedgerSpool(folder)
+
+    async def flush() -> int:
+        return await other.flush(ledger_write(InProcess(store["auth"])))
+
+    assert asyncio.run(flush()) == 0 and living.held() > 0 and rows(store) == []
+
+
+def test_a_row_cut_short_by_a_crash_is_dropped_and_the_rest_written(store, tmp_path) -> None:
+    folder = tmp_path / "spool"
+    crashed = LedgerSpool(folder)
+    crashed.keep((call(store, "whole", (4, 2)).context, 4, 2, 200))
+    crashed.keep((call(store, "torn", (9, 9)).context, 9, 9, 200))
+    crashed.close()
+    size = crashed.path.stat().st_size
+    with open(crashed.path, "r+b") as file:
+        file.truncate(size - 5)  # the last append never finished
+
+    async def adopt() -> int:
+        return await LedgerSpool(folder).flush(ledger_write(InProcess(store["auth"])))
+
+    assert asyncio.run(adopt()) == 1
+    assert rows(store) == [("whole", 4, 2)] and not crashed.path.exists()
