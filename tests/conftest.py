@@ -211,42 +211,62 @@ def embedded_other_auth(embedded_config: AppConfig, embedded_client) -> dict[str
     return {"Authorization": f"Bearer {key}"}
 
 
+class ThrowawayPostgres:
+    """A PostgreSQL server of the machine's own ``initdb``/``pg_ctl`` (as user ``postgres``
+    when run as root) in a folder of its own, listening on a Unix socket only; ``stop`` and
+    ``start`` take it away and bring it back (an outage), ``remove`` ends it."""
+
+    def __init__(self) -> None:
+        self.folder = tempfile.mkdtemp(prefix="serve-app-pg-")
+        self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self.as_user:
+            shutil.chown(self.folder, "postgres")
+        self.data = os.path.join(self.folder, "data")
+        self.url = f"postgresql://postgres@/postgres?host={self.folder}"
+        run = dict(check=True, capture_output=True, timeout=60)
+        subprocess.run([*self.as_user, "initdb", "-D", self.data, "-A", "trust", "-U", "postgres"],
+                       **run)  # fmt: skip
+        self.start()
+
+    def start(self) -> None:
+        options = f"-k {self.folder} -c listen_addresses='' -c fsync=off"
+        # -l: the server must not inherit our pipes, or run() would wait for it to exit.
+        log = os.path.join(self.folder, "log")
+        start = [*self.as_user, "pg_ctl", "-D", self.data, "-o", options, "-l", log, "-w", "start"]
+        subprocess.run(start, check=True, stdout=subprocess.DEVNULL, timeout=60)
+
+    def stop(self) -> None:
+        stop = [*self.as_user, "pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop"]
+        subprocess.run(stop, capture_output=True, timeout=60)
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    @classmethod
+    def or_skip(cls) -> ThrowawayPostgres:
+        if importlib.util.find_spec("psycopg") is None:
+            pytest.skip("psycopg is not installed")
+        if not (shutil.which("initdb") and shutil.which("pg_ctl")):
+            pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl)")
+        try:
+            return cls()
+        except (subprocess.SubprocessError, OSError) as error:
+            pytest.skip(f"cannot start a PostgreSQL server: {error}")
+
+
 @pytest.fixture(scope="session")
 def postgres_server():
-    """A base ``postgresql://`` URL, or skip: a throwaway server from the machine's own
-    ``initdb``/``pg_ctl`` (as user ``postgres`` when run as root), listening on a Unix socket
-    only, or the server of ``SERVE_APP_TEST_POSTGRES_DSN``."""
+    """A base ``postgresql://`` URL, or skip: a ``ThrowawayPostgres``, or the server of
+    ``SERVE_APP_TEST_POSTGRES_DSN``."""
     if importlib.util.find_spec("psycopg") is None:
         pytest.skip("psycopg is not installed")
     if os.environ.get("SERVE_APP_TEST_POSTGRES_DSN"):
         yield os.environ["SERVE_APP_TEST_POSTGRES_DSN"]
         return
-    if not (shutil.which("initdb") and shutil.which("pg_ctl")):
-        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl)")
-    folder = tempfile.mkdtemp(prefix="serve-app-pg-")
-    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    if as_user:
-        shutil.chown(folder, "postgres")
-    data = os.path.join(folder, "data")
-    options = f"-k {folder} -c listen_addresses='' -c fsync=off"
-    try:
-        run = dict(check=True, capture_output=True, timeout=60)
-        subprocess.run([*as_user, "initdb", "-D", data, "-A", "trust", "-U", "postgres"], **run)
-        # -l: the server must not inherit our pipes, or run() would wait for it to exit.
-        log = os.path.join(folder, "log")
-        start = [*as_user, "pg_ctl", "-D", data, "-o", options, "-l", log, "-w", "start"]
-        subprocess.run(start, check=True, stdout=subprocess.DEVNULL, timeout=60)
-    except (subprocess.SubprocessError, OSError) as error:
-        _stop_postgres(as_user, data, folder)
-        pytest.skip(f"cannot start a PostgreSQL server: {error}")
-    yield f"postgresql://postgres@/postgres?host={folder}"
-    _stop_postgres(as_user, data, folder)
-
-
-def _stop_postgres(as_user: list[str], data: str, folder: str) -> None:
-    stop = [*as_user, "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"]
-    subprocess.run(stop, capture_output=True, timeout=60)
-    shutil.rmtree(folder, ignore_errors=True)
+    server = ThrowawayPostgres.or_skip()
+    yield server.url
+    server.remove()
 
 
 def new_postgres_schema(server: str) -> str:

@@ -157,3 +157,39 @@ def test_a_row_cut_short_by_a_crash_is_dropped_and_the_rest_written(store, tmp_p
 
     assert asyncio.run(adopt()) == 1
     assert rows(store) == [("whole", 4, 2)] and not crashed.path.exists()
+
+
+def test_rows_survive_a_postgres_restart(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on PostgreSQL, stopped (``pg_ctl stop -m immediate``) and started again:
+    the rows of the outage land once it is back, on the store's new connection."""
+    from serve_app.auth.store import open_store
+    from tests.conftest import ThrowawayPostgres
+
+    monkeypatch.setattr(billing, "SPOOL_FLUSH_S", 0.1)
+    monkeypatch.setattr(billing, "WRITE_RETRY_S", 0.01)
+    server = ThrowawayPostgres.or_skip()
+    try:
+        admin = open_store(server.url)
+        account = admin.create_account("acme")
+        key = generate_key()
+        admin.add_key(account.id, hash_key(key), key_hint(key))
+        authorizer = Authorizer(open_store(server.url), AuthConfig({MODEL}))
+        store = {"admin": admin, "account": account.id, "key": key, "auth": authorizer}
+        spool = LedgerSpool(tmp_path / "spool")
+        ledger = Ledger(ledger_write(InProcess(authorizer)), spool)
+        calls = [call(store, f"pg{i}", (20, i)) for i in range(2)]
+        server.stop()
+
+        async def scenario() -> None:
+            assert all([await ledger.settle(c, 200) for c in calls])
+            assert spool.held() > 0
+            server.start()
+            await eventually(lambda: spool.held() == 0, timeout=30)
+
+        asyncio.run(scenario())
+        admin.close()
+        store["admin"] = open_store(server.url)  # the old connection died with the server
+        assert rows(store) == [("pg0", 20, 0), ("pg1", 20, 1)]
+        store["admin"].close()
+    finally:
+        server.remove()
