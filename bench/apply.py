@@ -147,10 +147,10 @@ def run_speculation(cases: list[Case], args) -> list[list[str]]:
     role's drafts; decode tok/s after the first token, acceptance, and whether the texts are
     the same."""
     from serve_app.engine.engine import EngineConfig, LLMEngine
-    from serve_app.engine.loader import load_model
-    from serve_app.engine.prompts.apply import ApplyInput
-    from serve_app.engine.prompts.chat_encoding import encode_chat
     from serve_app.engine.protocol import GenerationRequest, SamplingParams
+    from serve_app.models.loader import load_model
+    from serve_app.prompts.apply import ApplyInput
+    from serve_app.prompts.chat_encoding import encode_chat
 
     loaded = load_model(f"embedded:{args.model}", threads=args.threads)
     chosen = [c for c in cases if c.kind == "change body" and c.lines <= 200][: args.spec_cases]

@@ -344,7 +344,7 @@ def main() -> None:
     parser.add_argument("--baseline", action="store_true", help="also FimModel fixed at 1")
     parser.add_argument("--per-replica", action="store_true", help="tok/s against ongoing")
     args = parser.parse_args()
-    from serve_app.engine.tiny import build_tiny_model
+    from serve_app.models.tiny import build_tiny_model
     from tests.conftest import TEST_KEY
     from tests.graph import MODEL
 

@@ -158,7 +158,7 @@ async def run_http(args) -> list[list[str]]:
 async def run_in_process(args) -> list[list[str]]:
     """The same requests through the decision service on the embedded model, no HTTP, to a
     scorer per forward asked for (``--runner``); with both, their figures side by side."""
-    from serve_app.engine.loader import load_model
+    from serve_app.models.loader import load_model
 
     loaded = load_model(f"embedded:{args.model}", dtype="float32", threads=args.threads)
     kinds = ["hf", "auto"] if args.runner == "both" else [args.runner]
@@ -186,9 +186,9 @@ def in_process_sender(loaded, engine: str | EngineConfig, cpu_time: bool = False
     hardly change (wall-clock time there measures mostly the load)."""
     from serve_app.api.decisions import DecisionRequest
     from serve_app.engine.engine_config import EngineConfig
-    from serve_app.engine.scoring import LikelihoodScorer
     from serve_app.serving.billing import BilledCall, RequestContext, UsageMeter
     from serve_app.serving.decisions import DecisionService
+    from serve_app.serving.scoring import LikelihoodScorer
 
     settings = engine if isinstance(engine, EngineConfig) else EngineConfig(runner=engine)
     service = DecisionService(LikelihoodScorer.for_model(loaded, settings, 32768))

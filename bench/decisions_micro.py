@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 
 from serve_app.engine.engine_config import EngineConfig
-from serve_app.engine.loader import load_model
-from serve_app.engine.scoring import DecisionQuestion, LikelihoodScorer, ScoringResult
+from serve_app.models.loader import load_model
+from serve_app.serving.scoring import DecisionQuestion, LikelihoodScorer, ScoringResult
 
 DEFAULT_MODEL = os.path.expanduser("~/.cache/serve-app/models/qwen2.5-coder-0.5b")
 

@@ -39,8 +39,8 @@ import torch
 from bench.common import table
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
-from serve_app.engine.loader import LoadedModel, load_model
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
+from serve_app.models.loader import LoadedModel, load_model
 
 MODES = {
     "none": dict(),
@@ -170,7 +170,7 @@ def print_step_costs(engine: LLMEngine, context: int, repeats: int) -> None:
 
 def stdlib_prompts(loaded: LoadedModel, count: int) -> list[list[int]]:
     from bench.int4_faithfulness import fim_cases
-    from serve_app.engine.prompts.fim import build_fim_prompt, fim_format_for
+    from serve_app.prompts.fim import build_fim_prompt, fim_format_for
 
     fmt = fim_format_for(loaded.tokenizer, loaded.model_type)
     return [

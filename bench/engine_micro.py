@@ -21,8 +21,8 @@ import time
 
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
-from serve_app.engine.loader import load_model
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
+from serve_app.models.loader import load_model
 
 QUESTIONS = [
     "Write a Python function that checks whether a string is a palindrome.",

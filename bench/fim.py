@@ -182,7 +182,7 @@ def baseline_figures(args, loaded, salt: str) -> dict[str, float]:
     """Naive serving: one ``model.generate`` call per request, requests one after another."""
     import torch
 
-    from serve_app.engine.prompts.fim import build_fim_prompt, fim_format_for
+    from serve_app.prompts.fim import build_fim_prompt, fim_format_for
 
     fmt = fim_format_for(loaded.tokenizer, loaded.model_type)
 
@@ -244,11 +244,11 @@ def main() -> None:
     if args.no_baseline:  # the tokenizer alone: no 2.5 GB of fp32 weights in this process
         from transformers import AutoTokenizer
 
-        from serve_app.engine.loader import resolve_source
+        from serve_app.models.loader import resolve_source
 
         loaded, tokenizer = None, AutoTokenizer.from_pretrained(resolve_source(args.source))
     else:
-        from serve_app.engine.loader import load_model
+        from serve_app.models.loader import load_model
 
         loaded = load_model(args.source, threads=args.threads)
         tokenizer = loaded.tokenizer

@@ -3,7 +3,7 @@
     python -m bench.fim_quality --cases 40 --layouts psm,spm [--llama-url http://127.0.0.1:8090]
 
 For every case set of ``bench.fim_cases`` (stdlib windows, long files, short functions, C++
-headers) and every layout of ``serve_app.engine.prompts.fim`` (``psm``: prefix, suffix,
+headers) and every layout of ``serve_app.prompts.fim`` (``psm``: prefix, suffix,
 middle, today's default; ``spm``: suffix first, the prefix right before the answer), the
 embedded model completes each case greedily through the engine as the service runs it on
 this CPU (the runner, int8 or int4 decode weights, prompts on ``--prompt-weights``, as
@@ -35,9 +35,9 @@ from bench.common import cpu_flags
 from bench.fim_cases import CASE_SETS, FimCase
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
-from serve_app.engine.loader import load_model
-from serve_app.engine.prompts.fim import FIM_LAYOUTS, FimFormat, fim_format_for
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
+from serve_app.models.loader import load_model
+from serve_app.prompts.fim import FIM_LAYOUTS, FimFormat, fim_format_for
 from serve_app.serving.fim import service_fim_prompt
 
 MAX_TOKENS = 48

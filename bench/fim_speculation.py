@@ -29,9 +29,9 @@ from bench.fim import CODE
 from bench.int4_faithfulness import fim_cases
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
-from serve_app.engine.loader import load_model
-from serve_app.engine.prompts.fim import build_fim_prompt, fim_format_for
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
+from serve_app.models.loader import load_model
+from serve_app.prompts.fim import build_fim_prompt, fim_format_for
 
 STDLIB_STOPS = ("\n\n", "\n \n")  # the FIM endpoint's defaults
 

@@ -46,9 +46,9 @@ import torch
 from bench.common import table
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
-from serve_app.engine.loader import LoadedModel, pick_device
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
-from serve_app.engine.tiny import TINY_SHAPE
+from serve_app.models.loader import LoadedModel, pick_device
+from serve_app.models.tiny import TINY_SHAPE
 
 # Published config.json values of Qwen/Qwen2.5-Coder-{0.5B,1.5B,7B}(-Instruct).
 SHAPES: dict[str, dict[str, Any]] = {

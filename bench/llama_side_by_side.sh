@@ -23,7 +23,7 @@ export PYTHONPATH=$PWD RAY_TMPDIR=$WORK/ray SERVE_APP_DATA_DIR=$WORK/data RAY_AU
 mkdir -p "$WORK/ray" "$WORK/data"
 
 if [ ! -f "$GGUF" ]; then  # the GGUF the embedded model is converted from, joined from its parts
-  "$VENV/bin/python" -c "import sys; from serve_app.engine.embedded import *
+  "$VENV/bin/python" -c "import sys; from serve_app.models.embedded import *
 spec = get_embedded_model(sys.argv[2]); assemble_parts(spec, part_paths(spec), sys.argv[1])" "$GGUF" "$FIM_MODEL"
 fi
 sed "s/port: 8000/port: $PORT/" configs/local.yaml > "$WORK/local.yaml"

@@ -72,8 +72,8 @@ def role_config(config_path: Path, model: str, threads: int) -> Any:
 
 def fim_role(config: Any, count: int) -> dict[str, Any]:
     from bench.fim_quality import first_line_matches
-    from serve_app.engine.prompts.fim import fim_format_for
     from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
+    from serve_app.prompts.fim import fim_format_for
     from serve_app.serving.fim import service_fim_prompt
     from serve_app.serving.generation import start_engine
 
@@ -144,8 +144,8 @@ def edit_role(config: Any, every: int) -> dict[str, Any]:
 def decisions_role(config: Any) -> dict[str, Any]:
     """As the DecisionScorer deployment scores: its role's engine settings."""
     from bench import decisions, noul_probe
-    from serve_app.engine.scoring import LikelihoodScorer
     from serve_app.serving.generation import load_configured_model
+    from serve_app.serving.scoring import LikelihoodScorer
 
     model = config.models[0]
     loaded = load_configured_model(config, model, "decisions")
@@ -186,7 +186,7 @@ def decode_role(config: Any, cases: int) -> dict[str, Any]:
     with a smaller embedded one to draft for it, the draft model (``bench.draft_model``'s
     comparison: ``cases`` stdlib FIM lines, 64 greedy tokens each)."""
     from bench import draft_model
-    from serve_app.engine.loader import load_model
+    from serve_app.models.loader import load_model
 
     model = config.models[0]
     threads = config.engine.torch_threads

@@ -316,7 +316,7 @@ async def run(args: argparse.Namespace, config: Any = None) -> list[dict]:
     """Every variant on every case, interleaved, on ``config``'s edit model (default:
     ``app_config(args)``); one log entry per case and variant (also appended to ``args.log``
     as it comes, so a run cut short still has its figures)."""
-    from serve_app.engine.prompts.edit import parse_edit_prompt, rejected_edit
+    from serve_app.prompts.edit import parse_edit_prompt, rejected_edit
 
     cases = load_cases(args.data, args.cases, args.every)
     rejected = {name: _LastReason() for name in VARIANTS}

@@ -32,8 +32,8 @@ from typing import Any
 
 from bench.noul_cases import CHOICES, HELD_OUT, LADDERS, PAIRS, Pair
 from serve_app.engine.engine_config import EngineConfig
-from serve_app.engine.loader import load_model
-from serve_app.engine.scoring import (
+from serve_app.models.loader import load_model
+from serve_app.serving.scoring import (
     DecisionQuestion,
     LikelihoodScorer,
     QuestionOutcome,

@@ -26,9 +26,9 @@ import uuid
 from bench.fim import CODE, long_prompts
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import EngineConfig
-from serve_app.engine.loader import load_model
-from serve_app.engine.prompts.fim import build_fim_prompt, fim_format_for
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
+from serve_app.models.loader import load_model
+from serve_app.prompts.fim import build_fim_prompt, fim_format_for
 
 
 async def first_token_s(engine: LLMEngine, prompt: list[int]) -> float:

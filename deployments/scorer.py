@@ -8,11 +8,11 @@ from typing import Any
 from deployments.common import replica_cpus, usage_recorder
 from serve_app.api.decisions import DecisionRequest, DecisionResponse
 from serve_app.config import AppConfig
-from serve_app.engine.scoring import LikelihoodScorer
-from serve_app.engine.scoring.budget import DecisionBudget
 from serve_app.serving.billing import RequestContext
 from serve_app.serving.decisions import DecisionService
 from serve_app.serving.generation import load_configured_model
+from serve_app.serving.scoring import LikelihoodScorer
+from serve_app.serving.scoring.budget import DecisionBudget
 
 
 class DecisionScorer:

@@ -26,10 +26,10 @@ from serve_app.api.models import (
     Pricing,
 )
 from serve_app.auth.store import default_data_dir, resolve_auth_db
-from serve_app.engine.embedded import EMBEDDED_MODELS, embedded_name
 from serve_app.engine.engine_config import EngineConfig
-from serve_app.engine.prompts.edit.messages import EditPromptStyle
-from serve_app.engine.prompts.fim import FimLayout
+from serve_app.models.embedded import EMBEDDED_MODELS, embedded_name
+from serve_app.prompts.edit.messages import EditPromptStyle
+from serve_app.prompts.fim import FimLayout
 
 DEFAULT_MODEL_ID = "qwen2.5-coder-0.5b"
 

@@ -25,7 +25,7 @@ from serve_app.config import AppConfig, AuthOptions, HttpLimits, ModelConfig, Ro
 from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig, SpeculationConfig
 
 if TYPE_CHECKING:
-    from serve_app.engine.loader import LoadedModel
+    from serve_app.models.loader import LoadedModel
 
 TEST_KEY = "sk-sa-test-0123456789abcdefghijklmnop"
 TINY_ID = "tiny-qwen2"
@@ -52,7 +52,7 @@ LONG_CONTEXT = 16384
 
 @pytest.fixture(scope="session")
 def tiny_source(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from serve_app.engine.tiny import build_tiny_model
+    from serve_app.models.tiny import build_tiny_model
 
     return "tiny:" + str(build_tiny_model(tmp_path_factory.mktemp("tiny-model")))
 
@@ -150,7 +150,7 @@ def redrawn(lm: LoadedModel) -> LoadedModel:
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
     """The tiny model ``redrawn``, for the engine's and the runner's tests (one per module)."""
-    from serve_app.engine.loader import load_model
+    from serve_app.models.loader import load_model
 
     return redrawn(load_model("tiny:" + str(tmp_path_factory.mktemp("tiny"))))
 

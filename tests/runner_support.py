@@ -9,8 +9,8 @@ from pathlib import Path
 
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import EngineConfig
-from serve_app.engine.loader import LoadedModel
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
+from serve_app.models.loader import LoadedModel
 
 PROMPTS = [
     "def add(a, b):",

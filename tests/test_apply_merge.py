@@ -12,8 +12,8 @@ import pytest
 from serve_app.apply.check import check_merge
 from serve_app.apply.placement import plan_update
 from serve_app.apply.update import chunks_of, is_marker
-from serve_app.engine.prompts.apply import parse_apply_request
 from serve_app.errors import InvalidRequestError, MergeFailedError
+from serve_app.prompts.apply import parse_apply_request
 
 PY = '''"""Shapes."""
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import next_edit, random_checkpoint
-from serve_app.engine.tiny import build_tiny_model
+from serve_app.models.tiny import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -39,7 +39,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, TokenTexts
     """Tiny model (matrices redrawn with std 0.3 so its output varies), tokenizer, texts, eos."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from serve_app.engine.tiny import build_tiny_model
+    from serve_app.models.tiny import build_tiny_model
 
     path = build_tiny_model(tmp_path_factory.getbasetemp() / "tiny-model")
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -214,8 +214,8 @@ def test_engine_hook(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The engine attaches a request's ``response_format`` constraint to its sampler; the
     engine's eos handling then ends the request as soon as the JSON is done."""
     from serve_app.engine.engine import LLMEngine
-    from serve_app.engine.loader import load_model
     from serve_app.engine.protocol import GenerationRequest, generate_text
+    from serve_app.models.loader import load_model
 
     loaded = load_model("tiny:" + str(tmp_path_factory.getbasetemp() / "tiny-model"))
     response_format = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from serve_app.engine.embedded import EOS_TOKENS, FIM_TOKENS, convert_gguf
-from serve_app.engine.embedded.safetensors_shards import INDEX_NAME, PlannedTensor, ShardWriter
+from serve_app.models.embedded import EOS_TOKENS, FIM_TOKENS, convert_gguf
+from serve_app.models.embedded.safetensors_shards import INDEX_NAME, PlannedTensor, ShardWriter
 
 
 def _ggml_type(hf_name: str) -> str:
@@ -97,7 +97,7 @@ def _add_tokenizer(writer, tokenizer) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from serve_app.engine.tiny import build_tiny_model
+    from serve_app.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from serve_app.config import HttpLimits
-from serve_app.engine.scoring import DecisionBudget
+from serve_app.serving.scoring import DecisionBudget
 from tests.conftest import AUTH, TEST_KEY, TINY_ID, tiny_config
 
 LABELS = {f"l{i}": None for i in range(255)}

@@ -14,9 +14,8 @@ import pytest
 
 from serve_app.api.decisions import DecisionRequest
 from serve_app.engine.engine_config import EngineConfig
-from serve_app.engine.loader import LoadedModel, load_model
-from serve_app.engine.scoring import DecisionBudget, DecisionQuestion, LikelihoodScorer
 from serve_app.errors import UnprocessableRequestError
+from serve_app.models.loader import LoadedModel, load_model
 from serve_app.serving.billing import (
     CLIENT_GONE,
     BilledCall,
@@ -25,6 +24,7 @@ from serve_app.serving.billing import (
     UsageRecorder,
 )
 from serve_app.serving.decisions import DecisionService
+from serve_app.serving.scoring import DecisionBudget, DecisionQuestion, LikelihoodScorer
 
 LABELS = {f"l{i}": None for i in range(255)}
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serve_app.engine.prompts.edit import (
+from serve_app.prompts.edit import (
     CURSOR,
     build_messages,
     extract_edited_region,
@@ -18,7 +18,7 @@ from serve_app.engine.prompts.edit import (
     read_answer,
     rejected_edit,
 )
-from serve_app.engine.prompts.edit.messages import INSTRUCTION_PHRASES, REGION_PLACEHOLDER
+from serve_app.prompts.edit.messages import INSTRUCTION_PHRASES, REGION_PLACEHOLDER
 from tests.fixtures.edit import EXAMPLE, REGION, RENAMED, content
 
 # --- reading the model's answer ------------------------------------------------------------

@@ -6,8 +6,10 @@ import dataclasses
 
 import pytest
 
-from serve_app.engine.prompts.chat_encoding import encode_chat
-from serve_app.engine.prompts.edit import (
+from serve_app.errors import ContextLengthExceededError
+from serve_app.models.tiny import build_tiny_model
+from serve_app.prompts.chat_encoding import encode_chat
+from serve_app.prompts.edit import (
     CURSOR,
     EditPrompt,
     build_messages,
@@ -15,10 +17,8 @@ from serve_app.engine.prompts.edit import (
     recent_renames,
     region_without_cursor,
 )
-from serve_app.engine.prompts.edit.diffs import shown_diff
-from serve_app.engine.prompts.edit.messages import REGION_PLACEHOLDER
-from serve_app.engine.tiny import build_tiny_model
-from serve_app.errors import ContextLengthExceededError
+from serve_app.prompts.edit.diffs import shown_diff
+from serve_app.prompts.edit.messages import REGION_PLACEHOLDER
 from tests.fixtures.edit import EXAMPLE
 
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from serve_app.engine.prompts.edit import (
+from serve_app.errors import InvalidRequestError
+from serve_app.prompts.edit import (
     CURSOR,
     EditPrompt,
     Snippet,
@@ -17,7 +18,6 @@ from serve_app.engine.prompts.edit import (
     render_edit_prompt,
     split_diffs,
 )
-from serve_app.errors import InvalidRequestError
 from tests.fixtures.edit import EXAMPLE, EXAMPLE_EDIT_CONTENT, REGION, TAGS, content, section
 
 OPTIONAL = TAGS[:2]

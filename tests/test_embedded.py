@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.engine import embedded
-from serve_app.engine.embedded import (
+from serve_app.models import embedded
+from serve_app.models.embedded import (
     DEFAULT_MODEL,
     EMBEDDED_MODELS,
     EmbeddedModel,
@@ -24,7 +24,7 @@ from serve_app.engine.embedded import (
     assemble_parts,
     ensure_embedded_model,
 )
-from serve_app.engine.embedded.cli import main
+from serve_app.models.embedded.cli import main
 
 PART_SIZE = 1000
 

@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.loader import LoadedModel
 from serve_app.engine.protocol import (
     GenerationChunk,
     GenerationRequest,
@@ -33,6 +32,7 @@ from serve_app.errors import (
     ServerError,
     UpstreamUnavailableError,
 )
+from serve_app.models.loader import LoadedModel
 from tests.conftest import engine_config
 
 

@@ -7,9 +7,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from serve_app.engine.json.token_bytes import TokenTexts
-from serve_app.engine.prompts.fim import FIM_FORMATS, build_fim_prompt
-from serve_app.engine.prompts.healing import heal_cursor
 from serve_app.errors import ContextLengthExceededError, InvalidRequestError
+from serve_app.prompts.fim import FIM_FORMATS, build_fim_prompt
+from serve_app.prompts.healing import heal_cursor
 from tests.conftest import AUTH, TINY_ID
 
 QWEN = FIM_FORMATS["qwen"]

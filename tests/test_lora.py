@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.loader import LoadedModel, load_model
 from serve_app.engine.runner.lora import MODULES, AdapterError, load_adapter
 from serve_app.engine.runner.prepare import build_runner
+from serve_app.models.loader import LoadedModel, load_model
 from tests.conftest import engine_config, speculating
 from tests.runner_support import PROMPTS, encode, generate_all, greedy
 
@@ -190,7 +190,7 @@ def test_a_malformed_adapter_fails_at_start_naming_its_folder(
 def test_an_adapter_of_another_model_fails_at_start(
     loaded: LoadedModel, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    from serve_app.engine.tiny import build_tiny_model
+    from serve_app.models.tiny import build_tiny_model
 
     other = load_model("tiny:" + str(build_tiny_model(
         tmp_path_factory.mktemp("wide"), shape={"hidden_size": 96, "intermediate_size": 192}

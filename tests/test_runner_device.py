@@ -20,9 +20,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from serve_app.engine.backend import PromptChunk, make_backend
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import EngineConfig
-from serve_app.engine.loader import DeviceError, LoadedModel, load_model, pick_device
 from serve_app.engine.runner.prepare import build_runner, decode_weights, prefill_dtype
 from serve_app.engine.runner.qwen2 import unsupported_reason
+from serve_app.models.loader import DeviceError, LoadedModel, load_model, pick_device
 from tests.conftest import engine_config, redrawn
 from tests.runner_support import PROMPTS, encode
 

@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from serve_app.engine.engine_config import EngineConfig
-from serve_app.engine.loader import load_model
 from serve_app.engine.runner import native
 from serve_app.engine.runner.backend import configured_runner
 from serve_app.engine.runner.prepare import (
@@ -27,6 +26,7 @@ from serve_app.engine.runner.prepare import (
     decode_weights,
 )
 from serve_app.engine.runner.weights import int8_supported
+from serve_app.models.loader import load_model
 from tests.runner_support import PROMPTS, encode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,7 +165,7 @@ def test_a_first_start_shows_its_preparation_on_stderr(tiny_source, tmp_path) ->
     no logging (a Serve replica) still prints what it prepares on stderr, which Serve shows;
     a start that maps the saved files prints nothing."""
     script = (
-        "import sys; from serve_app.engine.loader import load_model; "
+        "import sys; from serve_app.models.loader import load_model; "
         "from serve_app.engine.runner.prepare import build_runner; "
         f"build_runner(load_model({tiny_source!r}).model, weights='int8', cache_dir=sys.argv[1])"
     )

@@ -10,10 +10,10 @@ import dataclasses
 import pytest
 import torch
 
-from serve_app.engine.loader import LoadedModel
 from serve_app.engine.runner import native, prepare, weights_q4
 from serve_app.engine.runner.backend import configured_runner
 from serve_app.engine.runner.prepare import build_runner, decode_weights
+from serve_app.models.loader import LoadedModel
 from tests.conftest import engine_config
 from tests.runner_support import PROMPTS, encode, generate_all, greedy
 

@@ -10,7 +10,6 @@ import dataclasses
 
 import torch
 
-from serve_app.engine.loader import LoadedModel
 from serve_app.engine.runner.prepare import build_runner
 from serve_app.engine.runner.weights import (
     INT4_GROUP,
@@ -21,6 +20,7 @@ from serve_app.engine.runner.weights import (
     quantize_int4,
     quantize_int8,
 )
+from serve_app.models.loader import LoadedModel
 from tests.conftest import engine_config
 from tests.runner_support import PROMPTS, encode, generate_all, greedy
 

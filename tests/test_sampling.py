@@ -20,7 +20,7 @@ from serve_app.engine.sampling import (
     TopP,
     build_processors,
 )
-from serve_app.engine.tiny import build_tiny_model
+from serve_app.models.tiny import build_tiny_model
 
 
 @pytest.fixture(scope="module")

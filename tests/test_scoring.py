@@ -14,17 +14,17 @@ from typing import Any
 
 import pytest
 
-from serve_app.engine.loader import LoadedModel, load_model
-from serve_app.engine.prompts import decisions as prompts
-from serve_app.engine.prompts.chat_encoding import encode_chat
-from serve_app.engine.scoring import (
+from serve_app.errors import ContextLengthExceededError, UnprocessableRequestError
+from serve_app.models.loader import LoadedModel, load_model
+from serve_app.prompts import decisions as prompts
+from serve_app.prompts.chat_encoding import encode_chat
+from serve_app.serving.scoring import (
     DecisionQuestion,
     LikelihoodScorer,
     QuestionOutcome,
     build_trie,
     calibrated,
 )
-from serve_app.errors import ContextLengthExceededError, UnprocessableRequestError
 from tests.conftest import engine_config
 
 EMBEDDED_DIR = Path(os.path.expanduser("~/.cache/serve-app/models/qwen2.5-coder-0.5b"))

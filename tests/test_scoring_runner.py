@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from serve_app.engine.engine_config import EngineConfig
-from serve_app.engine.loader import LoadedModel, load_model
 from serve_app.engine.runner.backend import configured_runner
 from serve_app.engine.runner.prepare import build_runner
 from serve_app.engine.runner.qwen2 import Qwen2Runner
-from serve_app.engine.scoring import DecisionQuestion, LikelihoodScorer
+from serve_app.models.loader import LoadedModel, load_model
+from serve_app.serving.scoring import DecisionQuestion, LikelihoodScorer
 
 STATE = {"ticket": "Login fails after the deploy", "customer": {"plan": "pro", "seats": 12}}
 TOLERANCE = 1e-4

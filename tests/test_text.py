@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from serve_app.engine.text import REPLACEMENT_CHAR, IncrementalDetokenizer, StopMatcher
-from serve_app.engine.tiny import build_tiny_model
+from serve_app.models.tiny import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -94,8 +94,8 @@ def test_an_exported_adapter_serves_and_names_its_base(
     from safetensors.torch import load_file
 
     from serve_app.engine.engine import LLMEngine
-    from serve_app.engine.loader import load_model
     from serve_app.engine.runner.lora import AdapterError
+    from serve_app.models.loader import load_model
     from serve_app.training.export import export
     from tests.conftest import engine_config
     from tests.runner_support import encode, generate_all, greedy

@@ -59,7 +59,6 @@ import torch
 from serve_app.engine.backend import PromptChunk, make_backend, make_drafter
 from serve_app.engine.constraints import TokenTexts
 from serve_app.engine.engine_config import EngineConfig
-from serve_app.engine.loader import LoadedModel
 from serve_app.engine.outbox import Outbox
 from serve_app.engine.output import OutputProcessor
 from serve_app.engine.prefix_cache import PrefixCache
@@ -91,6 +90,7 @@ from serve_app.errors import (
     ServiceError,
     UpstreamUnavailableError,
 )
+from serve_app.models.loader import LoadedModel
 
 logger = logging.getLogger(__name__)
 

@@ -10,18 +10,10 @@ on (``EngineConfig.prompt_threads``).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-
-
-def set_torch_threads(threads: int | None) -> None:
-    """Pin torch's intra-op threads so co-located replicas don't oversubscribe the CPU."""
-    if threads and threads > 0:
-        torch.set_num_threads(threads)
-        os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
 class PhaseThreads:

@@ -16,7 +16,7 @@ from serve_app.api.apply import ApplyCompletionRequest
 from serve_app.api.chat import DEFAULT_CHAT_MAX_TOKENS, ChatCompletionRequest
 from serve_app.api.decisions import DecisionRequest
 from serve_app.config import AppConfig, ModelConfig
-from serve_app.engine.prompts.decisions import fixed_prefix_token_bound
+from serve_app.prompts.decisions import fixed_prefix_token_bound
 
 logger = logging.getLogger(__name__)
 

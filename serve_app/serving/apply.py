@@ -18,9 +18,9 @@ from serve_app.api.chat import (
 from serve_app.api.common import CompletionUsage
 from serve_app.apply.check import check_merge
 from serve_app.apply.placement import Plan, plan_update
-from serve_app.engine.prompts.apply import clean_model_output, parse_apply_request, wrap_updated
-from serve_app.engine.prompts.chat_encoding import encode_chat
 from serve_app.errors import MergeFailedError
+from serve_app.prompts.apply import clean_model_output, parse_apply_request, wrap_updated
+from serve_app.prompts.chat_encoding import encode_chat
 from serve_app.serving.billing import BilledCall
 from serve_app.serving.generation import EngineClient, chunk_maker, completion, usage_of
 

@@ -17,9 +17,9 @@ from serve_app.api.chat import (
     ChatResponseMessage,
 )
 from serve_app.engine.constraints import SchemaError, compile_schema, validate_output
-from serve_app.engine.prompts.chat_encoding import encode_chat
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest
 from serve_app.errors import InvalidRequestError, UpstreamBadResponseError
+from serve_app.prompts.chat_encoding import encode_chat
 from serve_app.serving.billing import BilledCall
 from serve_app.serving.generation import EngineClient, chunk_maker, completion, usage_of
 

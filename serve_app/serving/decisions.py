@@ -1,6 +1,6 @@
 """Decisions: questions about a state answered from the model's own likelihoods.
 
-The scorer (``serve_app.engine.scoring``) gives a probability distribution per question; this
+The scorer (``serve_app.serving.scoring``) gives a probability distribution per question; this
 module turns it into the contract's answers. ``confidence`` is the probability of the answer
 given (the largest probability): the simplest honest definition.
 """
@@ -17,13 +17,13 @@ from serve_app.api.decisions import (
     Question,
     ScoreAnswer,
 )
-from serve_app.engine.scoring import (
+from serve_app.serving.billing import BilledCall
+from serve_app.serving.scoring import (
     DecisionQuestion,
     LikelihoodScorer,
     QuestionOutcome,
     WorkDone,
 )
-from serve_app.serving.billing import BilledCall
 
 
 class DecisionService:

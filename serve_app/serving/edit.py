@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 from serve_app.api.common import CompletionUsage
 from serve_app.api.edit import AssistantMessage, EditChoice, EditCompletion, EditCompletionRequest
-from serve_app.engine.prompts.edit import (
+from serve_app.engine.protocol import GenerationRequest
+from serve_app.prompts.edit import (
     EditPromptStyle,
     EditRejection,
     answer_budget,
@@ -19,7 +20,6 @@ from serve_app.engine.prompts.edit import (
     parse_edit_prompt,
     read_answer,
 )
-from serve_app.engine.protocol import GenerationRequest
 from serve_app.serving.billing import BilledCall
 from serve_app.serving.generation import EDIT_ADAPTER, EngineClient, completion, usage_of
 from serve_app.serving.predictions import Prediction, Predictions

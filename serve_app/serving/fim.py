@@ -13,9 +13,9 @@ from serve_app.api.fim import (
     FimCompletionRequest,
 )
 from serve_app.engine.json.token_bytes import TokenTexts
-from serve_app.engine.prompts.fim import FimFormat, FimLayout, build_fim_prompt, fim_format_for
-from serve_app.engine.prompts.healing import heal_cursor
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest
+from serve_app.prompts.fim import FimFormat, FimLayout, build_fim_prompt, fim_format_for
+from serve_app.prompts.healing import heal_cursor
 from serve_app.serving.billing import BilledCall
 from serve_app.serving.generation import EngineClient, chunk_maker, completion, usage_of
 

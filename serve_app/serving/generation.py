@@ -14,13 +14,13 @@ from serve_app.api.common import CompletionUsage, new_id, now
 from serve_app.config import AppConfig, EngineRole, ModelConfig
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.json.token_bytes import TokenTexts
-from serve_app.engine.loader import LoadedModel, adapter_path, load_model
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest, SamplingParams
 from serve_app.errors import (
     ContextLengthExceededError,
     InvalidRequestError,
     UpstreamUnavailableError,
 )
+from serve_app.models.loader import LoadedModel, adapter_path, load_model
 from serve_app.serving.billing import BilledCall
 
 T = TypeVar("T")

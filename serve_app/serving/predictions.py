@@ -6,8 +6,8 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from serve_app.engine.prompts.edit import EditPrompt, region_without_cursor
-from serve_app.engine.prompts.edit.following import typed_toward
+from serve_app.prompts.edit import EditPrompt, region_without_cursor
+from serve_app.prompts.edit.following import typed_toward
 
 # Files remembered per replica, and the longest region and answer remembered (characters): an
 # editor's region is a few lines, and a stranger's megabyte regions must not pile up here.

@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from serve_app.engine.prompts.chat_encoding import encode_untrusted
-from serve_app.engine.prompts.edit.extract import fence_region
-from serve_app.engine.prompts.edit.messages import (
+from serve_app.prompts.chat_encoding import encode_untrusted
+from serve_app.prompts.edit.extract import fence_region
+from serve_app.prompts.edit.messages import (
     EditPromptStyle,
     build_messages,
     encode_edit_prompt,
 )
-from serve_app.engine.prompts.edit.parse import CURSOR, parse_edit_prompt
+from serve_app.prompts.edit.parse import CURSOR, parse_edit_prompt
 
 REGION_OPEN, REGION_CLOSE = "<|code_to_edit|>", "<|/code_to_edit|>"
 IGNORED = -100  # a label the loss skips: prompt tokens teach nothing

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from serve_app.engine.prompts.edit.messages import PROMPT_STYLES
+from serve_app.prompts.edit.messages import PROMPT_STYLES
 from serve_app.training.edits import EditExample
 from serve_app.training.render import IGNORED, training_pair
 
@@ -94,7 +94,7 @@ def train_dtype(device: str) -> torch.dtype:
 def load_base(source: str, device: str, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from serve_app.engine.loader import resolve_source
+    from serve_app.models.loader import resolve_source
 
     folder = resolve_source(source)
     tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -53,8 +53,6 @@ from typing import Any
 
 import torch
 
-from serve_app.engine.loader import DeviceError
-from serve_app.engine.progress import visible_progress
 from serve_app.engine.runner import native, weights_q4
 from serve_app.engine.runner.lora import LoraAdapter
 from serve_app.engine.runner.pages import page_out
@@ -70,6 +68,8 @@ from serve_app.engine.runner.weights import (
     quantize_int4,
     stacked,
 )
+from serve_app.models.loader import DeviceError
+from serve_app.models.progress import visible_progress
 
 logger = logging.getLogger(__name__)
 RUNNER_LOGGER = logging.getLogger("serve_app.engine.runner")  # prepare's, smoothing's

@@ -35,15 +35,15 @@ from typing import Any
 
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import EngineConfig
-from serve_app.engine.loader import LoadedModel
-from serve_app.engine.prompts import decisions as prompts
-from serve_app.engine.prompts.chat_encoding import encode_untrusted
 from serve_app.engine.protocol import ScoringRequest
-from serve_app.engine.scoring.budget import DecisionBudget, WorkDone
-from serve_app.engine.scoring.questions import DecisionQuestion, QuestionOutcome, ScoringResult
-from serve_app.engine.scoring.trie import Answers, OptionTrie, build_trie, make_row
 from serve_app.engine.tree import Row, pack
 from serve_app.errors import ContextLengthExceededError, UnprocessableRequestError
+from serve_app.models.loader import LoadedModel
+from serve_app.prompts import decisions as prompts
+from serve_app.prompts.chat_encoding import encode_untrusted
+from serve_app.serving.scoring.budget import DecisionBudget, WorkDone
+from serve_app.serving.scoring.questions import DecisionQuestion, QuestionOutcome, ScoringResult
+from serve_app.serving.scoring.trie import Answers, OptionTrie, build_trie, make_row
 
 MAX_CHOICE_LABELS = 255
 SCORING_SLOTS = 1

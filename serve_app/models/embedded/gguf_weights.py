@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from serve_app.engine.embedded.safetensors_shards import PlannedTensor
+from serve_app.models.embedded.safetensors_shards import PlannedTensor
 
 _CHUNK_ELEMENTS = 1 << 22  # values dequantized per step: bounds numpy's temporaries (16 MB)
 

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from serve_app.engine.embedded.registry import EmbeddedModel, EmbeddedModelError
+from serve_app.models.embedded.registry import EmbeddedModel, EmbeddedModelError
 
-logger = logging.getLogger("serve_app.engine.embedded")  # one logger for the package
+logger = logging.getLogger("serve_app.models.embedded")  # one logger for the package
 _CHUNK = 8 << 20  # copy buffer: large enough for disk speed, small enough to stay out of RAM
 
 

@@ -15,7 +15,7 @@ is killed never leaves a half model; a file lock makes concurrent replicas conve
 
 CLI (run by ``make`` before the service starts, so the first ``serve run`` is not slow)::
 
-    python -m serve_app.engine.embedded [name] [--cache-dir DIR]   (cli.py)
+    python -m serve_app.models.embedded [name] [--cache-dir DIR]   (cli.py)
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import shutil
 import time
 from pathlib import Path
 
-from serve_app.engine.embedded.assemble import assemble_parts
-from serve_app.engine.embedded.convert import EOS_TOKENS, FIM_TOKENS, convert_gguf
-from serve_app.engine.embedded.locking import exclusive_lock
-from serve_app.engine.embedded.registry import (
+from serve_app.models.embedded.assemble import assemble_parts
+from serve_app.models.embedded.convert import EOS_TOKENS, FIM_TOKENS, convert_gguf
+from serve_app.models.embedded.locking import exclusive_lock
+from serve_app.models.embedded.registry import (
     CACHE_ENV,
     DEFAULT_MODEL,
     EMBEDDED_MODELS,
@@ -42,7 +42,7 @@ from serve_app.engine.embedded.registry import (
     get_embedded_model,
     part_paths,
 )
-from serve_app.engine.progress import visible_progress
+from serve_app.models.progress import visible_progress
 
 __all__ = [
     "CACHE_ENV",
@@ -64,7 +64,7 @@ __all__ = [
     "part_paths",
 ]
 
-logger = logging.getLogger("serve_app.engine.embedded")  # one logger for the package
+logger = logging.getLogger("serve_app.models.embedded")  # one logger for the package
 MARKER = "embedded.json"  # written last: its presence (with the right sha256) means complete
 
 

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from serve_app.engine.prompts.chat_encoding import encode_chat
+from serve_app.prompts.chat_encoding import encode_chat
 
 SYSTEM_TASK = (
     "You answer questions about a state. Judge only from what the state says, and answer "

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from serve_app.engine.embedded.gguf_weights import GgufWeights
+    from serve_app.models.embedded.gguf_weights import GgufWeights
 
-logger = logging.getLogger("serve_app.engine.embedded")  # one logger for the package
+logger = logging.getLogger("serve_app.models.embedded")  # one logger for the package
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
 # Chat turns end with <|im_end|>, FIM and plain completions with <|endoftext|>: stop on both.
 EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
@@ -27,7 +27,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> None:
     """
     # torch only here: this package is imported by the config, i.e. by every process of the
     # graph, and the router and auth replicas never load torch (~150 MB each).
-    from serve_app.engine.embedded.gguf_weights import GgufWeights
+    from serve_app.models.embedded.gguf_weights import GgufWeights
 
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     with _step("reading the tokenizer from the GGUF"):
@@ -63,7 +63,7 @@ def _empty_model(gguf_path: Path) -> Any:
 
 
 def _write_weights(weights: GgufWeights, out_dir: Path) -> None:
-    from serve_app.engine.embedded.safetensors_shards import ShardWriter
+    from serve_app.models.embedded.safetensors_shards import ShardWriter
 
     started = time.monotonic()
     total = len(weights.plan)

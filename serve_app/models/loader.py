@@ -11,12 +11,13 @@ A model *source* is one of:
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from serve_app.engine.embedded import embedded_name, ensure_embedded_model
+from serve_app.models.embedded import embedded_name, ensure_embedded_model
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def resolve_source(source: str, cache_dir: str | Path | None = None) -> str | Pa
     if name is not None:
         return ensure_embedded_model(name, cache_dir=cache_dir)
     if source == "tiny" or source.startswith("tiny:"):
-        from serve_app.engine.tiny import build_tiny_model
+        from serve_app.models.tiny import build_tiny_model
 
         folder = source.removeprefix("tiny").removeprefix(":") or str(
             Path(tempfile.gettempdir()) / "serve-app-tiny-qwen2"
@@ -65,6 +66,15 @@ def resolve_source(source: str, cache_dir: str | Path | None = None) -> str | Pa
 BUILTIN_ADAPTER = "builtin:"
 # The adapters that ship with the project (``builtin:<name>``).
 BUILTIN_ADAPTERS = Path(__file__).resolve().parents[1] / "adapters"
+
+
+def set_torch_threads(threads: int | None) -> None:
+    """Pin torch's intra-op threads so co-located replicas don't oversubscribe the CPU."""
+    import torch
+
+    if threads and threads > 0:
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
 def adapter_path(source: str) -> Path:
@@ -125,8 +135,6 @@ def load_model(
 ) -> LoadedModel:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from serve_app.engine.threads import set_torch_threads
 
     set_torch_threads(threads)
     device = pick_device(device)  # first: a wrong device fails before any download or build

@@ -1,9 +1,9 @@
 """Next-edit prompts: parse the tagged user message (``parse``), build the instruct model's
 chat messages and fit them to its context (``messages``), read the answer back (``extract``)."""
 
-from serve_app.engine.prompts.edit.checks import EditRejection, rejected_edit
-from serve_app.engine.prompts.edit.extract import extract_edited_region, fence_region, read_answer
-from serve_app.engine.prompts.edit.messages import (
+from serve_app.prompts.edit.checks import EditRejection, rejected_edit
+from serve_app.prompts.edit.extract import extract_edited_region, fence_region, read_answer
+from serve_app.prompts.edit.messages import (
     PROMPT_STYLES,
     EditPromptStyle,
     answer_budget,
@@ -14,7 +14,7 @@ from serve_app.engine.prompts.edit.messages import (
     fit_to_context,
     recent_renames,
 )
-from serve_app.engine.prompts.edit.parse import (
+from serve_app.prompts.edit.parse import (
     CURSOR,
     EditPrompt,
     Snippet,

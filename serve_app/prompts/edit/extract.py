@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from serve_app.engine.prompts.edit.checks import EditRejection, rejected_edit
-from serve_app.engine.prompts.edit.parse import EditPrompt, region_without_cursor
+from serve_app.prompts.edit.checks import EditRejection, rejected_edit
+from serve_app.prompts.edit.parse import EditPrompt, region_without_cursor
 
 # Special-token-like tags: <|cursor|>, <|im_end|>, <|code_to_edit|>, ...
 _TAG = re.compile(r"<\|/?[A-Za-z_][A-Za-z0-9_]*\|>")

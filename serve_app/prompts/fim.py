@@ -31,8 +31,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from serve_app.engine.prompts.chat_encoding import encode_trusted, encode_untrusted
 from serve_app.errors import ContextLengthExceededError, InvalidRequestError
+from serve_app.prompts.chat_encoding import encode_trusted, encode_untrusted
 
 # Continue sends this literal suffix when there is nothing after the cursor.
 EMPTY_SUFFIX_SPELLING = "<|endoftext|>"

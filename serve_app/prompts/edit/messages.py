@@ -17,9 +17,10 @@ import keyword
 import re
 from typing import Any, Literal, get_args
 
-from serve_app.engine.prompts.chat_encoding import encode_chat, encode_trusted, encode_untrusted
-from serve_app.engine.prompts.edit.diffs import shown_diff
-from serve_app.engine.prompts.edit.parse import (
+from serve_app.errors import ContextLengthExceededError
+from serve_app.prompts.chat_encoding import encode_chat, encode_trusted, encode_untrusted
+from serve_app.prompts.edit.diffs import shown_diff
+from serve_app.prompts.edit.parse import (
     CURSOR,
     FILE,
     FILE_PATH_PREFIX,
@@ -34,8 +35,7 @@ from serve_app.engine.prompts.edit.parse import (
     opening,
     region_without_cursor,
 )
-from serve_app.engine.prompts.fim import FimFormat, fim_format_for
-from serve_app.errors import ContextLengthExceededError
+from serve_app.prompts.fim import FimFormat, fim_format_for
 
 # chat: an instruction (system prompt, the sections as markdown, the task last);
 # chat_split: chat, the file shown with its region cut out (``REGION_PLACEHOLDER``);
