@@ -416,6 +416,18 @@ def latency(seconds: list[float]) -> str:
     return f"{percentile(seconds, 50):.2f}/{percentile(seconds, 90):.2f}"
 
 
+def adapter_record(source: str) -> str:
+    """What the adapter was trained on and how long (its ``training.json``), in one line."""
+    from serve_app.models.loader import adapter_path
+
+    record = adapter_path(source) / "training.json"
+    if not record.exists():
+        return "(no training.json)"
+    fields = json.loads(record.read_text())
+    keys = ("base_model", "data_version", "style", "steps", "batch", "layers", "rank", "hours")
+    return " ".join(f"{key}={fields.get(key)}" for key in keys)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=CASES)
@@ -468,6 +480,8 @@ def main(argv: list[str] | None = None) -> None:
         log = [json.loads(line) for line in args.from_log.read_text().splitlines()]
     else:
         print(f"CPU: {cpu_flags()}")
+        if args.adapter:
+            print(f"adapter: {args.adapter} {adapter_record(args.adapter)}")
         log = asyncio.run(run(args))
     cases = {case.name: case for case in load_cases(args.data, None)}
     print(table(rows(tallies_of(log, cases))))
