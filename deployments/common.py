@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from deployments.metrics import LatencyMetrics, report_engine_stats
 from serve_app.config import AppConfig, EngineRole
+from serve_app.engine.engine import LLMEngine
 from serve_app.serving.billing import UsageRecorder, ledger_write
 from serve_app.serving.generation import EngineClient, start_engine
 from serve_app.serving.spool import LedgerSpool
@@ -38,8 +39,8 @@ def usage_recorder(auth: Any, timeout_s: float, config: AppConfig) -> UsageRecor
 
 
 class EngineDeployment:
-    """Base of the generating deployments (FimModel, EditModel): one engine per replica,
-    its metrics, health check and shutdown."""
+    """Base of the model deployments (FimModel, EditModel, DecisionScorer): one engine per
+    replica, its metrics, health check and shutdown."""
 
     deployment_name: ClassVar[str]
     engine_role: ClassVar[EngineRole]
@@ -48,9 +49,13 @@ class EngineDeployment:
         """The engine of this deployment's role (``engine_role``): its model, its settings."""
         role = self.engine_role
         model = config.model(getattr(config.roles, role))
-        self.engine = start_engine(config, model, role, cpus=replica_cpus())
-        self._stats_task = _start_background(report_engine_stats(self.engine))
+        self.host_engine(start_engine(config, model, role, cpus=replica_cpus()))
         return EngineClient(self.engine, model, LatencyMetrics())
+
+    def host_engine(self, engine: LLMEngine) -> None:
+        """This replica's engine: its stats reported, its health checked, shut down with it."""
+        self.engine = engine
+        self._stats_task = _start_background(report_engine_stats(engine))
 
     def check_health(self) -> None:
         """Serve's health check: a replica whose engine loop died gets replaced."""

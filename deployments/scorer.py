@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from deployments.common import replica_cpus, usage_recorder
+from deployments.common import EngineDeployment, replica_cpus, usage_recorder
 from serve_app.api.decisions import DecisionRequest, DecisionResponse
 from serve_app.config import AppConfig
 from serve_app.serving.billing import RequestContext
@@ -15,7 +15,13 @@ from serve_app.serving.scoring import LikelihoodScorer
 from serve_app.serving.scoring.budget import DecisionBudget
 
 
-class DecisionScorer:
+class DecisionScorer(EngineDeployment):
+    """Decisions on the scoring engine of the decisions role's model: an engine deployment
+    like the others (health check, engine metrics, shutdown), whose engine only scores."""
+
+    deployment_name = "DecisionScorer"
+    engine_role = "decisions"
+
     def __init__(self, config: AppConfig, auth: Any = None) -> None:
         model = config.model(config.roles.decisions)
         loaded = load_configured_model(config, model, "decisions", cpus=replica_cpus())
@@ -28,19 +34,17 @@ class DecisionScorer:
         scorer = LikelihoodScorer.for_model(
             loaded, config.engine_for("decisions"), model.context_length, budget=budget
         )
-        self.engine = scorer.engine
+        self.host_engine(scorer.engine)
         self.decisions = DecisionService(scorer)
         self.usage = usage_recorder(auth, config.limits.decision_timeout_s, config)
-
-    def check_health(self) -> None:
-        """Serve's health check: a replica whose engine loop died gets replaced."""
-        self.engine.check_health()
 
     async def decide(self, body: DecisionRequest, context: RequestContext) -> DecisionResponse:
         return await self.usage.run(context, partial(self.decisions.decide, body))
 
-    @staticmethod
-    def get_deployment_options(config: AppConfig) -> dict[str, Any]:
+    @classmethod
+    def get_deployment_options(cls, config: AppConfig) -> dict[str, Any]:
+        """A decision holds its slot for all its passes: fewer at once than a generating
+        deployment admits (a full batch of them would queue behind one another anyway)."""
         return {
             "name": "DecisionScorer",
             "max_ongoing_requests": 8,
