@@ -1,7 +1,8 @@
 """What a request reuses from its account's earlier requests, through the prefix cache.
 
 Three kinds of reuse, cheapest first, all within one cache partition (the request's
-``cache_salt``: one account's prompts are never a hit for another's):
+``cache_partition``: its account's ``cache_salt``, so one account's prompts are never a hit for
+another's, and apart per LoRA adapter, whose keys and values are not the base model's):
 
 - **the answer**: the same greedy request again (equal prompt ids, equal sampling parameters)
   is the answer given last time, replayed token by token through the output processor with no
