@@ -57,6 +57,7 @@ OPERATIONS = {
     "GET /v1/fim/completions/models",
     "GET /v1/edit/completions/models",
     "GET /v1/apply/completions/models",
+    "GET /v1/decisions/models",
 }
 # A served-model apply case carries a real apply prompt, since random text never has the tags.
 APPLY_CONTENT = (

@@ -116,6 +116,7 @@ def build_fim_prompt(
     suffix: str,
     layout: FimLayout = "psm",
     max_tokens: int | None = None,
+    context_length: int | None = None,
 ) -> list[int]:
     """Token ids of the FIM prompt for a client's ``prompt`` and ``suffix``, in ``layout``.
 
@@ -124,7 +125,8 @@ def build_fim_prompt(
     module docstring become tokens. Repo-level context always comes first (it changes least).
 
     ``max_tokens``: the prompt's budget (the context less the answer's room). Text over it is
-    ``ContextLengthExceededError`` (``param: prompt``), as the contract says, never cut: a
+    ``ContextLengthExceededError`` (``param: prompt``; its message names ``context_length``,
+    the model's, default ``max_tokens``), as the contract says, never cut: a
     client that wants a window sends one (Continue and Zed do), and a cut prompt would be read
     for minutes on a CPU for an answer the client did not ask for. Only text near the cursor
     is ever tokenised (as much as the budget holds), so a huge file is refused in the time
@@ -143,12 +145,8 @@ def build_fim_prompt(
     prefix_ids = _encode_near_cursor(tokenizer, prefix, room, keep_end=True)
     suffix_ids = _encode_near_cursor(tokenizer, suffix, room, keep_end=False)
     if room is not None and len(context_ids) + len(prefix_ids) + len(suffix_ids) > room:
-        raise ContextLengthExceededError(
-            f"The prompt and suffix need more than the {max_tokens} tokens of this model's "
-            "context that max_tokens leaves them. Please send a shorter window of the file or "
-            "ask for fewer tokens.",
-            param="prompt",
-        )
+        limit = context_length if context_length is not None else max_tokens
+        raise ContextLengthExceededError.for_limit(limit, param="prompt")
     if layout == "spm":
         return context_ids + pre + suf + suffix_ids + mid + prefix_ids
     return context_ids + pre + prefix_ids + suf + suffix_ids + mid

@@ -41,6 +41,7 @@ class FimService:
             model.fim_layout,
             model.context_length - params.max_tokens,
             model.fim_token_healing,
+            model.context_length,
         )
         return self.client.request(
             call, prompt_ids, params, "prompt", role="fim", answer_prefix=answer_prefix
@@ -69,10 +70,11 @@ def service_fim_prompt(
     layout: FimLayout,
     max_tokens: int | None,
     token_healing: bool,
+    context_length: int | None = None,
 ) -> tuple[list[int], str]:
     """What the FIM service asks the engine: ``(prompt_ids, answer_prefix)``, the prompt of
     ``build_fim_prompt`` healed at the cursor where the layout allows it (``spm``)."""
-    ids = build_fim_prompt(fmt, tokenizer, prompt, suffix, layout, max_tokens)
+    ids = build_fim_prompt(fmt, tokenizer, prompt, suffix, layout, max_tokens, context_length)
     if layout != "spm" or not token_healing:
         return ids, ""
     return heal_cursor(TokenTexts.for_tokenizer(tokenizer), ids, prompt)
