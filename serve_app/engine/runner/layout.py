@@ -32,6 +32,8 @@ class PassLayout:
     # Row ``b``'s slot where rows are not slots ``slot0..`` in order (prompt chunks of several
     # requests); None: slot ``slot0 + b``.
     read_slots: torch.Tensor | None = None
+    # Prompt chunks off the CPU: row ``b``'s (start, length), for ``causal_prompt_attention``.
+    prompt_rows: list[tuple[int, int]] | None = None
     # CPU decode steps: row ``b``'s query ``j`` reads columns ``< query_ends[b][j]``, exactly
     # (``exact_attention``); None: attention over the padded mask.
     query_ends: list[list[int]] | None = None
@@ -97,6 +99,11 @@ class PassLayout:
             # prompt took ~27 ms on an H200 through two blocks per layer).
             prefill_start=None if decode or rows > 1 or device.type != "cpu" else starts[0],
             read_slots=read_slots,
+            prompt_rows=(
+                list(zip(starts, lengths, strict=True))
+                if not decode and device.type != "cpu"
+                else None
+            ),
             query_ends=(
                 [[s + j + 1 for j in range(n)] for s, n in zip(starts, lengths, strict=True)]
                 if decode and device.type == "cpu"

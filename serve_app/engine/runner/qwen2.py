@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from serve_app.engine.runner.attention import (
     aligned_prefill_attention,
     aligned_width,
+    causal_prompt_attention,
     exact_attention,
     rope,
     small_attention,
@@ -353,6 +354,10 @@ class Qwen2Runner:
             if batch.prefill_start is not None:
                 attn = aligned_prefill_attention(
                     qp.transpose(1, 2), cache, index, batch.slot0, batch.prefill_start
+                )
+            elif batch.prompt_rows is not None:
+                attn = causal_prompt_attention(
+                    qp.transpose(1, 2), keys, values, batch.prompt_rows, self.embed.dtype
                 )
             elif batch.query_ends is not None:
                 attn = exact_attention(
