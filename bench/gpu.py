@@ -23,6 +23,15 @@ prefix cache and speculation off, eos ignored. Per model:
 - TTFT: a 1k- and an 8k-token prompt alone (``max_tokens`` 1), after one warm-up of the same
   length; one slot, so the KV cache holds one 8k row, not 64.
 
+Each figure is also printed as a share of its physical limit (``bench.gpu_limits``: the card's
+copy bandwidth and bf16 matrix rate, measured at the start of the run): decode against the
+bytes a step must read (every weight, each row's fp32 KV at its mean context), a first token
+against the FLOPs of reading the prompt, and how much faster than the prompt its time grows
+from the shortest to the longest. Then one layer's prompt attention, the last 1k chunk of an
+8k prompt, timed the way the runner does it (``causal_prompt_attention``: bf16, per row,
+lower-right causal, torch's flash kernel on a GPU) against one fp32 call with the padded mask
+(what prompt chunks did before; decode steps still do), in the same run.
+
 Decode runs twice per model by default (``--graphs on,off``): with CUDA graphs (``cuda_graphs``,
 prod's default) and eagerly, in the same run, with the ratio, and how many of the single
 stream's greedy tokens the two agree on before they first differ (a graph's attention reads
@@ -35,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import gc
 import platform
 import random
@@ -42,11 +52,14 @@ import time
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from bench.common import table
+from bench.gpu_limits import Card, ModelCost, mean_seconds, measure_card, model_cost
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
+from serve_app.engine.runner.attention import causal_prompt_attention
 from serve_app.models.loader import LoadedModel, pick_device
 from serve_app.models.tiny import TINY_SHAPE
 
@@ -84,6 +97,8 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 COMMON = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
 STREAM_PROMPT_TOKENS = 128
+# The runner's KV cache holds fp32 keys and values on every device (``Qwen2Runner.new_cache``).
+KV_DTYPE = torch.float32
 
 
 @dataclasses.dataclass
@@ -92,6 +107,7 @@ class Figures:
     streams_tps: dict[int, float]
     ttft_s: dict[int, float]
     single_text: str  # the single stream's greedy words (``stand_in_tokenizer``)
+    cost: ModelCost | None = None
 
 
 def random_model(shape: str, device: str, dtype: torch.dtype) -> Any:
@@ -206,13 +222,13 @@ def measure(loaded: LoadedModel, args: argparse.Namespace, graphs: bool, ttft: b
     finally:
         engine.shutdown()
     if not ttft:
-        return Figures(single, many, {}, text)
+        return Figures(single, many, {}, text, model_cost(loaded.model, KV_DTYPE))
     engine = engine_for(loaded, 1, context)
     try:
         first = asyncio.run(ttft_figures(engine, vocab, lengths))
     finally:
         engine.shutdown()
-    return Figures(single, many, first, text)
+    return Figures(single, many, first, text, model_cost(loaded.model, KV_DTYPE))
 
 
 def agreement(a: str, b: str) -> str:
@@ -231,7 +247,7 @@ def device_name(device: str) -> str:
     return f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
 
 
-def report(results: dict[str, Figures], args: argparse.Namespace, device: str) -> None:
+def report(results: dict[str, Figures], args: argparse.Namespace, device: str, card: Card) -> None:
     print(f"device: {device_name(device)}")
     print(f"decode: {args.tokens} tokens per request, {STREAM_PROMPT_TOKENS}-token prompts")
     counts = [int(n) for n in args.streams.split(",")]
@@ -254,6 +270,110 @@ def report(results: dict[str, Figures], args: argparse.Namespace, device: str) -
         ratios.append(row + [agreement(on.single_text, off.single_text)])
     if len(ratios) > 1:
         print(table(ratios))
+    print(limit_shares(results, card, args))
+
+
+def limit_shares(results: dict[str, Figures], card: Card, args: argparse.Namespace) -> str:
+    """Each figure over its physical limit (``bench.gpu_limits``), and TTFT's growth from the
+    shortest prompt to the longest over the prompt's."""
+    counts = [1] + [int(n) for n in args.streams.split(",")]
+    lengths = [int(n) for n in args.prompts.split(",")]
+    context = STREAM_PROMPT_TOKENS + args.tokens // 2  # a stream's mean context while decoding
+    head = ["model", "share of limit: single"] + [f"{n} streams" for n in counts[1:]]
+    head += [f"TTFT {n}" for n in lengths] + [f"TTFT growth {lengths[0]}->{lengths[-1]}"]
+    rows = [head]
+    for name, f in results.items():
+        if f.cost is None:
+            continue
+        measured = [f.single_tps] + [f.streams_tps[n] for n in counts[1:]]
+        row = [name] + [
+            f"{tps / f.cost.decode_tps(card, n, context):.0%}"
+            for n, tps in zip(counts, measured, strict=True)
+        ]
+        row += [
+            f"{f.cost.prompt_seconds(card, n) / f.ttft_s[n]:.0%}" if n in f.ttft_s else "-"
+            for n in lengths
+        ]
+        if lengths[0] in f.ttft_s and lengths[-1] in f.ttft_s:
+            growth = f.ttft_s[lengths[-1]] / f.ttft_s[lengths[0]] / (lengths[-1] / lengths[0])
+            row.append(f"{growth:.2f}x the prompt's")
+        else:
+            row.append("-")
+        rows.append(row)
+    limits = [
+        ["model", "weights GB", "KV KB/position"] + [f"limit {n}-stream tok/s" for n in counts]
+    ]
+    limits[0] += [f"floor TTFT {n} s" for n in lengths]
+    for name, f in results.items():
+        if (
+            f.cost is None
+            or not name.endswith("graphs")
+            and f"{name.rsplit(' ', 1)[0]} graphs" in results
+        ):
+            continue
+        c = f.cost
+        row = [
+            name.rsplit(" ", 1)[0],
+            f"{c.weight_bytes / 1e9:.2f}",
+            f"{c.kv_bytes_per_column / 1e3:.0f}",
+        ]
+        row += [f"{c.decode_tps(card, n, context):,.0f}" for n in counts]
+        limits.append(row + [f"{c.prompt_seconds(card, n):.4f}" for n in lengths])
+    return "\n".join(
+        [
+            f"card: copy {card.copy_bytes_per_s / 1e12:.2f} TB/s (read + written), matrix "
+            f"{card.matmul_flops_per_s / 1e12:.3g} TFLOP/s; decode at a mean context of "
+            f"{context} positions, KV {str(KV_DTYPE).removeprefix('torch.')}",
+            table(limits),
+            table(rows),
+        ]
+    )
+
+
+def prompt_attention_figures(names: list[str], device: str, dtype: torch.dtype) -> str:
+    """One layer's attention for the last ``chunk`` of a ``width``-token prompt, per model:
+    the runner's ``causal_prompt_attention`` against one fp32 call with the padded mask."""
+    chunk, width = (1024, 8192) if device.startswith("cuda") else (64, 256)
+    rows = [
+        ["model", f"masked fp32 ms ({chunk} over {width})", "causal_prompt_attention ms", "ratio"]
+        + ["flash kernel usable"]
+    ]
+    for name in names:
+        shape = SHAPES[name]
+        heads, kv_heads = shape["num_attention_heads"], shape["num_key_value_heads"]
+        dim = shape["hidden_size"] // heads
+        torch.manual_seed(0)
+        q = torch.randn(1, heads, chunk, dim, device=device)
+        keys = torch.randn(1, kv_heads, width, dim, device=device)
+        values = torch.randn(1, kv_heads, width, dim, device=device)
+        start = width - chunk
+        at = torch.arange(start, width, device=device).view(1, 1, chunk, 1)
+        mask = torch.arange(width, device=device).view(1, 1, 1, width) <= at
+
+        masked = functools.partial(
+            F.scaled_dot_product_attention, q, keys, values, attn_mask=mask, enable_gqa=True
+        )
+        causal = functools.partial(
+            causal_prompt_attention, q, keys, values, [(start, chunk)], dtype
+        )
+        gap = float((masked() - causal()).abs().max())
+        before, after = (mean_seconds(work, device, 20) * 1e3 for work in (masked, causal))
+        rows.append(
+            [name, f"{before:.3f}", f"{after:.3f} (max diff {gap:.3g})", f"{before / after:.1f}x"]
+            + [flash_usable(q[:, :, -chunk:].to(dtype), keys.to(dtype), values.to(dtype))]
+        )
+    return table(rows)
+
+
+def flash_usable(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> str:
+    """Whether torch's flash kernel takes these inputs (no mask, grouped heads), as
+    ``causal_lower_right``'s dispatch asks it; "-" off CUDA, where it never does."""
+    if q.device.type != "cuda":
+        return "-"
+    from torch.backends.cuda import SDPAParams, can_use_flash_attention
+
+    params = SDPAParams(q, keys, values, None, 0.0, False, True)
+    return "yes" if can_use_flash_attention(params, True) else "no (see the warning above)"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -271,8 +391,11 @@ def main(argv: list[str] | None = None) -> None:
         args.models, args.device, args.tokens, args.prompts = "tiny", "cpu", 8, "256,1024"
     device = pick_device(args.device)  # DeviceError where CUDA is asked for and missing
     dtype = getattr(torch, args.dtype)
+    card = measure_card(device)
+    names = args.models.split(",")
+    print(prompt_attention_figures(names, device, dtype), flush=True)
     results = {}
-    for name in args.models.split(","):
+    for name in names:
         started = time.perf_counter()
         loaded = loaded_model(name, device, dtype)
         print(f"{name}: built on {device} in {time.perf_counter() - started:.1f}s", flush=True)
@@ -284,7 +407,7 @@ def main(argv: list[str] | None = None) -> None:
         gc.collect()
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-    report(results, args, device)
+    report(results, args, device, card)
 
 
 if __name__ == "__main__":

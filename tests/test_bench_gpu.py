@@ -27,9 +27,19 @@ def test_smoke_prints_every_figure(capsys: pytest.CaptureFixture[str]) -> None:
     assert on[0] == "tiny graphs" and off[0] == "tiny eager", out
     assert all(float(cell) > 0 for cell in on[1:] + off[1:4]), out
     assert off[4:] == ["-", "-"], out
-    ratios = rows[-1]
-    assert ratios[0] == "tiny" and ratios[-1] == "8/8", out
+    ratios = next(row for row in rows if row[-1] == "8/8")
+    assert ratios[0] == "tiny", out
     assert all(float(cell.removesuffix("x")) > 0 for cell in ratios[1:4]), out
+    # Each figure as a share of its limit, the card measured in the same run.
+    assert re.search(
+        r"^card: copy [\d.]+ TB/s \(read \+ written\), matrix [\d.]+ TFLOP/s", out, re.M
+    )
+    shares = next(row for row in rows if row[0] == "tiny graphs" and row[1].endswith("%"))
+    assert all(cell.endswith("%") for cell in shares[1:6]), out
+    assert shares[6].endswith("x the prompt's"), out
+    # The prompt attention against the padded mask, both timed, their outputs close.
+    attention = next(row for row in rows if row[0] == "tiny" and "max diff" in row[2])
+    assert float(attention[2].split("(max diff ")[1].rstrip(")")) < 0.05, out
 
 
 def test_shapes_are_qwen25_coders() -> None:
