@@ -55,6 +55,8 @@ ENDPOINT_REQUESTS: dict[Endpoint, type[RequestModel]] = {
 }
 # What chat answers can be asked for (response_format), named as the listings name features.
 CHAT_FEATURES = ("json_mode", "structured_outputs")
+# Listed for chat where the model's template calls tools (``ModelConfig.tool_calls``).
+TOOLS_FEATURE = "tools"
 
 
 def honoured_parameters(endpoint: Endpoint) -> set[str]:
@@ -92,6 +94,12 @@ class ModelConfig(StrictConfig):
         )
     )
     supported_features: list[str] = Field(default_factory=list)
+    tool_calls: bool = Field(
+        default=True,
+        description="The model's chat template calls tools in Qwen2.5's <tool_call> blocks "
+        "(the embedded models do): chat lists the tools feature and takes tools. A model "
+        "without those markers answers a request with tools with a 400 naming tools.",
+    )
     openrouter_slug: str | None = None
     datacenters: list[str] = Field(default_factory=lambda: ["US"])
     aliases: list[str] = Field(
@@ -155,7 +163,8 @@ class ModelConfig(StrictConfig):
         honoured = set().union(*(honoured_parameters(endpoint) for endpoint in shown))
         features = list(self.supported_features)
         if "chat.completions" in shown:
-            features += [name for name in CHAT_FEATURES if name not in features]
+            chat = CHAT_FEATURES + ((TOOLS_FEATURE,) if self.tool_calls else ())
+            features += [name for name in chat if name not in features]
         fields = {
             "id": self.id,
             "name": self.name,

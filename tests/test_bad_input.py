@@ -266,12 +266,11 @@ def test_json_nested_past_the_parser_limit_is_a_contract_error(client, path, fie
             "response_format",
             "64 levels",
         ),
-        # a named tool is refused whatever its depth: tool calling is not supported
         (
             "/v1/chat/completions",
-            {"tool_choice": {"function": "__deep__"}},
-            "tool_choice",
-            "not supported",
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": "__deep__"}}]},
+            "tools",
+            "64 levels",
         ),
     ],
 )

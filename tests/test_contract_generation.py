@@ -282,20 +282,6 @@ def test_chat_accepts_diffusion_extensions(client):
     assert client.post("/v1/chat/completions", json=body, headers=AUTH).status_code == 200
 
 
-def test_chat_rejects_tools_clearly(client):
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
-    response = client.post("/v1/chat/completions", json={**CHAT, "tools": tools}, headers=AUTH)
-    assert "not supported" in assert_invalid(response, "tools")["message"]
-    named = {"type": "function", "function": {"name": "f"}}
-    for choice in ("required", named):
-        body = {**CHAT, "tool_choice": choice}
-        response = client.post("/v1/chat/completions", json=body, headers=AUTH)
-        assert "not supported" in assert_invalid(response, "tool_choice")["message"]
-    for choice in ("none", "auto"):  # what LiteLLM passes through without tools
-        body = {**CHAT, "tool_choice": choice}
-        assert client.post("/v1/chat/completions", json=body, headers=AUTH).status_code == 200
-
-
 # --- chat JSON modes (constrained decoding; the tiny model's random weights still give JSON) --
 
 PERSON = {

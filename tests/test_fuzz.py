@@ -66,8 +66,9 @@ APPLY_CONTENT = (
 )
 
 # The contract answers 400 to requests that fit the JSON schema but break a rule it cannot
-# express (top_k is -1 or 1..1000, exactly one edit message, tools refused, prompt + max_tokens
-# over the context length), so "schema-valid means 2xx" does not hold here by design.
+# express (top_k is -1 or 1..1000, exactly one edit message, a tool_choice naming a function
+# of tools, prompt + max_tokens over the context length), so "schema-valid means 2xx" does
+# not hold here by design.
 SKIPPED_CHECKS = [positive_data_acceptance]
 # A listing has no parameters or body to make invalid (ignored_auth covers its header).
 RUNS = [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from openai import OpenAI
 
@@ -128,3 +130,60 @@ def test_chat_json_mode_through_the_sdk(sdk):
         response_format={"type": "json_object"},
     )
     assert isinstance(json.loads(completion.choices[0].message.content), dict)
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def test_tool_calls_then_a_tool_message_then_the_answer(sdk):
+    """The SDK's own types read the call, and its history goes back unchanged."""
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    first = sdk.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER_TOOL], tool_choice="required",
+        parallel_tool_calls=False, max_tokens=60, temperature=0,
+    )  # fmt: skip
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"},
+    ]
+    final = sdk.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER_TOOL], tool_choice="none", max_tokens=5
+    )
+    assert final.choices[0].message.content is not None
+    assert final.choices[0].message.tool_calls is None
+
+
+def test_streamed_tool_calls_accumulate_as_the_sdk_reads_them(sdk):
+    stream = sdk.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER_TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=60, temperature=0, stream=True,
+    )  # fmt: skip
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in stream:
+        for choice in chunk.choices:
+            finish = choice.finish_reason or finish
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"id": delta.id, "name": "", "arguments": ""})
+                call["name"] += delta.function.name or ""
+                call["arguments"] += delta.function.arguments or ""
+    assert finish == "tool_calls"
+    assert [c["name"] for c in calls.values()] == ["get_weather"]
+    assert all(c["id"] for c in calls.values())
+    assert "city" in json.loads(calls[0]["arguments"])

@@ -8,9 +8,10 @@ a stream never resends text (``diffusing``), every request is served as fast as 
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from serve_app.api.common import (
     MAX_MESSAGES,
@@ -25,7 +26,7 @@ from serve_app.api.common import (
     json_depth,
     stop_field,
 )
-from serve_app.engine.protocol import SamplingParams
+from serve_app.engine.protocol import SamplingParams, ToolCallFormat
 
 # What a chat request without max_tokens may produce (capped by the model's max output): the
 # model deployment applies it, and the router reserves quota for it.
@@ -37,11 +38,30 @@ class TextPart(RequestModel):
     text: str
 
 
+# OpenAI's rule for function names; no quote or marker can hide in one.
+FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+MAX_TOOLS = 128
+
+
+class FunctionCall(RequestModel):
+    name: str = Field(pattern=FUNCTION_NAME)
+    arguments: str  # JSON text, as OpenAI sends and returns it
+
+
+class ToolCall(RequestModel):
+    """A call an earlier assistant turn made, as the client sends it back."""
+
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(RequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=MAX_TOOLS)
 
     @property
     def text(self) -> str:
@@ -49,10 +69,25 @@ class ChatMessage(RequestModel):
             return "".join(part.text for part in self.content)
         return self.content or ""
 
-    def to_template(self) -> dict[str, str]:
-        """The plain message a chat template expects (developer is OpenAI's newer system)."""
+    def to_template(self) -> dict[str, Any]:
+        """The plain message a chat template expects (developer is OpenAI's newer system); an
+        assistant's calls with their arguments as objects, as templates render them (the
+        service checks they parse first: ``serving.tool_calls``)."""
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": self.text}
+        message: dict[str, Any] = {"role": role, "content": self.text}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": json.loads(call.function.arguments),
+                    },
+                }
+                for call in self.tool_calls
+            ]
+        return message
 
 
 def _shallow(value: Any) -> Any:
@@ -67,6 +102,29 @@ class JsonSchemaFormat(RequestModel):
     strict: bool | None = None
 
     _schema_depth = field_validator("schema_")(_shallow)
+
+
+class FunctionDefinition(RequestModel):
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    _schema_depth = field_validator("parameters")(_shallow)
+
+
+class ToolDefinition(RequestModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(RequestModel):
+    name: str
+
+
+class NamedToolChoice(RequestModel):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ResponseFormat(RequestModel):
@@ -90,39 +148,31 @@ class ChatCompletionRequest(StreamingRequest):
     seed: int | None = None
     n: Literal[1] = Field(default=1, description="Only one choice per request is supported.")
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = Field(
-        default=None, description="Only none or auto (tool calling is not supported)."
+    tools: list[ToolDefinition] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        default=None,
+        description="none, auto (the default with tools), required, or a named function.",
     )
+    parallel_tool_calls: bool = True
     # Diffusion extensions (api-notes.md), accepted as documented no-ops.
     diffusing: bool = False
     realtime: bool = False
     reasoning_effort: Literal["instant", "low", "medium", "high"] | None = None
     reasoning_summary: bool = False
 
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if tools:
-            raise ValueError("tool calling is not supported by the models of this service")
-        return tools
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_required_tools(cls, choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-        if choice not in (None, "none", "auto"):
-            raise ValueError(
-                "tool calling is not supported by the models of this service: tool_choice can "
-                "only be none or auto"
-            )
-        return choice
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the answer may hold tool calls (tools given, tool_choice not none)."""
+        return bool(self.tools) and self.tool_choice != "none"
 
     @property
     def json_mode(self) -> Literal["json_object", "json_schema"] | None:
         fmt = self.response_format
         return None if fmt is None or fmt.type == "text" else fmt.type
 
-    def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
+    def to_sampling_params(
+        self, default_max_tokens: int, tool_calls: ToolCallFormat | None = None
+    ) -> SamplingParams:
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return SamplingParams(
             max_tokens=self.max_completion_tokens or self.max_tokens or default_max_tokens,
@@ -135,18 +185,42 @@ class ChatCompletionRequest(StreamingRequest):
             response_format=(
                 self.response_format.model_dump(by_alias=True) if self.json_mode else None
             ),
+            tool_calls=tool_calls,
         )
 
 
+class ResponseFunction(ResponseModel):
+    name: str
+    arguments: str
+
+
+class ResponseToolCall(ResponseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ResponseFunction
+
+
 class ChatResponseMessage(ResponseModel):
+    """``content`` is null when the answer is only tool calls, as OpenAI sends it;
+    ``tool_calls`` is left out when there are none."""
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ResponseToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _calls_only_when_made(self, handler: Any) -> dict[str, Any]:
+        return _without_none(handler(self), "tool_calls")
+
+
+# A chat answer ends as any completion's, or with the calls it made.
+ChatFinishReason = FinishReason | Literal["tool_calls"]
 
 
 class ChatChoice(ResponseModel):
     index: int
     message: ChatResponseMessage
-    finish_reason: FinishReason
+    finish_reason: ChatFinishReason
 
 
 class ChatCompletion(Completion):
@@ -154,15 +228,48 @@ class ChatCompletion(Completion):
     choices: list[ChatChoice]
 
 
+class FunctionDelta(ResponseModel):
+    name: str | None = None
+    arguments: str
+
+    @model_serializer(mode="wrap")
+    def _name_only_first(self, handler: Any) -> dict[str, Any]:
+        return _without_none(handler(self), "name")
+
+
+class ToolCallDelta(ResponseModel):
+    """One call's piece of a stream: its index, id, type and name first (arguments ""),
+    then its arguments in pieces, as OpenAI streams them."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
+
+    @model_serializer(mode="wrap")
+    def _id_only_first(self, handler: Any) -> dict[str, Any]:
+        return _without_none(handler(self), "id", "type")
+
+
 class ChatDelta(ResponseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+    @model_serializer(mode="wrap")
+    def _calls_only_when_made(self, handler: Any) -> dict[str, Any]:
+        return _without_none(handler(self), "tool_calls")
+
+
+def _without_none(fields: dict[str, Any], *names: str) -> dict[str, Any]:
+    """``fields`` less those of ``names`` that are None (fields OpenAI leaves out, not null)."""
+    return {k: v for k, v in fields.items() if k not in names or v is not None}
 
 
 class ChatChunkChoice(ResponseModel):
     index: int
     delta: ChatDelta
-    finish_reason: FinishReason | None = None
+    finish_reason: ChatFinishReason | None = None
 
 
 class ChatCompletionChunk(CompletionChunk):

@@ -103,11 +103,14 @@ class JsonConstraint:
         *,
         max_tokens: int | None = None,
         top_k: int = DEFAULT_TOP_K,
+        validator: Any = None,
     ) -> None:
+        """``validator``: what the output must be a prefix of, where it is not ``schema``'s
+        JSON (``tool_calls.CallValidator``: ``feed``, ``copy``, ``complete``, ``distance``)."""
         self.texts = token_texts
         self.eos_token_ids = frozenset(eos_token_ids)
         self.grammar = compile_schema(schema) if schema is not None else Grammar(ANY_OBJECT)
-        self.validator = JsonValidator(self.grammar.root)
+        self.validator = validator if validator is not None else JsonValidator(self.grammar.root)
         self.max_tokens = max_tokens
         self.top_k = top_k
         self.num_consumed = 0
@@ -118,7 +121,7 @@ class JsonConstraint:
         return self.validator.complete
 
     def __call__(self, logits: torch.Tensor, history: Any) -> torch.Tensor:
-        self._advance(history.output_ids)
+        self.advance(history.output_ids)
         if self.failed:
             return logits
         allowed = self.allowed_ids(logits, len(history.output_ids))
@@ -128,7 +131,7 @@ class JsonConstraint:
             values = torch.zeros_like(values)
         return torch.full_like(logits, float("-inf")).index_copy(0, index, values)
 
-    def _advance(self, output_ids: Sequence[int]) -> None:
+    def advance(self, output_ids: Sequence[int]) -> None:
         """Feed the tokens chosen since the last call into the validator."""
         if len(output_ids) < self.num_consumed:
             raise ValueError("the token history went backwards; use one constraint per request")

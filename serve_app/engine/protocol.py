@@ -38,6 +38,8 @@ class SamplingParams:
     - ``seed``: makes sampling reproducible per request when given.
     - ``response_format``: OpenAI's ``{"type": "json_object" | "json_schema", ...}``; when
       given, decoding is constrained so the output is JSON (valid against the schema).
+    - ``tool_calls``: the functions the answer may call; their blocks are decoded under
+      their schemas (``engine.tool_calls``).
     """
 
     max_tokens: int = 512
@@ -50,10 +52,22 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     response_format: Mapping[str, Any] | None = None
+    tool_calls: ToolCallFormat | None = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+
+@dataclass(frozen=True)
+class ToolCallFormat:
+    """A chat request's functions (name, JSON schema of its arguments or None), whether its
+    answer must be calls only (``required``: tool_choice required or a named function), and
+    whether it may hold more than one (``parallel``). ``engine.tool_calls`` decodes them."""
+
+    functions: tuple[tuple[str, Mapping[str, Any] | None], ...]
+    required: bool = False
+    parallel: bool = True
 
 
 @dataclass

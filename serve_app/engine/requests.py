@@ -24,11 +24,13 @@ from serve_app.engine.outbox import Outbox
 from serve_app.engine.protocol import (
     GenerationChunk,
     GenerationRequest,
+    SamplingParams,
     ScoringChunk,
     ScoringRequest,
 )
 from serve_app.engine.sampling import Sampler, TokenHistory
 from serve_app.engine.text import IncrementalDetokenizer, StopMatcher
+from serve_app.engine.tool_calls import ToolCallConstraint, tool_call_tokens
 from serve_app.errors import ContextLengthExceededError, InvalidRequestError
 
 
@@ -230,6 +232,8 @@ def new_request_state(
     except ValueError as e:
         raise InvalidRequestError(str(e)) from e
     attach_constraint(sampler, constraint)
+    if params.tool_calls is not None:
+        attach_constraint(sampler, tool_constraint(params, tokenizer, token_texts, eos_token_ids))
     if request.answer_prefix:  # token healing: the output spells the prefix first
         attach_constraint(sampler, AnswerPrefixConstraint(request.answer_prefix, token_texts))
     return RequestState(
@@ -247,3 +251,23 @@ def new_request_state(
         loop=loop,
         outbox=outbox,
     )
+
+
+def tool_constraint(
+    params: SamplingParams, tokenizer: Any, token_texts: TokenTexts, eos_token_ids: frozenset[int]
+) -> ToolCallConstraint:
+    """The decoding constraint of a request's tool calls; 4xx for a model without tool-call
+    markers or a function whose parameters schema does not compile."""
+    markers = tool_call_tokens(tokenizer)
+    if markers is None:
+        raise InvalidRequestError(
+            "This model's chat template has no tool calls; send the request without tools.",
+            param="tools",
+        )
+    assert params.tool_calls is not None
+    try:
+        return ToolCallConstraint(
+            params.tool_calls, markers, token_texts, eos_token_ids, max_tokens=params.max_tokens
+        )
+    except SchemaError as e:
+        raise InvalidRequestError(f"a function's parameters: {e}", param="tools") from e

@@ -23,16 +23,48 @@ SPECIAL_TOKENS = [
     "<|file_sep|>",
 ]
 
-# The Qwen2.5 chat template, reduced to what the service uses (system/user/assistant/tool).
+# Qwen2.5's tool-call markers: added tokens, but not special ones (they are answer text).
+TOOL_MARKERS = ["<tool_call>", "</tool_call>"]
+# The Qwen2.5 chat template's behaviour, reduced to what the service uses: system, user and
+# assistant turns, the tools block in the system turn, assistant tool calls and tool results.
 CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{%- if loop.first and message['role'] != 'system' %}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
+    "{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}"
+    "{{- '\\n\\n# Tools\\n\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nCall a function as:\\n<tool_call>\\n"
+    '{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n'
+    "</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages[0]['role'] != 'system' %}"
     "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
     "{%- endif %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' and loop.first and tools %}"
+    "{%- elif message.role == 'assistant' and message.tool_calls %}"
+    "{{- '<|im_start|>assistant' }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for call in message.tool_calls %}"
+    "{%- if call.function is defined %}{%- set call = call.function %}{%- endif %}"
+    '{{- \'\\n<tool_call>\\n{\\"name\\": \\"\' + call.name + \'\\", \\"arguments\\": \' }}'
+    "{{- call.arguments | tojson }}{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}"
+    "{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+# Bumped when what ``build_tiny_model`` writes changes: an older folder is rebuilt.
+TINY_VERSION = 2
 
 # The tiny model's sizes, as ``Qwen2Config`` arguments; ``bench.gpu --smoke`` runs this shape.
 TINY_SHAPE: Final[dict[str, Any]] = dict(
@@ -62,7 +94,8 @@ def build_tiny_model(
     """Write a tiny Qwen2 model and tokenizer to ``path`` (reused when already there);
     ``shape``: sizes that differ from ``TINY_SHAPE`` (a draft model for tests)."""
     path = Path(path)
-    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
+    marker = {"seed": seed, "vocab_size": vocab_size, "version": TINY_VERSION}
+    if (path / "config.json").exists() and _read_marker(path) == marker:
         return path
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -74,6 +107,7 @@ def build_tiny_model(
         pad_token="<|endoftext|>",
         additional_special_tokens=SPECIAL_TOKENS[1:],
     )
+    tokenizer.add_tokens(TOOL_MARKERS)  # not special: the answer's text shows them
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(path)
 
@@ -92,8 +126,15 @@ def build_tiny_model(
         tokenizer.convert_tokens_to_ids("<|endoftext|>"),
     ]
     model.save_pretrained(path)
-    (path / "tiny.json").write_text(json.dumps({"seed": seed, "vocab_size": vocab_size}))
+    (path / "tiny.json").write_text(json.dumps(marker))
     return path
+
+
+def _read_marker(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((path / "tiny.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _train_tokenizer(vocab_size: int):

@@ -47,6 +47,12 @@ def encode_trusted(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+def spells_control_token(tokenizer: Any, text: str) -> bool:
+    """Whether ``text`` spells one of the tokenizer's added tokens (turn markers and the
+    like): text the service cannot put in a prompt except as a message's content."""
+    return _spells_added_token(tokenizer, text)
+
+
 def _spells_added_token(tokenizer: Any, text: str) -> bool:
     """Whether ``text`` contains an added token's spelling, as written or after the
     tokenizer's normalizer (the form that tokens marked ``normalized`` are matched in)."""
@@ -90,13 +96,21 @@ def encode_chat(
     *,
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> list[int]:
-    """Token ids of ``messages`` under the tokenizer's chat template, contents as plain text."""
+    """Token ids of ``messages`` under the tokenizer's chat template, contents as plain text.
+
+    ``tools`` (function definitions) and assistant messages' ``tool_calls`` are rendered by
+    the template as its own text: the caller checks they spell no control token
+    (``spells_control_token``). An assistant turn that only calls tools has no content, and
+    the template leaves the content out rather than placing an empty one."""
     placeheld = [
-        {**message, "content": _PLACEHOLDER.format(index)} for index, message in enumerate(messages)
+        message if _only_calls(message) else {**message, "content": _PLACEHOLDER.format(index)}
+        for index, message in enumerate(messages)
     ]
     rendered = tokenizer.apply_chat_template(
         placeheld,
+        tools=list(tools) if tools else None,
         tokenize=False,
         add_generation_prompt=add_generation_prompt and not continue_final_message,
         continue_final_message=continue_final_message,
@@ -111,8 +125,12 @@ def encode_chat(
         ids += encode_untrusted(tokenizer, str(messages[index].get("content") or ""))
         position = match.end()
     ids += encode_trusted(tokenizer, rendered[position:])
-    if sorted(seen) != list(range(len(messages))):
+    if sorted(seen) != [i for i, message in enumerate(messages) if not _only_calls(message)]:
         # A template that drops, repeats or rewrites a content (trims it, say) cannot be split
         # safely; refuse rather than fall back to tokenising user text with its specials.
         raise ValueError("chat template does not place each message's content exactly once")
     return ids
+
+
+def _only_calls(message: dict[str, Any]) -> bool:
+    return bool(message.get("tool_calls")) and not message.get("content")

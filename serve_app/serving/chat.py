@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from serve_app.errors import InvalidRequestError, UpstreamBadResponseError
 from serve_app.prompts.chat_encoding import encode_chat
 from serve_app.serving.billing import BilledCall
 from serve_app.serving.generation import EngineClient, chunk_maker, completion, usage_of
+from serve_app.serving.tool_calls import CallStream, split_calls, template_tools, tool_format
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +34,8 @@ class ChatService:
 
     async def _request(self, body: ChatCompletionRequest, call: BilledCall) -> GenerationRequest:
         """Bound, then tokenise (and compile the schema) off the event loop."""
+        calls = tool_format(body, self.client.tokenizer)
+        tools = template_tools(body)
         messages = [message.to_template() for message in body.messages]
         if body.json_mode is not None:
             messages = [{"role": "system", "content": json_instruction(body)}, *messages]
@@ -42,22 +46,27 @@ class ChatService:
             except SchemaError as e:
                 raise InvalidRequestError(str(e), param="response_format") from None
         chars = sum(len(message["content"]) for message in messages)
+        chars += len(json.dumps(tools)) if tools else 0
         self.client.check_input_size(chars, "messages")
         # Message contents are encoded as plain text (a user cannot write turn markers), on a
         # worker thread: a long conversation must not stall the replica's other streams.
-        prompt_ids = await self.client.off_loop(encode_chat, self.client.tokenizer, messages)
+        prompt_ids = await self.client.off_loop(
+            functools.partial(encode_chat, tools=tools), self.client.tokenizer, messages
+        )
         max_tokens = self.client.default_max_tokens(prompt_ids, DEFAULT_CHAT_MAX_TOKENS)
-        params = body.to_sampling_params(default_max_tokens=max_tokens)
+        params = body.to_sampling_params(default_max_tokens=max_tokens, tool_calls=calls)
         return self.client.request(call, prompt_ids, params, prompt_param="messages", role="chat")
 
     async def complete(self, body: ChatCompletionRequest, call: BilledCall) -> ChatCompletion:
         text, last = await self.client.complete(call, await self._request(body, call))
         if body.json_mode is not None and last.finish_reason == "stop":
             await self.client.off_loop(check_json_output, text, body)
+        finish = last.finish_reason or "stop"
+        content, calls = split_calls(text) if body.calls_tools else (text, [])
         choice = ChatChoice(
             index=0,
-            message=ChatResponseMessage(content=text),
-            finish_reason=last.finish_reason or "stop",
+            message=ChatResponseMessage(content=content, tool_calls=calls or None),
+            finish_reason="tool_calls" if calls and finish == "stop" else finish,
         )
         return completion(ChatCompletion, "chatcmpl", body.model, choice, usage_of(last))
 
@@ -68,13 +77,30 @@ class ChatService:
         request = await self._request(body, call)
         chunk = chunk_maker(ChatCompletionChunk, "chatcmpl", body.model)
         yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(role="assistant", content=""))])
-        async for piece in self.client.stream_chunks(call, request, chunk, _delta_choice):
+        choice_of = _CallDeltas() if body.calls_tools else _delta_choice
+        async for piece in self.client.stream_chunks(call, request, chunk, choice_of):
             yield piece
 
 
 def _delta_choice(piece: GenerationChunk) -> ChatChunkChoice:
     delta = ChatDelta(content=piece.text) if piece.text else ChatDelta()
     return ChatChunkChoice(index=0, delta=delta, finish_reason=piece.finish_reason)
+
+
+class _CallDeltas:
+    """A stream's choices where the answer may call tools: content, then each call's deltas
+    (``CallStream``); the finish is ``tool_calls`` when calls were made."""
+
+    def __init__(self) -> None:
+        self.reader = CallStream()
+
+    def __call__(self, piece: GenerationChunk) -> ChatChunkChoice:
+        content, calls = self.reader.feed(piece.text)
+        delta = ChatDelta(content=content or None, tool_calls=calls or None)
+        finish = piece.finish_reason
+        if finish == "stop" and (self.reader.calls or self.reader.in_call):
+            finish = "tool_calls"
+        return ChatChunkChoice(index=0, delta=delta, finish_reason=finish)
 
 
 def json_instruction(body: ChatCompletionRequest) -> str:
