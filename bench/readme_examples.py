@@ -234,8 +234,9 @@ def decided(answer: dict) -> str:
 
 
 @contextmanager
-def in_process_client() -> Iterator[tuple[httpx.Client, str]]:
-    """The router app on the embedded model with configs/local.yaml's args (a fresh store)."""
+def in_process_client(only_model: str | None = None) -> Iterator[tuple[httpx.Client, str]]:
+    """The router app on the embedded model with configs/local.yaml's args (a fresh store);
+    ``only_model``: that model alone, serving every role (a benchmark of one model)."""
     import ray
     from fastapi.testclient import TestClient
 
@@ -246,6 +247,10 @@ def in_process_client() -> Iterator[tuple[httpx.Client, str]]:
     # which would otherwise join (or become) the cluster others on this machine find.
     document = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
     args = document["applications"][0]["args"]
+    if only_model is not None:
+        models = [model for model in args["models"] if model["id"] == only_model]
+        roles = {role: only_model for role in args["roles"]}
+        args = {**args, "models": models, "roles": roles}
     key = "sk-sa-readme-0123456789abcdefghijklmn"
     os.environ["SERVE_APP_API_KEY"] = key  # the local account's key on an empty store
     with tempfile.TemporaryDirectory(dir="/tmp", ignore_cleanup_errors=True) as scratch:
