@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 
-from serve_app.engine.engine import SHARED_PREFIX_TOKENS, LLMEngine
+from serve_app.engine.engine import LLMEngine
+from serve_app.engine.prefill import SHARED_PREFIX_TOKENS
 from serve_app.engine.protocol import generate_text
 from tests.conftest import engine_config
 from tests.runner_support import PROMPTS, encode, greedy

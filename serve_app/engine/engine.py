@@ -56,11 +56,12 @@ from typing import Any
 
 import torch
 
-from serve_app.engine.backend import PromptChunk, make_backend, make_drafter
+from serve_app.engine.backend import make_backend, make_drafter
 from serve_app.engine.constraints import TokenTexts
 from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.outbox import Outbox
 from serve_app.engine.output import OutputProcessor
+from serve_app.engine.prefill import PromptPhase
 from serve_app.engine.prefix_cache import PrefixCache
 from serve_app.engine.protocol import (
     Engine,
@@ -155,6 +156,15 @@ class LLMEngine(Engine):
             self.backend, self.config.max_batch_size, self.config.max_waiting, self.reuse.keep
         )
         self.output = OutputProcessor(self.eos_token_ids, self.counters, self.scheduler.forget)
+        self.prompts = PromptPhase(
+            self.config.prefill_chunk_tokens,
+            self.scheduler,
+            self.backend,
+            self.reuse,
+            self.output,
+            self.counters,
+            self._abort_check,
+        )
         self.outbox = Outbox()  # what requests push goes out after each phase of a step
         self._wakeup = threading.Event()
         self._stopping = False
@@ -360,108 +370,13 @@ class LLMEngine(Engine):
             state.push(STREAM_END)
         self.scheduler.admit()
         with threads.reading_prompts():
-            self._prefill_step()
+            self.prompts.step()
             self.outbox.flush()  # first tokens go out before the decode step, not after it
             self._score_step()
             self.outbox.flush()
         self._decode_step()
         self.scheduler.drop_done()
         self.counters.steps += 1
-
-    def _prefill_step(self) -> None:
-        """Spend ``prefill_chunk_tokens`` on the prefilling requests, oldest first, reading
-        up to the backend's ``prompt_batch`` requests' chunks per forward. A request is
-        planned (its prefix-cache lookup) after every earlier forward of the step has run,
-        so with one chunk per forward it finds the requests before it cached; a request
-        that starts like a chunk of the batch being gathered waits a step to find it there."""
-        budget = self.config.prefill_chunk_tokens
-        batch: list[PromptChunk] = []
-        for state in list(self.scheduler.prefilling):
-            if budget <= 0:
-                break
-            if batch and _reads_the_same(state, batch):
-                continue
-            try:
-                chunk = self._next_chunk(state, budget)
-            except Exception as e:
-                logger.exception("prefill failed for request %s", state.request_id)
-                self.output.fail(state, e)
-                continue
-            if chunk is None:
-                continue
-            batch.append(chunk)
-            budget -= chunk.end - chunk.start
-            if len(batch) == self.backend.prompt_batch:
-                self._read_chunks(batch)
-                batch = []
-        if batch:
-            self._read_chunks(batch)
-
-    def _next_chunk(self, state: State, budget: int) -> PromptChunk | None:
-        """A request's next up to ``budget`` prompt tokens to read; None where it needs none
-        (its answer replayed, or its prompt held whole by the prefix cache)."""
-        prompt = state.prompt_ids
-        if state.kv is None:
-            answer = self.reuse.answer(state)
-            if answer is not None:
-                self._replay(state, answer)
-                return None
-            cached, kv, logits = self.reuse.lookup(state)
-            self.backend.begin(state, kv)
-            state.num_computed = state.cached_tokens = cached
-            if cached == len(prompt):  # read before, whole (a scoring prefix: no logits)
-                self._finish_prefill(state, logits)
-                return None
-        start = state.num_computed
-        return PromptChunk(state, start, min(len(prompt), start + budget))
-
-    def _read_chunks(self, chunks: list[PromptChunk]) -> None:
-        """One prefill forward over ``chunks``; a request whose prompt is then read whole
-        gets its first token. A forward that fails fails its requests (whose fault it was
-        cannot be told apart); one stopped because all of them were aborted ends them at the
-        next step's reap."""
-        states = [chunk.state for chunk in chunks]
-        try:
-            logits = self.backend.prefill(chunks, self._abort_check(*states))
-        except RequestAborted:
-            return
-        except Exception as e:
-            logger.exception("prefill failed for requests %s", [s.request_id for s in states])
-            for state in states:
-                self.output.fail(state, e)
-            return
-        for chunk, row in zip(chunks, logits, strict=True):
-            state = chunk.state
-            state.num_computed = chunk.end
-            self.counters.prefill_tokens += chunk.end - chunk.start
-            if chunk.end < len(state.prompt_ids):
-                continue
-            try:
-                self._finish_prefill(state, row)
-            except Exception as e:
-                logger.exception("prefill failed for request %s", state.request_id)
-                self.output.fail(state, e)
-
-    def _replay(self, state: RequestState, answer: list[int]) -> None:
-        """The same greedy request again: its stored answer, through the output processor as
-        if sampled, with the whole prompt counted as cached (see ``reuse``)."""
-        state.num_computed = state.cached_tokens = len(state.prompt_ids)
-        self.counters.answers_replayed += 1
-        for token in answer:
-            self.output.on_token(state, token)
-            if state.is_done:
-                break
-        if not state.is_done:  # equal parameters end where they ended: never expected
-            raise RuntimeError("a replayed answer did not end its request")
-        self.scheduler.prefilled(state)
-
-    def _finish_prefill(self, state: State, logits: torch.Tensor | None) -> None:
-        """Cache the prompt's KV; sample the first token of a generation, and move the
-        request on (to the decode batch, or to its scoring passes)."""
-        self.reuse.insert(state, logits)
-        if isinstance(state, RequestState):
-            self.output.on_token(state, state.sampler(logits, state.history))
-        self.scheduler.prefilled(state)
 
     def _score_step(self) -> None:
         """One pass of every scoring request whose prefix is read."""
@@ -521,20 +436,3 @@ class LLMEngine(Engine):
     def _reset_backend(self) -> None:
         self.backend.reset()
         self.speculator.release()
-
-
-# Prompt tokens two requests must start alike for the later one to wait for the earlier one's
-# chunk (``_prefill_step``): a decision's shared state, a long common system prompt.
-SHARED_PREFIX_TOKENS = 256
-
-
-def _reads_the_same(state: State, batch: list[PromptChunk]) -> bool:
-    """Whether ``state``'s prompt, not begun, starts as the prompt a chunk of ``batch`` is
-    reading from its start."""
-    head = state.prompt_ids[:SHARED_PREFIX_TOKENS]
-    if state.kv is not None or len(head) < SHARED_PREFIX_TOKENS:
-        return False
-    return any(
-        chunk.start < SHARED_PREFIX_TOKENS and chunk.state.prompt_ids[:SHARED_PREFIX_TOKENS] == head
-        for chunk in batch
-    )
