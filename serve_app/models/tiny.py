@@ -64,7 +64,7 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 # Bumped when what ``build_tiny_model`` writes changes: an older folder is rebuilt.
-TINY_VERSION = 2
+TINY_VERSION = 3
 
 # The tiny model's sizes, as ``Qwen2Config`` arguments; ``bench.gpu --smoke`` runs this shape.
 TINY_SHAPE: Final[dict[str, Any]] = dict(
@@ -107,13 +107,14 @@ def build_tiny_model(
         pad_token="<|endoftext|>",
         additional_special_tokens=SPECIAL_TOKENS[1:],
     )
+    base_vocab = len(tokenizer)
     tokenizer.add_tokens(TOOL_MARKERS)  # not special: the answer's text shows them
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(path)
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
+        vocab_size=base_vocab,
         **{**TINY_SHAPE, **(shape or {})},
         max_position_embeddings=4096,
         bos_token_id=None,
@@ -121,6 +122,9 @@ def build_tiny_model(
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
     )
     model = Qwen2ForCausalLM(config)
+    # The markers' rows come last, after every other weight is drawn: the rest of the model
+    # is the one the tests were written against before the markers existed.
+    model.resize_token_embeddings(len(tokenizer))
     model.generation_config.eos_token_id = [
         tokenizer.convert_tokens_to_ids("<|im_end|>"),
         tokenizer.convert_tokens_to_ids("<|endoftext|>"),
