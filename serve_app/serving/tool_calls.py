@@ -158,9 +158,11 @@ class CallStream:
         self.deltas = []
         while True:
             if not self.in_call:
+                if self.calls:  # the newlines between blocks are not content
+                    self.buffer = self.buffer.lstrip("\n")
                 start = self.buffer.find(OPEN_MARKER)
                 if start < 0:
-                    keep = _partial_marker(self.buffer)
+                    keep = _partial_marker(self.buffer, OPEN_MARKER)
                     content += self.buffer[: len(self.buffer) - keep]
                     self.buffer = self.buffer[len(self.buffer) - keep :]
                     return content, self.deltas
@@ -173,7 +175,7 @@ class CallStream:
             self._call_pieces(body, closed=end >= 0)
             if end < 0:
                 return content, self.deltas
-            self.buffer = self.buffer[end + len(CLOSE_MARKER) :].lstrip("\n")
+            self.buffer = self.buffer[end + len(CLOSE_MARKER) :]
             self.in_call = False
             self.calls += 1
 
@@ -191,10 +193,13 @@ class CallStream:
             self.deltas.append(first)
             self.named = True
         arguments = body[body.find(ARGUMENTS_START) + len(ARGUMENTS_START) :]
-        # The body ends with the call object's brace and a newline: held back until closed.
+        # The body ends with the call object's brace and a newline, held back until the
+        # block closes, and so is what may be the start of the closing marker.
         upto = len(arguments) - len(BODY_END)
         if closed and not arguments.endswith(BODY_END):
             upto = len(arguments)
+        elif not closed:
+            upto -= _partial_marker(arguments, CLOSE_MARKER)
         if upto > self.sent:
             piece = arguments[self.sent : upto]
             delta = ToolCallDelta(index=self.calls, function=FunctionDelta(arguments=piece))
@@ -202,9 +207,9 @@ class CallStream:
             self.sent = upto
 
 
-def _partial_marker(text: str) -> int:
-    """How many characters at the end of ``text`` may begin the opening marker."""
-    for size in range(min(len(OPEN_MARKER) - 1, len(text)), 0, -1):
-        if OPEN_MARKER.startswith(text[-size:]):
+def _partial_marker(text: str, marker: str) -> int:
+    """How many characters at the end of ``text`` may begin ``marker``."""
+    for size in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-size:]):
             return size
     return 0
