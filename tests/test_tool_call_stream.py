@@ -46,6 +46,8 @@ def test_text_without_a_call_streams_as_it_comes_but_a_possible_marker_waits():
     stream = CallStream()
     assert stream.feed("a < b and <tool") == ("a < b and ", [])
     assert stream.feed("box>") == ("<toolbox>", [])
+    assert stream.feed(" ends <tool") == (" ends ", [])
+    assert stream.finish() == "<tool"  # the answer ended: it was text after all
 
 
 def test_the_whole_answer_splits_the_same_way():

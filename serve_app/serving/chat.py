@@ -96,9 +96,11 @@ class _CallDeltas:
 
     def __call__(self, piece: GenerationChunk) -> ChatChunkChoice:
         content, calls = self.reader.feed(piece.text)
-        delta = ChatDelta(content=content or None, tool_calls=calls or None)
         finish = piece.finish_reason
-        if finish == "stop" and (self.reader.calls or self.reader.in_call):
+        if finish is not None:
+            content += self.reader.finish()
+        delta = ChatDelta(content=content or None, tool_calls=calls or None)
+        if finish == "stop" and self.reader.calls:
             finish = "tool_calls"
         return ChatChunkChoice(index=0, delta=delta, finish_reason=finish)
 

@@ -179,6 +179,13 @@ class CallStream:
             self.in_call = False
             self.calls += 1
 
+    def finish(self) -> str:
+        """What is left once the answer ends: text held back because it might have begun a
+        marker (``a <tool`` at the very end) is content after all; an unclosed call's rest
+        was cut short and is not sent."""
+        rest, self.buffer = ("" if self.in_call else self.buffer), ""
+        return rest
+
     def _call_pieces(self, body: str, closed: bool) -> None:
         """The current call's deltas from its body so far (the engine's layout)."""
         if not self.named:
