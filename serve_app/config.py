@@ -210,6 +210,11 @@ class AuthOptions(StrictConfig):
         default="key",
         description="/docs and /openapi.json: behind the API key, open to anyone, or off.",
     )
+    playground: bool = Field(
+        default=True,
+        description="The browser playground at / (a static page open to anyone; it calls the "
+        "API with a key pasted into it).",
+    )
     max_concurrent_requests: int | None = Field(
         default=64,
         ge=1,
