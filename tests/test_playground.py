@@ -265,3 +265,23 @@ def test_chat_streams_the_answer_into_the_log(page):
     assert messages.nth(1).inner_text() != ""
     chat = [r for r in page.sent if r.url.endswith("/v1/chat/completions")][-1]
     assert chat.post_data_json["stream"] is True
+
+
+@pytest.mark.ray
+def test_the_playground_bench_times_each_key_from_the_page(browser, graph, capsys):
+    from bench.keystroke import TypingSession
+    from bench.playground import Keys, open_playground, report, type_session
+
+    session = TypingSession("example.py:3", "import os\n\n", "def walk(root):", "\n", 4)
+    keys = Keys()
+    page = open_playground(browser, graph["url"], TEST_KEY)
+    try:
+        assert type_session(page, session, 0, keys) == 4  # one request per key, in order
+    finally:
+        page.close()
+    assert len(keys.first) == 1 and len(keys.to_ghost) == len(keys.round_trip) == 3
+    assert all(
+        0 < trip <= ghost for trip, ghost in zip(keys.round_trip, keys.to_ghost, strict=True)
+    )
+    report(keys, 1, 0, graph["url"])
+    assert "key to ghost text, p50" in capsys.readouterr().out

@@ -350,6 +350,7 @@ function setupFim() {
       const usage = answer.usage;
       const seconds = (shown - sent) / 1000;
       stats.dataset.latencyMs = (shown - typedAt).toFixed(1);
+      stats.dataset.roundTripMs = (shown - sent).toFixed(1);
       stats.dataset.sequence = String(id);
       stats.textContent =
         `${Math.round(shown - typedAt)} ms key to suggestion · ` +
