@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bench.browser import chromium, find_chromium
-from serve_app.http.playground import ASSET_PREFIX, ASSETS
+from serve_app.http.playground import ASSET_PREFIX, static_files
 from serve_app.testing import local_router_app
 from tests.conftest import TEST_KEY, tiny_config
 from tests.test_clients_contract import ORIGINAL, UNANCHORED
@@ -71,12 +71,17 @@ def test_the_page_is_open_and_allows_only_its_own_files(client):
     assert audit.inline_scripts == 0 and audit.style_attributes == 0 and audit.forms == 0
     assert audit.inline_handlers == []
     assert audit.script_sources == [ASSET_PREFIX + "playground.js"]
-    for name, media_type in ASSETS.items():
-        asset = client.get(ASSET_PREFIX + name)
+    files = static_files()
+    assert {"/", ASSET_PREFIX + "playground.js", ASSET_PREFIX + "api.js"} <= set(files)
+    for path, (body, media_type) in files.items():
+        asset = client.get(path)
         assert asset.status_code == 200 and asset.headers["content-type"] == media_type
-        assert asset.headers["x-content-type-options"] == "nosniff"
-    script = client.get(ASSET_PREFIX + "playground.js").text
-    assert "eval(" not in script and "innerHTML" not in script and "new Function" not in script
+        assert asset.content == body and asset.headers["x-content-type-options"] == "nosniff"
+        assert asset.headers["content-security-policy"] == policy
+        if media_type.startswith("text/javascript"):
+            # No code from strings, no markup from strings: server text is set as text.
+            for banned in ("eval(", "new Function", "innerHTML", "outerHTML", "insertAdjacentHTML"):
+                assert banned not in asset.text, (path, banned)
     # Only the listed files: nothing is looked up from the path.
     for path in ("/playground/", "/playground/../config.py", "/playground/playground.html"):
         assert client.get(path).status_code == 404
@@ -92,6 +97,7 @@ def test_the_playground_can_be_turned_off(tiny_source, tmp_path):
     with TestClient(local_router_app(config), raise_server_exceptions=False) as off:
         assert off.get("/").status_code == 404
         assert off.get(ASSET_PREFIX + "playground.js").status_code == 404
+        assert off.get(ASSET_PREFIX + "api.js").status_code == 404
 
 
 # --- in a real browser, against the real graph -----------------------------------------------
@@ -285,3 +291,26 @@ def test_the_playground_bench_times_each_key_from_the_page(browser, graph, capsy
     )
     report(keys, 1, 0, graph["url"])
     assert "key to ghost text, p50" in capsys.readouterr().out
+
+
+@pytest.mark.ray
+def test_chat_shows_a_tool_call_as_it_streams(page):
+    import json
+
+    from playwright.sync_api import expect
+
+    open_tab(page, "chat")
+    page.click("#chat-tools-box summary")
+    page.check("#chat-use-tools")
+    page.fill("#chat-text", "What is the weather in Paris?")
+    page.click("#chat-send")
+    call = page.locator("#chat-log .message.assistant .call")
+    expect(call).to_have_count(1, timeout=EXPECT_TIMEOUT_MS)
+    expect(page.locator("#chat-stats")).to_contain_text("tokens in", timeout=EXPECT_TIMEOUT_MS)
+    # The tiny model writes noise, but the grammar makes it a call of the one tool offered.
+    shown = call.inner_text()
+    assert shown.startswith("→ get_weather(") and shown.endswith(")")
+    assert isinstance(json.loads(shown[len("→ get_weather(") : -1])["city"], str)
+    chat = [r for r in page.sent if r.url.endswith("/v1/chat/completions")][-1]
+    assert chat.post_data_json["tool_choice"] == "required"
+    assert chat.post_data_json["tools"][0]["function"]["name"] == "get_weather"

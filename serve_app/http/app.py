@@ -38,7 +38,7 @@ from serve_app.http.errors import as_service_error, install_error_handlers
 from serve_app.http.listings import register_listings
 from serve_app.http.middleware import Authenticate, BoundedBody, RequestId, RequestMetrics
 from serve_app.http.openapi import openapi_without_implicit_422
-from serve_app.http.playground import playground_paths, register_playground
+from serve_app.http.playground import register_playground
 from serve_app.http.sse import open_event_stream, sse_event, within
 from serve_app.serving.admission import Refunds, estimate_tokens
 from serve_app.serving.billing import (
@@ -143,12 +143,13 @@ def build_router_app(
     )
     handlers = RouteHandlers(config, backends)
     handlers.register(app)
+    open_paths = {"/health"}
     if config.auth.playground:
-        register_playground(app)
+        open_paths |= register_playground(app)
     app.openapi = lambda: openapi_without_implicit_422(app)
     install_error_handlers(app)
     paths = frozenset(route.path for route in app.routes)
-    guarded = paths - {"/health"} - playground_paths()
+    guarded = paths - open_paths
     if config.auth.docs == "open":
         guarded -= {"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
     # Outermost last: request id -> metrics -> key check -> bounded body -> routes.

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from importlib import resources
+from pathlib import PurePath
 
 from fastapi import FastAPI, Response
 
 PAGE_PATH = "/"
 ASSET_PREFIX = "/playground/"
-# name -> media type: the only files served; nothing is looked up from the request's path.
-ASSETS = {
-    "playground.js": "text/javascript; charset=utf-8",
-    "playground.css": "text/css; charset=utf-8",
-    "icon.svg": "image/svg+xml",
+PAGE_FILE = "playground.html"
+# The files served under ASSET_PREFIX, by suffix: the page's modules, its style and its icon.
+# Each becomes a route of its own when the app is built; nothing is looked up from a request.
+MEDIA_TYPES = {
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
 }
 CONTENT_SECURITY_POLICY = "; ".join(
     (
@@ -42,15 +45,21 @@ HEADERS = {
 }
 
 
-def playground_paths() -> frozenset[str]:
-    """The paths the playground answers: open to anyone, like ``/health``."""
-    return frozenset({PAGE_PATH, *(ASSET_PREFIX + name for name in ASSETS)})
+def static_files() -> dict[str, tuple[bytes, str]]:
+    """Every path the playground answers, with its body and media type."""
+    folder = resources.files(__package__) / "static"
+    files = {PAGE_PATH: ((folder / PAGE_FILE).read_bytes(), "text/html; charset=utf-8")}
+    for entry in sorted(folder.iterdir(), key=lambda entry: entry.name):
+        media_type = MEDIA_TYPES.get(PurePath(entry.name).suffix)
+        if media_type is not None:
+            files[ASSET_PREFIX + entry.name] = (entry.read_bytes(), media_type)
+    return files
 
 
-def register_playground(app: FastAPI) -> None:
-    """Serve the page at ``/`` and its two assets under ``/playground/``."""
-    files = resources.files(__package__) / "static"
-    page = (files / "playground.html").read_bytes()
+def register_playground(app: FastAPI) -> frozenset[str]:
+    """Serve the page at ``/`` and its files under ``/playground/``; the paths, which are open
+    to anyone (like ``/health``)."""
+    files = static_files()
 
     def serve(body: bytes, media_type: str) -> Callable[[], Awaitable[Response]]:
         async def route() -> Response:
@@ -58,7 +67,6 @@ def register_playground(app: FastAPI) -> None:
 
         return route
 
-    app.get(PAGE_PATH, include_in_schema=False)(serve(page, "text/html; charset=utf-8"))
-    for name, media_type in ASSETS.items():
-        body = (files / name).read_bytes()
-        app.get(ASSET_PREFIX + name, include_in_schema=False)(serve(body, media_type))
+    for path, (body, media_type) in files.items():
+        app.get(path, include_in_schema=False)(serve(body, media_type))
+    return frozenset(files)
