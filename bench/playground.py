@@ -15,7 +15,7 @@ Figures: key to ghost text, p50 and p90, over every key after a session's first;
 key of each session (its prompt cold); the share of keys drawn within Zed's 0.3 s. The
 baseline is the request's own round trip as the page saw it, measured on the same keys: the
 ratio is what the page adds (its debounce, drawing) to what an editor plugin would wait for.
-With ``--screenshot``, the page's own example file and one typed key are shot afterwards.
+With ``--screenshot``, the page's own example file with two keys typed is shot afterwards.
 """
 
 from __future__ import annotations
@@ -91,11 +91,13 @@ def type_session(page, session: TypingSession, sequence: int, keys: Keys) -> int
 
 
 def screenshot(browser, url: str, key: str, path: str) -> None:  # noqa: ANN001
-    """The page's own example with one key typed and its suggestion showing."""
+    """The page's own example with two keys typed (the second on the cached path) and the
+    suggestion showing."""
     page = open_playground(browser, url, key)
     page.click(CODE)
     page.keyboard.press("Control+End")
-    press_and_wait(page, "f", 1)
+    for sequence, char in enumerate("fi", start=1):
+        press_and_wait(page, char, sequence)
     page.screenshot(path=path)
     page.close()
 
