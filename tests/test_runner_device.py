@@ -17,7 +17,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from serve_app.engine.backend import PromptChunk, make_backend
+from serve_app.engine.backend import PromptChunk
+from serve_app.engine.backend_choice import make_backend
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.runner.prepare import build_runner, decode_weights, prefill_dtype

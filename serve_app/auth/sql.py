@@ -25,10 +25,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from serve_app.auth import ratelimit
 from serve_app.auth.interface import AuthStore
 from serve_app.auth.migrations import MIGRATIONS
-from serve_app.auth.ratelimit import Bucket
+from serve_app.auth.ratelimit import KEEP_SECONDS, Bucket, bucket_start, evaluate
 from serve_app.auth.records import (
     Account,
     Admission,
@@ -301,12 +300,10 @@ class SqlAuthStore(AuthStore):
             if rpm is not None or tpm is not None:
                 self._prune(db, account_id, now)
                 buckets = self._buckets(db, account_id, now)
-                verdict = ratelimit.evaluate(
-                    buckets, now, rpm=rpm, tpm=tpm, estimated_tokens=estimate
-                )
+                verdict = evaluate(buckets, now, rpm=rpm, tpm=tpm, estimated_tokens=estimate)
                 if not verdict.allowed:
                     return Admission("rate", None, verdict, used)
-            bucket = ratelimit.bucket_start(now)
+            bucket = bucket_start(now)
             self._execute(db, _UPSERT_WINDOW, (account_id, bucket, 1, estimate))
             if hold is None:
                 return Admission(None, None, verdict, used)
@@ -391,7 +388,7 @@ class SqlAuthStore(AuthStore):
             raise StoreError(f"no account with id {record.account_id}")
         period = period_key(row[0], record.created_at)
         actual = record.total_tokens
-        reserved, bucket = 0, ratelimit.bucket_start(record.created_at)
+        reserved, bucket = 0, bucket_start(record.created_at)
         if held is not None and held[3] == period:
             reserved, bucket = held[1], held[2]
         used = self._add_to_quota(db, record.account_id, period, actual - reserved)
@@ -421,7 +418,7 @@ class SqlAuthStore(AuthStore):
 
     def _add_to_window(self, db: Any, account_id: int, bucket: int, tokens: int, now: float):
         """Adjust a token bucket, unless it is already too old to count in any window."""
-        if tokens and bucket > now - ratelimit.KEEP_SECONDS:
+        if tokens and bucket > now - KEEP_SECONDS:
             self._execute(db, _UPSERT_WINDOW, (account_id, bucket, 0, tokens))
 
     def list_usage(self, account_id: int, limit: int = 100) -> list[UsageRecord]:
@@ -448,7 +445,7 @@ class SqlAuthStore(AuthStore):
         rows = self._execute(
             db,
             "SELECT bucket, requests, tokens FROM rate_windows WHERE account_id = ? AND bucket > ?",
-            (account_id, now - ratelimit.KEEP_SECONDS),
+            (account_id, now - KEEP_SECONDS),
         ).fetchall()
         return [Bucket(*row) for row in rows]
 
@@ -456,7 +453,7 @@ class SqlAuthStore(AuthStore):
         self._execute(
             db,
             "DELETE FROM rate_windows WHERE account_id = ? AND bucket <= ?",
-            (account_id, now - ratelimit.KEEP_SECONDS),
+            (account_id, now - KEEP_SECONDS),
         )
 
 

@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 
-from serve_app.engine.backend import make_backend, make_drafter
+from serve_app.engine.backend_choice import make_backend, make_drafter
 from serve_app.engine.constraints import TokenTexts
 from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.outbox import Outbox

@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from serve_app.api.common import ErrorResponse
 from serve_app.api.models import Endpoint, EndpointModelList, ModelList
+from serve_app.config import AppConfig
 
-if TYPE_CHECKING:
-    from serve_app.http.app import RouteHandlers
+
+class ListingHandlers(Protocol):
+    """What a listing needs of the router's handlers (``http.app.RouteHandlers``): the config,
+    the key check with admission, and the grant's rate headers."""
+
+    config: AppConfig
+
+    async def authorize(
+        self,
+        request: Request,
+        credentials: HTTPAuthorizationCredentials | None,
+        model: str | None,
+        endpoint: str,
+        body: Any = None,
+    ) -> Any: ...
+
+    def apply_headers(self, response: Response, grant: Any) -> None: ...
+
 
 LISTING_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (401, 500)
@@ -27,7 +44,7 @@ LISTINGS: dict[str, Endpoint] = {
 }
 
 
-def register_listings(app: FastAPI, handlers: RouteHandlers, bearer: HTTPBearer) -> None:
+def register_listings(app: FastAPI, handlers: ListingHandlers, bearer: HTTPBearer) -> None:
     """Add the overall listing and one listing per endpoint to ``app``."""
     app.get("/v1/models", response_model=ModelList, responses=LISTING_ERRORS, name="list_models")(
         listing_route(handlers, bearer, None)
@@ -41,7 +58,7 @@ def register_listings(app: FastAPI, handlers: RouteHandlers, bearer: HTTPBearer)
         )(listing_route(handlers, bearer, endpoint))
 
 
-def listing_route(handlers: RouteHandlers, bearer: HTTPBearer, endpoint: Endpoint | None) -> Any:
+def listing_route(handlers: ListingHandlers, bearer: HTTPBearer, endpoint: Endpoint | None) -> Any:
     """The route of one model listing: every model (``None``, no ``supported_endpoints``)
     or the models of one endpoint (with them), less those the account may not use."""
     config = handlers.config

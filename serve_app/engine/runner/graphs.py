@@ -38,16 +38,30 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from serve_app.engine.runner.kv import SlotCache
 
-if TYPE_CHECKING:
-    from serve_app.engine.runner.qwen2 import Qwen2Runner
-
 logger = logging.getLogger(__name__)
+
+
+class StaticDecoder(Protocol):
+    """What a graph captures: a runner's decode step on tensors of fixed shape
+    (``Qwen2Runner.static_decode``), on the runner's device."""
+
+    device: torch.device
+
+    def static_decode(
+        self,
+        cache: SlotCache,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        span: int,
+    ) -> torch.Tensor: ...
+
 
 # Batch sizes a graph is captured for; a step's rows are padded up to the next one.
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -86,7 +100,7 @@ class DecodeGraphs:
 
     def decode(
         self,
-        runner: Qwen2Runner,
+        runner: StaticDecoder,
         cache: SlotCache,
         tokens: Sequence[Sequence[int]],
         starts: Sequence[int],
@@ -123,7 +137,7 @@ class DecodeGraphs:
         entry.graph.replay()
         return entry.logits
 
-    def _entry(self, runner: Qwen2Runner, cache: SlotCache, size: int, span: int) -> _Graph:
+    def _entry(self, runner: StaticDecoder, cache: SlotCache, size: int, span: int) -> _Graph:
         entry = cache.graphs.get((size, span))
         if entry is not None:
             return entry
