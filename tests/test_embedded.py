@@ -25,6 +25,7 @@ from serve_app.models.embedded import (
     ensure_embedded_model,
 )
 from serve_app.models.embedded.cli import main
+from serve_app.prepare import main as prepare
 
 PART_SIZE = 1000
 
@@ -278,12 +279,13 @@ def test_cli_lists_the_extras_of_the_models_a_config_serves(monkeypatch, tmp_pat
     cache = tmp_path / "cache"
     roles = {"fim": spec.name, "edit": DEFAULT_MODEL, "decisions": spec.name}
     assert (
-        main(["--config", _serve_file(tmp_path, roles), "--extras", "--cache-dir", str(cache)]) == 0
+        prepare(["extras", "--config", _serve_file(tmp_path, roles), "--cache-dir", str(cache)])
+        == 0
     )
     assert capsys.readouterr().out.strip() == "fake-extra"  # its parts are not installed
     only_default = {"fim": DEFAULT_MODEL, "edit": DEFAULT_MODEL, "decisions": DEFAULT_MODEL}
     path = _serve_file(tmp_path, only_default, unused=spec.name)
-    assert main(["--config", path, "--extras", "--cache-dir", str(cache)]) == 0
+    assert prepare(["extras", "--config", path, "--cache-dir", str(cache)]) == 0
     assert capsys.readouterr().out.strip() == ""  # listed but served by no deployment
 
 
@@ -295,10 +297,10 @@ def test_cli_prepares_every_model_a_config_serves(
     cache = fake_model["cache"]
     roles = {"fim": spec.name, "edit": spec.name, "decisions": spec.name}
     path = _serve_file(tmp_path, roles)
-    assert main(["--config", path, "--cache-dir", str(cache)]) == 0
+    assert prepare(["models", "--config", path, "--cache-dir", str(cache)]) == 0
     assert capsys.readouterr().out.strip() == str(cache / spec.name)
     assert len(fake_model["calls"]) == 1
-    assert main(["--config", path, "--extras", "--cache-dir", str(cache)]) == 0
+    assert prepare(["extras", "--config", path, "--cache-dir", str(cache)]) == 0
     assert capsys.readouterr().out.strip() == ""  # prepared: nothing left to install
 
 
@@ -306,6 +308,6 @@ def test_cli_prepares_a_model_where_the_config_puts_it(fake_model: dict, tmp_pat
     """A config's cache_dir is where its replicas look: make run converts there."""
     spec, cache = fake_model["spec"], fake_model["cache"]
     roles = {"fim": spec.name, "edit": spec.name, "decisions": spec.name}
-    assert main(["--config", _serve_file(tmp_path, roles, cache_dir=str(cache))]) == 0
+    assert prepare(["models", "--config", _serve_file(tmp_path, roles, cache_dir=str(cache))]) == 0
     assert capsys.readouterr().out.strip() == str(cache / spec.name)
     assert embedded.is_complete(cache / spec.name, spec)

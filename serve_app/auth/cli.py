@@ -69,11 +69,9 @@ def _create_key(store: AuthStore, args: argparse.Namespace) -> int:
 
 
 def _bootstrap(store: AuthStore, args: argparse.Namespace) -> int:
-    """``make run``'s first step: when the Serve config asks for ``auth.bootstrap_local_key``,
-    an empty store gets account ``local`` and a key, printed here once (and kept in a 0600
-    file beside the store); later runs only say where the key is."""
-    if args.config is not None and not _wants_local_key(args.config):
-        return 0
+    """An empty store gets account ``local`` and a key, printed here once (and kept in a 0600
+    file beside the store); later runs only say where the key is. ``make run`` runs it
+    through ``serve_app.prepare`` when its config enables ``auth.bootstrap_local_key``."""
     key, path = bootstrap_key_file(store, args.db, os.environ.get("SERVE_APP_API_KEY"))
     if key is not None:
         rule = "=" * 72
@@ -84,13 +82,6 @@ def _bootstrap(store: AuthStore, args: argparse.Namespace) -> int:
     elif path.exists():
         print(f"the local API key is in {path}", file=sys.stderr)
     return 0
-
-
-def _wants_local_key(config_path: str) -> bool:
-    """Whether every application of a Serve config file enables ``bootstrap_local_key``."""
-    from serve_app.config import serve_file_configs
-
-    return all(config.auth.bootstrap_local_key for config in serve_file_configs(config_path))
 
 
 def _list(store: AuthStore, args: argparse.Namespace) -> int:
@@ -218,8 +209,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = command("create-key", _create_key, "create an API key (printed once)")
     sub.add_argument("account")
     command("list", _list, "list accounts and keys (no secrets)")
-    sub = command("bootstrap", _bootstrap, "make an empty store usable locally (prints a key)")
-    sub.add_argument("--config", help="a Serve config: only if it enables bootstrap_local_key")
+    command("bootstrap", _bootstrap, "make an empty store usable locally (prints a key)")
     sub = command("revoke", _revoke, "revoke an API key")
     sub.add_argument("key_id", type=int)
     sub = command("set-status", _set_status, "activate or deactivate an account")
