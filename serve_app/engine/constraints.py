@@ -5,13 +5,13 @@ Three layers, each usable on its own (modules of ``serve_app.engine.json``):
 - ``TokenTexts`` (``token_bytes``): the exact bytes of every token id of a tokenizer, built
   once per tokenizer. Byte-level BPE tokens are often *partial* UTF-8 characters, so
   everything below works on bytes, never on decoded text.
-- ``JsonValidator`` (``automaton``, ``grammar``, ``schema``): an incremental JSON prefix
-  checker, a small pushdown automaton (a stack of frames: object, array, string, number,
-  literal) driven by a *grammar* node tree. Plain
-  JSON is the grammar ``ANY_OBJECT``; a JSON schema is compiled (``compile_schema``) into a
-  grammar that only admits the schema's keys and value types. ``copy()`` is cheap, so
-  candidate tokens are tried on copies. ``distance()`` is the fewest bytes that still complete
-  the document, which drives the token budget (below).
+- ``JsonValidator`` (``validator``, ``automaton``, ``grammar``, ``schema``): an incremental
+  JSON prefix checker, a small pushdown automaton (a stack of frames: object, array, string,
+  number, literal) driven by a *grammar* node tree. Plain JSON is the grammar ``ANY_OBJECT``;
+  a JSON schema is compiled (``compile_schema``) into a grammar that only admits the schema's
+  keys and value types. ``copy()`` is cheap, so candidate tokens are tried on copies.
+  ``distance()`` is the fewest bytes that still complete the document, which drives the token
+  budget (below).
 - ``JsonConstraint``: a ``LogitsProcessor`` that masks every token that would break the
   prefix. It advances its validator with the tokens actually chosen (``history.output_ids``),
   so it needs nothing from the sampler but a place in the processor list.
@@ -52,11 +52,11 @@ from typing import Any
 
 import torch
 
-from serve_app.engine.json.automaton import JsonValidator
 from serve_app.engine.json.grammar import ANY_OBJECT, SchemaError
 from serve_app.engine.json.postcheck import validate_output
 from serve_app.engine.json.schema import Grammar, SchemaTooComplexError, compile_schema
 from serve_app.engine.json.token_bytes import TokenTexts
+from serve_app.engine.json.validator import JsonValidator
 from serve_app.engine.sampling import LogitsProcessor, Temperature, TokenHistory, TopK, TopP
 
 __all__ = [

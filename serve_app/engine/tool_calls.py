@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from serve_app.engine.constraints import JsonConstraint
-from serve_app.engine.json.automaton import JsonValidator
 from serve_app.engine.json.schema import Grammar, compile_schema
+from serve_app.engine.json.validator import JsonValidator
 from serve_app.engine.protocol import ToolCallFormat
 
 OPEN_MARKER, CLOSE_MARKER = "<tool_call>", "</tool_call>"

@@ -1,16 +1,14 @@
-"""An incremental JSON prefix checker: a pushdown automaton driven by grammar nodes.
-
-A stack of frames (object, array, string, number, literal), one per open value. ``feed`` one
-byte at a time; ``copy()`` is cheap, so candidate tokens are tried on copies. ``distance()`` is
-the fewest bytes that still complete the document, which drives the token budget.
+"""The frames of the incremental JSON prefix checker: one per open value (object, array,
+string, number, literal), each fed one byte at a time by the validator (``validator``), which
+keeps them on a stack. ``copy()`` is cheap, so candidate tokens are tried on copies;
+``distance()`` is the fewest bytes that still close a frame, which drives the token budget.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from serve_app.engine.json.grammar import ArrayNode, Node, ObjectNode
+from serve_app.engine.json.grammar import ArrayNode, Node, ObjectNode
 
 # Longest run of structural whitespace allowed before the value: models love endless "\n".
 MAX_WS_RUN = 64
@@ -35,12 +33,23 @@ FIRST_CONTINUATION = {
 }
 
 
+class Parser(Protocol):
+    """What a frame asks of the validator driving it (``validator.JsonValidator``): its stack,
+    to open a child value, and to take structural whitespace."""
+
+    stack: list[Frame]
+
+    def open(self, node: Node, b: int) -> bool: ...
+
+    def take_ws(self) -> int: ...
+
+
 class Frame:
     """One open value on the validator's stack; ``feed`` one byte, ``copy`` for trying tokens."""
 
     __slots__ = ()
 
-    def feed(self, b: int, v: JsonValidator) -> int:
+    def feed(self, b: int, v: Parser) -> int:
         raise NotImplementedError
 
     def copy(self) -> Frame:
@@ -69,7 +78,7 @@ class RootFrame(Frame):
     def copy(self) -> RootFrame:
         return RootFrame(self.node, self.started)
 
-    def feed(self, b: int, v: JsonValidator) -> int:
+    def feed(self, b: int, v: Parser) -> int:
         if b in WS:
             return OK if self.started else v.take_ws()
         if self.started:
@@ -108,7 +117,7 @@ class ObjectFrame(Frame):
     def copy(self) -> ObjectFrame:
         return ObjectFrame(self.node, self.state, self.seen, self.cur, self.owed)
 
-    def feed(self, b: int, v: JsonValidator) -> int:
+    def feed(self, b: int, v: Parser) -> int:
         state = self.state
         if b in WS:
             return v.take_ws()
@@ -133,7 +142,7 @@ class ObjectFrame(Frame):
             return DONE
         return REJECT
 
-    def _start_key(self, v: JsonValidator) -> int:
+    def _start_key(self, v: Parser) -> int:
         node = self.node
         if node.free:
             child: Frame = StringFrame(key=True)
@@ -205,7 +214,7 @@ class ArrayFrame(Frame):
     def copy(self) -> ArrayFrame:
         return ArrayFrame(self.node, self.state, self.count)
 
-    def feed(self, b: int, v: JsonValidator) -> int:
+    def feed(self, b: int, v: Parser) -> int:
         if b in WS:
             return v.take_ws()
         node, state = self.node, self.state
@@ -251,7 +260,7 @@ class StringFrame(Frame):
         new.utf_left, new.lo, new.hi = self.utf_left, self.lo, self.hi
         return new
 
-    def feed(self, b: int, v: JsonValidator) -> int:
+    def feed(self, b: int, v: Parser) -> int:
         if self.utf_left:
             if not self.lo <= b <= self.hi:
                 return REJECT
@@ -345,7 +354,7 @@ class NumberFrame(Frame):
     def copy(self) -> NumberFrame:
         return NumberFrame(self.table, self.state)
 
-    def feed(self, b: int, v: JsonValidator) -> int:
+    def feed(self, b: int, v: Parser) -> int:
         nxt = self.table[self.state].get(b)
         if nxt is not None:
             self.state = nxt
@@ -374,7 +383,7 @@ class LiteralFrame(Frame):
     def copy(self) -> LiteralFrame:
         return LiteralFrame(self.alive, self.pos, self.key)
 
-    def feed(self, b: int, v: JsonValidator) -> int:
+    def feed(self, b: int, v: Parser) -> int:
         pos = self.pos
         alive = [c for c in self.alive if len(c) > pos and c[pos] == b]
         if not alive:
@@ -395,86 +404,3 @@ class LiteralFrame(Frame):
 
     def distance(self, child: Frame | None) -> int:
         return 0 if self.key else self.own_distance()
-
-
-class JsonValidator:
-    """Incremental check that bytes fed so far are a prefix of a document of ``node``.
-
-    ``feed`` returns False (and the validator is then dead) at the first byte that no valid
-    document could have there; try candidates on a ``copy()``.
-    """
-
-    __slots__ = ("stack", "ws_run", "dead")
-
-    def __init__(self, node: Node | None = None) -> None:
-        if node is None:
-            from serve_app.engine.json.grammar import ANY_OBJECT
-
-            node = ANY_OBJECT
-        self.stack: list[Frame] = [RootFrame(node)]
-        self.ws_run = 0
-        self.dead = False
-
-    def copy(self) -> JsonValidator:
-        new = JsonValidator.__new__(JsonValidator)
-        new.stack = [f.copy() for f in self.stack]
-        new.ws_run, new.dead = self.ws_run, self.dead
-        return new
-
-    def open(self, node: Node, b: int) -> bool:
-        """Push the frame of the value byte ``b`` starts, where ``node`` admits one (a frame's
-        child: the document, a property value, an array item); False where it does not."""
-        child = node.start(b)
-        if child is None:
-            return False
-        self.stack.append(child)
-        return True
-
-    def feed(self, data: bytes | str) -> bool:
-        """Feed bytes (or text, as UTF-8); False as soon as the prefix becomes invalid."""
-        if isinstance(data, str):
-            data = data.encode()
-        if self.dead:
-            return False
-        for b in data:
-            if not self._feed_byte(b):
-                self.dead = True
-                return False
-        return True
-
-    def _feed_byte(self, b: int) -> bool:
-        if b not in WS:
-            self.ws_run = 0
-        stack = self.stack
-        while True:
-            top = stack[-1]
-            result = top.feed(b, self)
-            if result == OK:
-                return True
-            if result == REJECT:
-                return False
-            stack.pop()  # DONE or REFEED (the root never ends, so the stack never empties)
-            stack[-1].child_done(top)
-            if result == DONE:
-                return True
-
-    def take_ws(self) -> int:
-        """Structural whitespace: allowed, up to ``MAX_WS_RUN`` in a row."""
-        self.ws_run += 1
-        return OK if self.ws_run <= MAX_WS_RUN else REJECT
-
-    @property
-    def complete(self) -> bool:
-        """One whole value has been read (only whitespace may follow)."""
-        stack = self.stack
-        if self.dead:
-            return False
-        if len(stack) == 1:
-            return stack[0].started
-        return len(stack) == 2 and stack[1].can_end()
-
-    def distance(self) -> int:
-        """Fewest bytes that complete the document (0 iff ``complete``)."""
-        stack = self.stack
-        last = len(stack) - 1
-        return sum(f.distance(stack[i + 1] if i < last else None) for i, f in enumerate(stack))

@@ -1,7 +1,7 @@
 """Grammar nodes: what one JSON value may look like (compiled from a schema, shared, immutable).
 
-``Node.start`` opens the frame (``automaton``) that parses a value of the node. Nodes are
-built once per schema and shared by every request using it, so they hold no parse state.
+``validator.open_frame`` opens the frame (``automaton``) that parses a value of a node. Nodes
+are built once per schema and shared by every request using it, so they hold no parse state.
 """
 
 from __future__ import annotations
@@ -9,18 +9,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
-
-from serve_app.engine.json.automaton import (
-    LBRACE,
-    LBRACKET,
-    QUOTE,
-    ArrayFrame,
-    Frame,
-    LiteralFrame,
-    NumberFrame,
-    ObjectFrame,
-    StringFrame,
-)
 
 
 class SchemaError(ValueError):
@@ -32,34 +20,15 @@ class Node:
 
     minlen: int = 1
 
-    def start(self, b: int) -> Frame | None:
-        """The frame that parses this value, having read its first byte ``b`` (None: invalid)."""
-        raise NotImplementedError
-
 
 class AnyNode(Node):
     """Any JSON value; its shortest is ``0``."""
 
     minlen = 1
 
-    def start(self, b: int) -> Frame | None:
-        if b == LBRACE:
-            return ObjectFrame(ANY_OBJECT)
-        if b == LBRACKET:
-            return ArrayFrame(ANY_ARRAY)
-        if b == QUOTE:
-            return StringFrame()
-        if b in _NUMBER_START:
-            return NumberFrame.begin(False, b)
-        literal = _WORD_LITERALS.get(b)
-        return literal.start(b) if literal is not None else None
-
 
 class StringNode(Node):
     minlen = 2
-
-    def start(self, b: int) -> Frame | None:
-        return StringFrame() if b == QUOTE else None
 
 
 class NumberNode(Node):
@@ -67,9 +36,6 @@ class NumberNode(Node):
 
     def __init__(self, integer: bool) -> None:
         self.integer = integer
-
-    def start(self, b: int) -> Frame | None:
-        return NumberFrame.begin(self.integer, b)
 
 
 class LiteralNode(Node):
@@ -81,10 +47,6 @@ class LiteralNode(Node):
             raise SchemaError("an enum with no (type-matching) values admits nothing")
         self.minlen = min(len(c) for c in self.candidates)
 
-    def start(self, b: int) -> Frame | None:
-        alive = [c for c in self.candidates if c[0] == b]
-        return LiteralFrame(alive, 1) if alive else None
-
 
 class UnionNode(Node):
     """Any of several nodes; the first byte picks one (``anyOf``, type lists)."""
@@ -93,16 +55,10 @@ class UnionNode(Node):
         if not options:
             raise SchemaError("an empty anyOf/type list admits nothing")
         # Nested unions are flattened and shared nodes (a ``$ref`` used twice) kept once, so
-        # ``start`` tries each distinct option once however the anyOf were nested.
+        # a value opens each distinct option once however the anyOf were nested.
         flat = [x for o in options for x in (o.options if isinstance(o, UnionNode) else (o,))]
         self.options = tuple({id(o): o for o in flat}.values())
         self.minlen = min(o.minlen for o in self.options)
-
-    def start(self, b: int) -> Frame | None:
-        # Among the options that take ``b``, commit to the one closest to done: it keeps
-        # ``distance`` a true shortest completion (the budget logic relies on that).
-        frames = [f for f in (o.start(b) for o in self.options) if f is not None]
-        return min(frames, key=lambda f: f.distance(None)) if frames else None
 
 
 class ArrayNode(Node):
@@ -111,9 +67,6 @@ class ArrayNode(Node):
             raise SchemaError(f"no array has between {min_items} and {max_items} items")
         self.items, self.min_items, self.max_items = items, min_items, max_items
         self.minlen = 2 if min_items == 0 else 1 + min_items * (items.minlen + 1)
-
-    def start(self, b: int) -> Frame | None:
-        return ArrayFrame(self) if b == LBRACKET else None
 
 
 class ObjectNode(Node):
@@ -146,9 +99,6 @@ class ObjectNode(Node):
         self.owed = sum(self.cost[k] + 1 for k in self.required)
         self.minlen = 1 + (self.owed or 1)
 
-    def start(self, b: int) -> Frame | None:
-        return ObjectFrame(self) if b == LBRACE else None
-
 
 def dumps_value(value: Any) -> bytes:
     """The canonical bytes the constraint produces for a fixed value (enum, const, key)."""
@@ -158,8 +108,8 @@ def dumps_value(value: Any) -> bytes:
 ANY = AnyNode()
 ANY_OBJECT = ObjectNode({}, (), ANY)
 ANY_ARRAY = ArrayNode(ANY)
-_NUMBER_START = frozenset(b"-0123456789")
-_WORD_LITERALS = {
+NUMBER_START = frozenset(b"-0123456789")
+WORD_LITERALS = {
     ord("t"): LiteralNode([b"true"]),
     ord("f"): LiteralNode([b"false"]),
     ord("n"): LiteralNode([b"null"]),
