@@ -103,12 +103,18 @@ def test_the_playground_can_be_turned_off(tiny_source, tmp_path):
 # --- in a real browser, against the real graph -----------------------------------------------
 
 
+CHROMIUM = find_chromium()
+# A mark, not a skip inside a fixture: the graph (a session fixture) is not started for tests
+# that cannot run.
+needs_browser = pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium on this machine (apt install chromium; .ci/run does)"
+)
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    executable = find_chromium()
-    if executable is None:
-        pytest.skip("no Chromium on this machine (apt install chromium; .ci/run does)")
-    with chromium(executable) as launched:
+    assert CHROMIUM is not None
+    with chromium(CHROMIUM) as launched:
         yield launched
 
 
@@ -148,6 +154,7 @@ def open_tab(page: Any, name: str) -> None:
 
 
 @pytest.mark.ray
+@needs_browser
 def test_every_endpoint_shows_the_model_its_listing_names(page):
     from tests.graph import MODEL
 
@@ -160,6 +167,7 @@ def test_every_endpoint_shows_the_model_its_listing_names(page):
 
 
 @pytest.mark.ray
+@needs_browser
 def test_typing_shows_ghost_text_and_tab_accepts_it(page):
     from playwright.sync_api import expect
 
@@ -184,6 +192,7 @@ def test_typing_shows_ghost_text_and_tab_accepts_it(page):
 
 
 @pytest.mark.ray
+@needs_browser
 def test_apply_shows_the_merge_as_a_diff_and_a_failed_merge_as_its_error(page):
     from playwright.sync_api import expect
 
@@ -208,6 +217,7 @@ def test_apply_shows_the_merge_as_a_diff_and_a_failed_merge_as_its_error(page):
 
 
 @pytest.mark.ray
+@needs_browser
 def test_decisions_show_each_answer_with_its_probabilities_as_bars(page):
     from playwright.sync_api import expect
 
@@ -234,6 +244,7 @@ def test_decisions_show_each_answer_with_its_probabilities_as_bars(page):
 
 
 @pytest.mark.ray
+@needs_browser
 def test_next_edit_sends_the_edits_made_in_the_page_as_history(page):
     from playwright.sync_api import expect
 
@@ -258,6 +269,7 @@ def test_next_edit_sends_the_edits_made_in_the_page_as_history(page):
 
 
 @pytest.mark.ray
+@needs_browser
 def test_chat_streams_the_answer_into_the_log(page):
     from playwright.sync_api import expect
 
@@ -274,6 +286,7 @@ def test_chat_streams_the_answer_into_the_log(page):
 
 
 @pytest.mark.ray
+@needs_browser
 def test_the_playground_bench_times_each_key_from_the_page(browser, graph, capsys):
     from bench.keystroke import TypingSession
     from bench.playground import Keys, open_playground, report, type_session
@@ -294,6 +307,7 @@ def test_the_playground_bench_times_each_key_from_the_page(browser, graph, capsy
 
 
 @pytest.mark.ray
+@needs_browser
 def test_chat_shows_a_tool_call_as_it_streams(page):
     import json
 
