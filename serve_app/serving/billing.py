@@ -34,10 +34,11 @@ replica that wrote its row before dying, or was not dead after all, is never bil
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -106,6 +107,16 @@ class BilledCall:
         return self.context.cache_salt
 
 
+def detached(work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """``work`` in a task of its own, outside the current request's context.
+
+    Serve keeps its request context in a context variable, which a task copies, and when a
+    request is cancelled (its client went away) it cancels the request's calls to other
+    deployments that are still waiting for a replica. A ledger write or a refund a cancelled
+    request starts must outlive it, so it runs in an empty context: a call of no request."""
+    return asyncio.get_running_loop().create_task(work, context=contextvars.Context())
+
+
 def cache_salt_for(account_id: int, shared: bool) -> str:
     """The one rule for salts: the account's id, unless the operator shares the cache."""
     return SHARED_CACHE if shared else f"account-{account_id}"
@@ -160,7 +171,8 @@ def ledger_write(auth: Any) -> Write:
 
 class Ledger:
     """Writes ledger rows with ``write`` (``ledger_write``): each in a task of its own that
-    cancelling the caller cannot stop, a failed write retried, and one that still fails kept
+    cancelling the caller cannot stop (``detached``: not even Serve cancelling the request's
+    calls), a failed write retried, and one that still fails kept
     in ``spool`` (None: lost, and the request a 503) until a background flush writes it."""
 
     def __init__(self, write: Write, spool: LedgerSpool | None = None) -> None:
@@ -173,7 +185,7 @@ class Ledger:
         """Flush the spool every ``SPOOL_FLUSH_S`` from now on, on the running loop (also
         adopting rows a dead replica on this machine left behind)."""
         if self.spool is not None and (self._flusher is None or self._flusher.done()):
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())
+            self._flusher = detached(self._flush_forever())
 
     async def _flush_forever(self) -> None:
         assert self.spool is not None
@@ -191,7 +203,7 @@ class Ledger:
     async def settle(self, call: BilledCall, status: int) -> bool:
         """Write ``call``'s row with ``status``; whether it was written (True too when the
         caller was cancelled meanwhile: the task goes on writing)."""
-        task = asyncio.ensure_future(self._write_with_retries(call, status))
+        task = detached(self._write_with_retries(call, status))
         self._detached.add(task)
         task.add_done_callback(self._detached.discard)
         try:
@@ -205,6 +217,14 @@ class Ledger:
             try:
                 await self.write(context, meter.input_tokens, meter.output_tokens, status)
                 return True
+            except asyncio.CancelledError:
+                # The call was cancelled, not this task (nothing cancels it but the loop's
+                # end): a failed write, like any other.
+                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                    raise
+                logger.warning(
+                    "usage write cancelled (attempt %d of %d)", attempt + 1, WRITE_ATTEMPTS
+                )
             except Exception:
                 logger.warning("usage write failed (attempt %d of %d)", attempt + 1, WRITE_ATTEMPTS)
                 await asyncio.sleep(WRITE_RETRY_S * (attempt + 1))
