@@ -29,6 +29,9 @@ knows the counts of the last chunk it passed on, and writes them when the stream
 Ray's "the actor is gone" (503, what the client's error event says). Rows are keyed by the
 request id (``RequestContext.request_id``) and the ledger keeps the first row of an id, so a
 replica that wrote its row before dying, or was not dead after all, is never billed twice.
+The router's row is ``delivered``: where the replica's row counts more (it generated the
+whole answer and billed it, then died with chunks still on their way to the router), the
+row is cut to what the client got and the difference refunded.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from serve_app.auth.records import Usage
@@ -71,7 +74,8 @@ class RequestContext:
     prefix-cache partition (``cache_salt_for``), never left out. ``deadline``: when the
     request's time is up (``time.time()``), counted from the router, so time spent queued for a
     replica counts; None: ``timeout_s`` from when work starts. ``request_id``: the request's
-    key in the ledger (one row per id), new for every context.
+    key in the ledger (one row per id), new for every context. ``delivered``: set on the
+    router's own row of a stream whose replica died (``Usage.delivered``).
     """
 
     grant: Any
@@ -80,6 +84,7 @@ class RequestContext:
     cache_salt: str
     deadline: float | None = None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    delivered: bool = False
 
 
 @dataclass
@@ -163,6 +168,7 @@ def ledger_write(auth: Any) -> Write:
                 output_tokens,
                 status,
                 context.request_id,
+                delivered=context.delivered,
             )
             await auth.record_usage.remote(context.grant, usage)
 
@@ -344,8 +350,8 @@ async def bill_if_replica_lost(
         if delivered is None or not replica_lost(error):
             raise
         logger.warning("a %s stream lost its replica; billing what it delivered", context.endpoint)
-        call = BilledCall(context, UsageMeter(*delivered.usage.token_counts))
-        await ledger.settle(call, REPLICA_LOST)
+        counts = UsageMeter(*delivered.usage.token_counts)
+        await ledger.settle(BilledCall(replace(context, delivered=True), counts), REPLICA_LOST)
         if delivered.choices:  # else the replica's own usage chunk was the last passed on
             yield delivered.model_copy(update={"choices": []})
         raise
