@@ -25,9 +25,11 @@ of request (200s, not cancelled), 5xx by kind (status and code; a stream's error
 as its code), the load average. At the end the ledger (usage_ledger) against what every
 client was told (``check_ledger``): rows are matched per account to the requests, a whole
 answer by (endpoint, status 200, input, output tokens), a cut stream by its usage chunk, a
-cancelled stream by one 499 (or 200, when it finished first) row, a refusal by none.
-The ledger's request id is the router's own (not the ``x-request-id`` a client sees), so the
-match is by these multisets: a missing row is a request left unmatched, a doubled one a row.
+cancelled stream by one 499 (or 200, when it finished first) row, an error after admission
+by one row of its status (or none), a refusal by none, a request whose router died under it
+by one row of what the model side processed ("unanswered"). The ledger's request id is the
+router's own (not the ``x-request-id`` a client sees), so the match is by these multisets: a
+missing row is a request left unmatched, a doubled one a row no request accounts for.
 
 The verdict is issue 50's: p99 per kind over the last 5 intervals at most 1.3x the first 5
 after warm-up; no replica's PSS more than 5% over its value at the end of warm-up; 0 ledger
@@ -58,6 +60,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -83,6 +86,8 @@ ACCOUNTS = ("soak-a", "soak-b", "soak-c")
 LIMITED = "soak-rate"  # a request rate limit it goes over once an interval
 LIMITED_RPM = 5
 BROKE = "soak-quota"  # a spent quota
+# an error event's code, and the status its ledger row records
+CODE_STATUS = {"timeout": 504, "service_unavailable": 503, "bad_gateway": 502}
 LEDGER_ENDPOINTS = {
     "/v1/fim/completions": "fim.completions",
     "/v1/completions": "fim.completions",
@@ -417,9 +422,8 @@ def soak_configure(embedded: bool, kill: bool) -> Callable[[dict], None]:
             (declared,) = local["applications"]
             model = declared["args"]["models"][0]
             assert model["id"] == EMBEDDED, model
-            application["args"]["models"] = [model]
-            application["args"]["roles"] = dict.fromkeys(("fim", "edit", "decisions"), EMBEDDED)
-            application["args"]["engine"] = declared["args"]["engine"]
+            roles = dict.fromkeys(("fim", "edit", "decisions"), EMBEDDED)
+            application["args"] = {**declared["args"], "models": [model], "roles": roles}
             application["deployments"] = declared["deployments"]
         if kill:
             application["args"]["limits"] = dict(KILL_LIMITS)
@@ -551,15 +555,19 @@ def ledger_rows(db: str, names: list[str], since: float = 0.0) -> dict[str, list
         store.close()
 
 
-def check_ledger(calls: list[Call], rows_by_account: dict[str, list]) -> LedgerCheck:
-    """Match every call to at most one row, in order of strictness (module docstring)."""
+def check_ledger(
+    calls: list[Call], rows_by_account: dict[str, list], late_s: float = 360.0
+) -> LedgerCheck:
+    """Match every call to at most one row, in order of strictness (module docstring): the
+    earliest row that fits, written from the call's start to ``late_s`` after it (a replica
+    whose router died goes on to its deadline; a spooled row comes seconds later)."""
     result = LedgerCheck()
     for account, rows in rows_by_account.items():
-        left = list(rows)
-        mine = [c for c in calls if c.account == account]
+        left = sorted(rows, key=lambda row: row.created_at)
+        mine = sorted((c for c in calls if c.account == account), key=lambda c: c.started)
 
         def take(
-            predicate: Callable[[object], bool], into: list | None = None, left: list = left
+            predicate: Callable[[Any], bool], into: list | None = None, left: list = left
         ) -> bool:
             for index, row in enumerate(left):
                 if predicate(row):
@@ -570,18 +578,25 @@ def check_ledger(calls: list[Call], rows_by_account: dict[str, list]) -> LedgerC
                     return True
             return False
 
+        def fits(row: Any, call: Call) -> bool:
+            return call.started - 1.0 <= row.created_at <= call.started + late_s
+
         told = [c for c in mine if c.usage is not None and not c.cancelled and not c.failure]
         for call in told:  # a whole answer (200) or a cut stream (its error's status)
-            found = take(
-                lambda r, c=call: (
-                    (r.endpoint, r.input_tokens, r.output_tokens) == (c.endpoint, *c.usage)
-                    and (r.status == 200) == (not c.error_event)
-                )
-            )
+
+            def same(r: Any, c: Call = call) -> bool:
+                counts = (r.endpoint, r.input_tokens, r.output_tokens)
+                return counts == (c.endpoint, *c.usage) and fits(r, c)
+
+            found = take(lambda r, c=call: same(r) and (r.status == 200) == (not c.error_event))
+            # a cut stream whose replica had billed exactly what got through, then died
+            found = found or (call.error_event and take(same))
             if not found:
                 result.missing.append(call)
         for call in [c for c in mine if c.cancelled]:  # the client left: 499, or done first
-            if not take(lambda r, c=call: r.endpoint == c.endpoint and r.status in (499, 200)):
+            if not take(
+                lambda r, c=call: r.endpoint == c.endpoint and r.status in (499, 200) and fits(r, c)
+            ):
                 result.missing.append(call)
         told_ids = {id(c) for c in told}
         unknown = [
@@ -589,9 +604,14 @@ def check_ledger(calls: list[Call], rows_by_account: dict[str, list]) -> LedgerC
         ]
         for call in unknown:  # admitted errors: a row of what was processed, or none
             if call.failure is None and call.status != 500:
-                take(lambda r, c=call: r.endpoint == c.endpoint and r.status in (c.status, 499))
+                status = CODE_STATUS.get(call.code or "", 0) if call.error_event else call.status
+                take(
+                    lambda r, c=call, s=status: (
+                        r.endpoint == c.endpoint and r.status in (s, 499) and fits(r, c)
+                    )
+                )
             # no answer at all (its router died): the model side bills what it processed
-            elif take(lambda r, c=call: r.endpoint == c.endpoint, result.unanswered):
+            elif take(lambda r, c=call: r.endpoint == c.endpoint and fits(r, c), result.unanswered):
                 pass
         result.doubled += [
             (account, r.endpoint, r.status, r.input_tokens, r.output_tokens, r.created_at)
@@ -695,7 +715,8 @@ def run_soak(
     header_printed = False
     for index in range(1, intervals + 1):
         end_of_interval = begun + index * sample_s
-        traffic.refusals()
+        # beside the traffic, not before the sample: a short request may queue for seconds
+        threading.Thread(target=traffic.refusals, daemon=True).start()
         time.sleep(max(0.0, end_of_interval - time.monotonic()))
         samples.append(sample(index, started["pid"], ports))
         if not header_printed:
@@ -829,7 +850,8 @@ class KillPhase:
     deployment: str
     killed: list[int]
     killed_at: float  # time.time()
-    back_s: float | None
+    running_s: float | None  # Serve runs new replica processes
+    back_s: float | None  # and a request through them answered 200
     in_flight: list[Call]
     probes: list[Call]
     ledger: LedgerCheck | None = None
@@ -887,7 +909,7 @@ def kill_each(
         for deployment in deployments:
             phases.append(kill_one(traffic, admin, session, deployment, expected[deployment]))
             phase = phases[-1]
-            back = "never" if phase.back_s is None else f"{phase.back_s:.1f} s"
+            back = f"running {seconds(phase.running_s)}, answering {seconds(phase.back_s)}"
             outcomes = [c.outcome for c in phase.in_flight]
             log(f"soak --kill: {deployment} pids {phase.killed}: in flight {outcomes}, back {back}")
     finally:
@@ -942,7 +964,9 @@ def kill_one(
     for pid in killed:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    back_s, probes = wait_back(traffic, admin, session, deployment, expected, killed, killed_at)
+    running_s, back_s, probes = wait_back(
+        traffic, admin, session, deployment, expected, killed, killed_at
+    )
     for thread in threads:
         thread.join(timeout=2 * limits["decision_timeout_s"])
     client.close()
@@ -950,7 +974,7 @@ def kill_one(
     in_flight = [
         c for c in traffic.snapshot() if c.started < killed_at < c.ended and c not in probes
     ]
-    return KillPhase(deployment, killed, killed_at, back_s, in_flight, probes)
+    return KillPhase(deployment, killed, killed_at, running_s, back_s, in_flight, probes)
 
 
 def send_watching(
@@ -987,30 +1011,39 @@ def send_watching(
 def wait_back(
     traffic: Traffic, admin, session: int, deployment: str, expected: int, killed: list[int],
     killed_at: float,
-) -> tuple[float | None, list[Call]]:  # fmt: skip
-    """Seconds from the kill until Serve runs ``expected`` new replicas of ``deployment`` and
-    a request through it answers 200 (None: not within ``RECOVERY_S`` + 60)."""
+) -> tuple[float | None, float | None, list[Call]]:  # fmt: skip
+    """Seconds from the kill until Serve runs ``expected`` new replica processes of
+    ``deployment`` (RUNNING in ``serve.status()``), and until a probe through it then answers
+    200 (queued behind the traffic's requests meanwhile); None: not within ``RECOVERY_S``+60."""
     kind, path, body = probe_body(traffic.model, deployment)
     probes: list[Call] = []
+    running_s = None
     with httpx.Client(timeout=traffic.client_timeout) as client:
         while time.time() - killed_at < RECOVERY_S + 60:
-            pids = set(replica_pids(session).get(deployment, []))
-            running = admin.replica_counts().get(deployment, 0)  # type: ignore[attr-defined]
-            if running == expected and len(pids) == expected and not pids & set(killed):
+            if running_s is None:
+                pids = set(replica_pids(session).get(deployment, []))
+                running = admin.replica_counts().get(deployment, 0)  # type: ignore[attr-defined]
+                if running == expected and len(pids) == expected and not pids & set(killed):
+                    running_s = time.time() - killed_at
+            if running_s is not None:
                 call = traffic.send(client, "soak-b", kind, path, body)
                 probes.append(call)
                 if call.ok:
-                    return time.time() - killed_at, probes
+                    return running_s, time.time() - killed_at, probes
             time.sleep(0.5)
-    return None, probes
+    return running_s, None, probes
+
+
+def seconds(value: float | None) -> str:
+    return "never" if value is None else f"{value:.1f} s"
 
 
 def print_kills(phases: list[KillPhase]) -> None:
-    rows = [["deployment", "killed pids", "in flight (outcomes)", "back in s", "ledger"]]
+    rows = [["deployment", "killed pids", "in flight (outcomes)", "running / answering", "ledger"]]
     for phase in phases:
         outcomes = Counter(c.outcome for c in phase.in_flight)
         ledger = phase.ledger.line() if phase.ledger else "-"
-        back = "never" if phase.back_s is None else f"{phase.back_s:.1f}"
+        back = f"{seconds(phase.running_s)} / {seconds(phase.back_s)}"
         shown = ", ".join(f"{k} x{v}" for k, v in outcomes.items())
         rows.append([phase.deployment, ",".join(map(str, phase.killed)), shown, back, ledger])
     print(table(rows))
@@ -1023,7 +1056,7 @@ def print_kills(phases: list[KillPhase]) -> None:
 
 def kill_verdict(phases: list[KillPhase], calls: list[Call]) -> dict[str, tuple[bool | None, str]]:
     hung = [c for c in calls if c.seconds > deadline_s(c, KILL_LIMITS)]
-    slow = [p.deployment for p in phases if p.back_s is None or p.back_s > RECOVERY_S]
+    slow = [p.deployment for p in phases if p.running_s is None or p.running_s > RECOVERY_S]
     missing = sum(len(p.ledger.missing) for p in phases if p.ledger)
     doubled = sum(len(p.ledger.doubled) for p in phases if p.ledger)
     errors = five_xx(calls)
@@ -1031,7 +1064,10 @@ def kill_verdict(phases: list[KillPhase], calls: list[Call]) -> dict[str, tuple[
     tokens = sum(r.input_tokens + r.output_tokens for r in unanswered)
     return {
         "past deadline": (not hung, f"{len(hung)} requests: {[c.outcome for c in hung][:5]}"),
-        f"back within {RECOVERY_S:.0f} s": (not slow, f"not: {slow}" if slow else "all five"),
+        f"running again within {RECOVERY_S:.0f} s": (
+            not slow,
+            f"not: {slow}" if slow else "all five",
+        ),
         "ledger": (missing == 0 and doubled == 0, f"{missing} missing, {doubled} doubled"),
         "billed, never answered": (None, f"{len(unanswered)} rows, {tokens} tokens"),
         "5xx and dropped connections": (None, repr(dict(errors))),
@@ -1041,6 +1077,18 @@ def kill_verdict(phases: list[KillPhase], calls: list[Call]) -> dict[str, tuple[
 # --- main -----------------------------------------------------------------------------------------
 
 
+def dump(path: Path, calls: list[Call], db: str) -> None:
+    """Every call and every ledger row of the run, as JSON, to look into a failed check."""
+    import dataclasses
+
+    names = sorted({c.account for c in calls} | {BROKE, LIMITED})
+    rows = {
+        name: [dataclasses.asdict(row) for row in account_rows]
+        for name, account_rows in ledger_rows(db, names).items()
+    }
+    path.write_text(json.dumps({"calls": [dataclasses.asdict(c) for c in calls], "rows": rows}))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=30.0)
@@ -1048,6 +1096,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="intervals before the baseline")
     parser.add_argument("--tiny", action="store_true", help="the tiny random model")
     parser.add_argument("--kill", action="store_true", help="kill -9 each deployment in turn")
+    parser.add_argument("--dump", type=Path, help="write every call and ledger row here (JSON)")
     args = parser.parse_args(argv)
     print(
         f"bench.soak {' '.join(sys.argv[1:])}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
@@ -1060,12 +1109,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"graph up: {started['url']}, model {started['model']}", flush=True)
         if args.kill:
             phases, calls = kill_each(started, args.tiny)
+            if args.dump:
+                dump(args.dump, calls, started["db"])
             print_kills(phases)
             verdict = kill_verdict(phases, calls)
-            for name, (passed, text) in verdict.items():
-                print(f"  {'PASS' if passed else 'FAIL'} {name}: {text}")
+            print_verdict(verdict)
         else:
             result = run_soak(started, args.minutes, args.sample_s, args.warmup, args.tiny)
+            if args.dump:
+                dump(args.dump, result.calls, started["db"])
             print_soak(result)
             verdict = result.verdict
     print(f"load at the end {os.getloadavg()}")

@@ -10,7 +10,8 @@ One graph (tests/graph.py's config with the soak's 30 s deadlines) for both:
   the prefix caches' bytes;
 - then Router, AuthService, FimModel, EditModel and DecisionScorer in turn have their replicas'
   processes killed (SIGKILL) while long requests run on them and the traffic goes on: no
-  request past its deadline, the ledger as above, each deployment back within 60 s.
+  request past its deadline, the ledger as above, each deployment running new replica processes
+  within 60 s, and answering through them after that.
 """
 
 from __future__ import annotations
@@ -58,5 +59,6 @@ def test_killing_each_deployment_under_load(soak_graph: dict) -> None:
     assert [p.deployment for p in phases] == list(soak.DEPLOYMENTS)
     assert all(p.killed for p in phases), [(p.deployment, p.killed) for p in phases]
     assert any(p.in_flight for p in phases)
-    for name in ("past deadline", f"back within {soak.RECOVERY_S:.0f} s", "ledger"):
+    assert all(p.back_s is not None for p in phases), [(p.deployment, p.back_s) for p in phases]
+    for name in ("past deadline", f"running again within {soak.RECOVERY_S:.0f} s", "ledger"):
         assert verdict[name][0], verdict[name]
