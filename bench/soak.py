@@ -1,8 +1,11 @@
 """Soak: mixed client traffic for minutes against the real graph, and each deployment killed.
 
-    .venv/bin/python -m bench.soak --minutes 30            # embedded 0.5B, configs/local.yaml
-    .venv/bin/python -m bench.soak --minutes 3 --tiny      # the tiny random model, a quick check
-    .venv/bin/python -m bench.soak --kill [--tiny]         # kill -9 each deployment in turn
+    .venv/bin/python -m bench.soak --minutes 30 --warmup 3  # embedded 0.5B, configs/local.yaml
+    .venv/bin/python -m bench.soak --minutes 3 --tiny       # the tiny random model, a quick check
+    .venv/bin/python -m bench.soak --kill [--tiny]          # kill -9 each deployment in turn
+    ... --dump run.json                                     # every call and ledger row, as JSON
+
+Figures and what they showed: docs/operations.md (Reliability).
 
 It starts its own ``serve run`` (tests/graph.py) on configs/local.yaml. Embedded: the models,
 roles, engine and deployments as local.yaml declares them, except that every role runs the
