@@ -29,7 +29,8 @@ def count_edit_rejection(reason: str) -> None:
 
 
 async def report_engine_stats(engine: LLMEngine) -> None:
-    """Publish queue depth, running batch, prefix-cache hits and speculation once a second.
+    """Publish queue depth, running batch, prefix-cache hits and bytes, and speculation once a
+    second.
 
     Ray Serve tags each series with the deployment and replica itself."""
     reported_hit_tokens = 0
@@ -40,6 +41,9 @@ async def report_engine_stats(engine: LLMEngine) -> None:
             metrics.engine_gauge("waiting_requests").set(stats.num_waiting)
             metrics.engine_gauge("running_requests").set(stats.num_running)
             metrics.engine_gauge("decode_batch_size").set(stats.num_decoding)
+            # what the prefix cache holds, so a soak can tell a cache that stays within its
+            # budget from a replica that grows (bench/soak.py)
+            metrics.engine_gauge("prefix_cache_bytes").set(stats.prefix_cache_bytes)
             new_hits = stats.prefix_cache_hit_tokens - reported_hit_tokens
             if new_hits > 0:
                 metrics.prefix_cache_hits().inc(new_hits)

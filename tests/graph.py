@@ -68,10 +68,12 @@ def start_graph(
     workdir: Path,
     configure: Callable[[dict], None] | None = None,
     address: str | None = None,
+    model: str = MODEL,
 ) -> Iterator[dict]:
     """``serve run`` on ``graph_config`` (``configure`` may edit it first), its files in
     ``workdir``: in a Ray cluster of its own, or on the running cluster at ``address`` (whose
-    nodes' environment is then what the replicas see)."""
+    nodes' environment is then what the replicas see). Ready once FIM on ``model`` answers
+    (a ``configure`` that serves other models names the FIM one)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     document = graph_config(tiny_source, port)
@@ -87,7 +89,7 @@ def start_graph(
     url = f"http://127.0.0.1:{port}"
     for _ in range(START_ATTEMPTS):
         process = serve_run(config_path, env, log)
-        if wait_until_ready(url, process, log):
+        if wait_until_ready(url, process, log, model):
             break
     else:
         pytest.fail(f"Ray did not start in {START_ATTEMPTS} tries:\n{log.read_text()[-4000:]}")
@@ -132,11 +134,11 @@ def graph_env(workdir: Path) -> dict[str, str]:
     }
 
 
-def wait_until_ready(url: str, process: subprocess.Popen, log: Path) -> bool:
+def wait_until_ready(url: str, process: subprocess.Popen, log: Path, model: str = MODEL) -> bool:
     """Ready when every deployment answers: a FIM call goes through auth and a model replica.
     False when Ray's own node did not start (``NODE_START_FAILED``: try again)."""
     deadline = time.monotonic() + START_TIMEOUT_S
-    body = {"model": MODEL, "prompt": "x", "max_tokens": 1}
+    body = {"model": model, "prompt": "x", "max_tokens": 1}
     while time.monotonic() < deadline:
         if process.poll() is not None and NODE_START_FAILED in log.read_text():
             return False

@@ -19,6 +19,7 @@ EXPECTED = (
     "ray_serve_app_auth_rejections_total",
     "ray_serve_app_time_to_first_token_ms",
     "ray_serve_app_engine_running_requests",
+    "ray_serve_app_engine_prefix_cache_bytes",
 )
 
 

@@ -169,6 +169,7 @@ class Authorizer:
             status=int(usage.status),
             created_at=0.0,  # the store sets it from its own clock
             request_id=usage.request_id,
+            delivered=usage.delivered,
         )
         used = self.store.record_usage(record, grant.reservation_id)
         self._update_cached_usage(grant.account_id, used, self.store.now())

@@ -150,8 +150,9 @@ class AuthStore(abc.ABC):
         """Append to the ledger and charge the actual tokens in one transaction, settling the
         reservation (charge ``actual - reserved``) when it is still held. ``created_at`` is
         set from the store's clock. A record whose ``request_id`` already has a row is
-        dropped and charges nothing (a request is billed once, by its first row). Returns the
-        tokens used in the current quota period."""
+        dropped and charges nothing (a request is billed once, by its first row), unless it
+        is ``delivered`` and counts fewer tokens: then the row is cut to its counts and status
+        and the difference refunded. Returns the tokens used in the current quota period."""
 
     @abc.abstractmethod
     def release(self, reservation_id: int) -> None:

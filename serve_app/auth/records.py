@@ -75,7 +75,9 @@ class Usage:
     """What one request cost, as its caller reports it (picklable: the router and the model
     deployments send it to the auth deployment). ``request_id`` names the request (the
     router's ``RequestContext.request_id``): the ledger keeps one row per id, the first
-    written."""
+    written. ``delivered``: the counts are what reached the client of a stream whose replica
+    died (the router's row), so they cap a row the replica wrote first, which may count
+    tokens that died with it on their way to the router."""
 
     model: str | None
     endpoint: str
@@ -83,6 +85,7 @@ class Usage:
     output_tokens: int
     status: int
     request_id: str | None = None
+    delivered: bool = False
 
     @property
     def total_tokens(self) -> int:

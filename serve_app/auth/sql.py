@@ -46,7 +46,10 @@ _ACCOUNT_COLUMNS = (
 )
 _KEY_COLUMNS = "id, account_id, key_hash, hint, created_at, revoked_at, last_used_at"
 # Named, not positional: a ledger row's own fields are keyword-only (``UsageRecord``).
-_LEDGER_COLUMNS = tuple(column.name for column in dataclasses.fields(UsageRecord))
+# ``delivered`` says how a row was written, not what it holds: no column
+_LEDGER_COLUMNS = tuple(
+    column.name for column in dataclasses.fields(UsageRecord) if column.name != "delivered"
+)
 _UPSERT_WINDOW = (
     "INSERT INTO rate_windows (account_id, bucket, requests, tokens) VALUES (?, ?, ?, ?) "
     "ON CONFLICT (account_id, bucket) DO UPDATE SET "
@@ -340,11 +343,47 @@ class SqlAuthStore(AuthStore):
                 ),
             ).fetchall()
             if not inserted:  # the request's row is there: it settled the reservation
+                if record.delivered:
+                    self._cap_to_delivered(db, record)
                 return self._quota_used(db, record.account_id, record.created_at)
             held = self._take_reservation(db, reservation_id)
             used = self._charge(db, record, held)
             self._prune(db, record.account_id, record.created_at)
         return used
+
+    def _cap_to_delivered(self, db: Any, record: UsageRecord) -> None:
+        """Cut the request's row to ``record``'s counts where they are fewer, and refund the
+        difference (in the row's quota period and window bucket). A replica that generated a
+        whole stream wrote its row for all of it, then died with chunks still on their way to
+        the router; the router's ``delivered`` row counts what reached the client. The update
+        is a compare-and-set on the counts read, so two writers cannot refund twice."""
+        row = self._execute(
+            db,
+            "SELECT input_tokens, output_tokens, created_at FROM usage_ledger WHERE request_id = ?",
+            (record.request_id,),
+        ).fetchone()
+        if row is None:
+            return
+        old_in, old_out, created_at = row
+        new_in, new_out = min(old_in, record.input_tokens), min(old_out, record.output_tokens)
+        refund = old_in + old_out - new_in - new_out
+        if refund <= 0:
+            return
+        updated = self._execute(
+            db,
+            "UPDATE usage_ledger SET input_tokens = ?, output_tokens = ?, status = ? "
+            "WHERE request_id = ? AND input_tokens = ? AND output_tokens = ? RETURNING id",
+            (new_in, new_out, record.status, record.request_id, old_in, old_out),
+        ).fetchall()
+        if not updated:
+            return
+        account = self._execute(
+            db, "SELECT quota_period FROM accounts WHERE id = ?", (record.account_id,)
+        ).fetchone()
+        period = period_key(account[0], created_at)
+        self._add_to_quota(db, record.account_id, period, -refund, only_if_current=True)
+        bucket = ratelimit.bucket_start(created_at)
+        self._add_to_window(db, record.account_id, bucket, -refund, record.created_at)
 
     def _quota_used(self, db: Any, account_id: int, now: float) -> int:
         """The tokens charged to the account in the quota period of ``now``."""

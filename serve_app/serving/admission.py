@@ -17,6 +17,7 @@ from serve_app.api.chat import DEFAULT_CHAT_MAX_TOKENS, ChatCompletionRequest
 from serve_app.api.decisions import DecisionRequest
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.prompts.decisions import fixed_prefix_token_bound
+from serve_app.serving.billing import detached
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +59,8 @@ def max_output_tokens(body: Any, model: ModelConfig | None) -> int:
 
 class Refunds:
     """Gives back reservations no ledger row may have settled. ``release``: the auth
-    service's release call (a handle method); each runs detached, so a cancelled request
-    still sends it, and a failed one is logged."""
+    service's release call (a handle method); each runs detached (``billing.detached``), so
+    a cancelled request still sends it, and a failed one is logged."""
 
     def __init__(self, release: Any) -> None:
         self._release = release
@@ -68,15 +69,16 @@ class Refunds:
     def refund(self, grant: Any) -> None:
         if getattr(grant, "reservation_id", None) is None:
             return
-        task = asyncio.ensure_future(_await(self._release.remote(grant)))
+        task = detached(self._send(grant))
         self._detached.add(task)
         task.add_done_callback(self._done)
+
+    async def _send(self, grant: Any) -> Any:
+        # called inside the task: outside the request's context (``detached``), so Serve
+        # does not cancel it with the request
+        return await self._release.remote(grant)
 
     def _done(self, task: asyncio.Future) -> None:
         self._detached.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.warning("could not release a reservation: %r", task.exception())
-
-
-async def _await(response: Any) -> Any:
-    return await response

@@ -29,16 +29,20 @@ knows the counts of the last chunk it passed on, and writes them when the stream
 Ray's "the actor is gone" (503, what the client's error event says). Rows are keyed by the
 request id (``RequestContext.request_id``) and the ledger keeps the first row of an id, so a
 replica that wrote its row before dying, or was not dead after all, is never billed twice.
+The router's row is ``delivered``: where the replica's row counts more (it generated the
+whole answer and billed it, then died with chunks still on their way to the router), the
+row is cut to what the client got and the difference refunded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from serve_app.auth.records import Usage
@@ -70,7 +74,8 @@ class RequestContext:
     prefix-cache partition (``cache_salt_for``), never left out. ``deadline``: when the
     request's time is up (``time.time()``), counted from the router, so time spent queued for a
     replica counts; None: ``timeout_s`` from when work starts. ``request_id``: the request's
-    key in the ledger (one row per id), new for every context.
+    key in the ledger (one row per id), new for every context. ``delivered``: set on the
+    router's own row of a stream whose replica died (``Usage.delivered``).
     """
 
     grant: Any
@@ -79,6 +84,7 @@ class RequestContext:
     cache_salt: str
     deadline: float | None = None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    delivered: bool = False
 
 
 @dataclass
@@ -104,6 +110,16 @@ class BilledCall:
     @property
     def cache_salt(self) -> str:
         return self.context.cache_salt
+
+
+def detached(work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """``work`` in a task of its own, outside the current request's context.
+
+    Serve keeps its request context in a context variable, which a task copies, and when a
+    request is cancelled (its client went away) it cancels the request's calls to other
+    deployments that are still waiting for a replica. A ledger write or a refund a cancelled
+    request starts must outlive it, so it runs in an empty context: a call of no request."""
+    return asyncio.get_running_loop().create_task(work, context=contextvars.Context())
 
 
 def cache_salt_for(account_id: int, shared: bool) -> str:
@@ -152,6 +168,7 @@ def ledger_write(auth: Any) -> Write:
                 output_tokens,
                 status,
                 context.request_id,
+                delivered=context.delivered,
             )
             await auth.record_usage.remote(context.grant, usage)
 
@@ -160,7 +177,8 @@ def ledger_write(auth: Any) -> Write:
 
 class Ledger:
     """Writes ledger rows with ``write`` (``ledger_write``): each in a task of its own that
-    cancelling the caller cannot stop, a failed write retried, and one that still fails kept
+    cancelling the caller cannot stop (``detached``: not even Serve cancelling the request's
+    calls), a failed write retried, and one that still fails kept
     in ``spool`` (None: lost, and the request a 503) until a background flush writes it."""
 
     def __init__(self, write: Write, spool: LedgerSpool | None = None) -> None:
@@ -173,7 +191,7 @@ class Ledger:
         """Flush the spool every ``SPOOL_FLUSH_S`` from now on, on the running loop (also
         adopting rows a dead replica on this machine left behind)."""
         if self.spool is not None and (self._flusher is None or self._flusher.done()):
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())
+            self._flusher = detached(self._flush_forever())
 
     async def _flush_forever(self) -> None:
         assert self.spool is not None
@@ -191,7 +209,7 @@ class Ledger:
     async def settle(self, call: BilledCall, status: int) -> bool:
         """Write ``call``'s row with ``status``; whether it was written (True too when the
         caller was cancelled meanwhile: the task goes on writing)."""
-        task = asyncio.ensure_future(self._write_with_retries(call, status))
+        task = detached(self._write_with_retries(call, status))
         self._detached.add(task)
         task.add_done_callback(self._detached.discard)
         try:
@@ -205,6 +223,14 @@ class Ledger:
             try:
                 await self.write(context, meter.input_tokens, meter.output_tokens, status)
                 return True
+            except asyncio.CancelledError:
+                # The call was cancelled, not this task (nothing cancels it but the loop's
+                # end): a failed write, like any other.
+                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                    raise
+                logger.warning(
+                    "usage write cancelled (attempt %d of %d)", attempt + 1, WRITE_ATTEMPTS
+                )
             except Exception:
                 logger.warning("usage write failed (attempt %d of %d)", attempt + 1, WRITE_ATTEMPTS)
                 await asyncio.sleep(WRITE_RETRY_S * (attempt + 1))
@@ -324,8 +350,8 @@ async def bill_if_replica_lost(
         if delivered is None or not replica_lost(error):
             raise
         logger.warning("a %s stream lost its replica; billing what it delivered", context.endpoint)
-        call = BilledCall(context, UsageMeter(*delivered.usage.token_counts))
-        await ledger.settle(call, REPLICA_LOST)
+        counts = UsageMeter(*delivered.usage.token_counts)
+        await ledger.settle(BilledCall(replace(context, delivered=True), counts), REPLICA_LOST)
         if delivered.choices:  # else the replica's own usage chunk was the last passed on
             yield delivered.model_copy(update={"choices": []})
         raise
