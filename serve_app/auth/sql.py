@@ -382,7 +382,7 @@ class SqlAuthStore(AuthStore):
         ).fetchone()
         period = period_key(account[0], created_at)
         self._add_to_quota(db, record.account_id, period, -refund, only_if_current=True)
-        bucket = ratelimit.bucket_start(created_at)
+        bucket = bucket_start(created_at)
         self._add_to_window(db, record.account_id, bucket, -refund, record.created_at)
 
     def _quota_used(self, db: Any, account_id: int, now: float) -> int:
