@@ -373,7 +373,7 @@ def test_only_ray_saying_the_replica_is_gone_makes_the_router_bill():
     from ray.serve.exceptions import ReplicaUnavailableError
 
     from serve_app.errors import UpstreamTimeoutError
-    from serve_app.serving.billing import replica_lost
+    from serve_app.http.errors import replica_lost
 
     gone = [ray_errors.ActorDiedError(), ray_errors.ActorUnavailableError("gone", None)]
     gone.append(ReplicaUnavailableError("the replica stopped"))

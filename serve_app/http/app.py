@@ -34,7 +34,7 @@ from serve_app.errors import (
     UpstreamBadResponseError,
     UpstreamUnavailableError,
 )
-from serve_app.http.errors import as_service_error, install_error_handlers
+from serve_app.http.errors import as_service_error, install_error_handlers, replica_lost
 from serve_app.http.listings import register_listings
 from serve_app.http.middleware import Authenticate, BoundedBody, RequestId, RequestMetrics
 from serve_app.http.openapi import openapi_without_implicit_422
@@ -376,7 +376,9 @@ class RouteHandlers:
             context = self.context(grant, body.model, route.endpoint)
             streaming = handle.options(stream=True)
             chunks = getattr(streaming, route.stream_method).remote(body, context)
-            billed = bill_if_replica_lost(_cancel_on_close(chunks), self.ledger, context)
+            billed = bill_if_replica_lost(
+                _cancel_on_close(chunks), self.ledger, context, replica_lost
+            )
             return await self.stream(grant, body.model, route.endpoint, billed, body.include_usage)
         method = getattr(handle, route.method)
         return await self.call(grant, body.model, route.endpoint, method, body, route.answer)

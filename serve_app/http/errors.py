@@ -73,6 +73,19 @@ def as_service_error(exc: BaseException) -> ServiceError:
     return ServerError()
 
 
+def replica_lost(error: BaseException) -> bool:
+    """Whether ``error`` says the replica serving a call is gone (its process or its node
+    died), so it wrote no ledger row. Ray raises these itself; an error the replica raised
+    reaches the caller as a ``RayTaskError`` (and may subclass its cause): the replica lived
+    to bill it."""
+    from ray import exceptions as ray_errors
+    from ray.serve import exceptions as serve_errors
+
+    if isinstance(error, ray_errors.RayTaskError):
+        return False
+    return isinstance(error, ray_errors.RayActorError | serve_errors.ReplicaUnavailableError)
+
+
 def _preview(value: Any) -> Any:
     """``value`` when small; else a string of its beginning (an 8 MiB body was echoed whole)."""
     if isinstance(value, str):

@@ -314,31 +314,23 @@ class UsageRecorder:
             raise UpstreamUnavailableError("Usage could not be recorded.")
 
 
-def replica_lost(error: BaseException) -> bool:
-    """Whether ``error`` says the replica serving a call is gone (its process or its node
-    died), so it wrote no ledger row. Ray raises these itself; an error the replica raised
-    reaches the caller as a ``RayTaskError`` (and may subclass its cause): the replica lived
-    to bill it."""
-    from ray import exceptions as ray_errors
-    from ray.serve import exceptions as serve_errors
-
-    if isinstance(error, ray_errors.RayTaskError):
-        return False
-    return isinstance(error, ray_errors.RayActorError | serve_errors.ReplicaUnavailableError)
-
-
 async def bill_if_replica_lost(
-    chunks: AsyncIterator[T], ledger: Ledger, context: RequestContext
+    chunks: AsyncIterator[T],
+    ledger: Ledger,
+    context: RequestContext,
+    replica_lost: Callable[[BaseException], bool],
 ) -> AsyncIterator[T]:
     """Pass a model deployment's stream on, and bill what it delivered if its replica dies.
 
     Each chunk carries the running ``usage`` of the work behind it; once the consumer asks
-    for the next chunk, the last one was passed on. If the stream then fails with
-    ``replica_lost``, the row for those counts is written (503, the status of the error
-    event the client gets) before the error goes on, preceded by a usage chunk of the same
-    counts (``choices`` empty; sent where the client asked for usage) unless the replica's
-    own usage chunk was passed on already. A stream that failed before any chunk delivered
-    nothing and is not billed; any other failure is the replica's to bill.
+    for the next chunk, the last one was passed on. If the stream then fails with an error
+    that says the replica is gone (``replica_lost``: the caller's reading of its transport's
+    errors, ``http.errors.replica_lost`` for Ray's), the row for those counts is written
+    (503, the status of the error event the client gets) before the error goes on, preceded
+    by a usage chunk of the same counts (``choices`` empty; sent where the client asked for
+    usage) unless the replica's own usage chunk was passed on already. A stream that failed
+    before any chunk delivered nothing and is not billed; any other failure is the
+    replica's to bill.
     """
     delivered: Any = None  # the last chunk passed on that carries usage
     try:
