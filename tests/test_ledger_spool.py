@@ -201,7 +201,7 @@ def test_rows_survive_a_postgres_restart(tmp_path, monkeypatch: pytest.MonkeyPat
 def test_a_rows_write_is_no_call_of_the_request_that_caused_it(store, tmp_path) -> None:
     """Serve cancels a cancelled request's calls still waiting for a replica: those it finds
     by the request context, a context variable every task copies. The soak lost 2 of 45 rows
-    of streams their clients closed that way (bench/soak.py). A row's write runs outside it."""
+    of streams their clients closed that way (bench.soak). A row's write runs outside it."""
     from ray.serve.context import _RequestContext, _serve_request_context
 
     seen: list[object] = []
@@ -263,7 +263,7 @@ def either_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dic
 
 
 def test_the_routers_delivered_row_caps_the_replicas_and_refunds_the_rest(either_store) -> None:
-    """Seen killing an EditModel replica under load (bench/soak.py --kill): it had generated
+    """Seen killing an EditModel replica under load (bench.soak --kill): it had generated
     and billed 2,000 tokens when it died, 541 of them had reached the client, whose usage
     chunk said 541. The router's row (``delivered``) now cuts the replica's to that, once."""
     from serve_app.auth.records import Usage

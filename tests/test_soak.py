@@ -1,4 +1,4 @@
-"""bench/soak.py, short, on the tiny model: its traffic billed request by request, and each
+"""bench.soak, short, on the tiny model: its traffic billed request by request, and each
 deployment killed under load.
 
 One graph (tests/graph.py's config with the soak's 30 s deadlines) for both:
@@ -21,7 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import soak
+from bench.soak import DEPLOYMENTS, KILL_LIMITS, RECOVERY_S
+from bench.soak.graph import soak_graph as start_soak_graph
+from bench.soak.kills import kill_each, kill_verdict, print_kills
+from bench.soak.run import print_soak, print_verdict, run_soak
 
 pytestmark = pytest.mark.ray
 
@@ -29,15 +32,13 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module")
 def soak_graph(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     workdir: Path = tmp_path_factory.mktemp("soak")
-    with soak.soak_graph(workdir, tiny=True, kill=True, tiny_source=tiny_source) as started:
+    with start_soak_graph(workdir, tiny=True, kill=True, tiny_source=tiny_source) as started:
         yield started
 
 
 def test_soak_traffic_is_billed_request_by_request(soak_graph: dict) -> None:
-    result = soak.run_soak(
-        soak_graph, minutes=0.5, sample_s=15, warmup=1, tiny=True, limits=soak.KILL_LIMITS
-    )
-    soak.print_soak(result)
+    result = run_soak(soak_graph, minutes=0.5, sample_s=15, warmup=1, tiny=True, limits=KILL_LIMITS)
+    print_soak(result)
     calls = result.calls
     assert {c.kind for c in calls} >= {"fim", "burst", "quota"}
     assert any(c.cancelled for c in calls), "no stream was closed by its client"
@@ -47,18 +48,18 @@ def test_soak_traffic_is_billed_request_by_request(soak_graph: dict) -> None:
     for name in ("ledger", "5xx", "past deadline", "designed 429/402"):
         assert result.verdict[name][0], result.verdict[name]
     last = result.samples[-1]
-    assert {name.split("#")[0] for name in last.pss_kb} == set(soak.DEPLOYMENTS), last.pss_kb
+    assert {name.split("#")[0] for name in last.pss_kb} == set(DEPLOYMENTS), last.pss_kb
     assert {name.split("#")[0] for name in last.cache} >= {"FimModel", "EditModel"}, last.cache
 
 
 def test_killing_each_deployment_under_load(soak_graph: dict) -> None:
-    phases, calls = soak.kill_each(soak_graph, tiny=True)
-    soak.print_kills(phases)
-    verdict = soak.kill_verdict(phases, calls)
-    soak.print_verdict(verdict)
-    assert [p.deployment for p in phases] == list(soak.DEPLOYMENTS)
+    phases, calls = kill_each(soak_graph, tiny=True)
+    print_kills(phases)
+    verdict = kill_verdict(phases, calls)
+    print_verdict(verdict)
+    assert [p.deployment for p in phases] == list(DEPLOYMENTS)
     assert all(p.killed for p in phases), [(p.deployment, p.killed) for p in phases]
     assert any(p.in_flight for p in phases)
     assert all(p.back_s is not None for p in phases), [(p.deployment, p.back_s) for p in phases]
-    for name in ("past deadline", f"running again within {soak.RECOVERY_S:.0f} s", "ledger"):
+    for name in ("past deadline", f"running again within {RECOVERY_S:.0f} s", "ledger"):
         assert verdict[name][0], verdict[name]

@@ -1,10 +1,11 @@
-"""bench/soak.py's ledger check on rows of the real record type, without a graph: each kind
+"""bench.soak's ledger check on rows of the real record type, without a graph: each kind
 of call finds its one row, a row nobody accounts for is doubled, a call without its row is
 missing."""
 
 from __future__ import annotations
 
-from bench.soak import Call, check_ledger
+from bench.soak.calls import Call
+from bench.soak.ledger import check_ledger
 from serve_app.auth.records import UsageRecord
 
 T0 = 1_800_000_000.0
