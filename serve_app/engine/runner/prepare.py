@@ -13,15 +13,9 @@ Which weights run where is decided here, at run time, from what the CPU computes
   (``weights_q4``; prompts then on int8), int4 groupwise when ``weights="int4"``, fbgemm
   int8 per channel when ``weights="int8"``, else the dense weights; ``weights="auto"`` takes
   q4 wherever torch has its fbgemm/x86 int8 engine and the runner's C kernels build
-  (``native``), int8 where only the first holds, int4 elsewhere. Measured on two CPUs (one
-  thread, the 0.5B): on AVX2 int8 decodes 1.7x faster than torch's int4 (weights.py); on
-  AVX512-BF16 with VNNI a step costs about the same (int8 46-48 ms, int4 43-53) and reads
-  prompts as fast as bf16 (4.9 s against 5.1-5.4 per 1,024 tokens), while int4 g32 agrees
-  with fp32 on the next token 89.9% of the time against int8's 97.9% (KL 0.046 against
-  0.0027). q4, on that AVX-512 CPU (``bench.decode_kernels``, 2026-11-26): the 1.5B decodes
-  at 19.96 tok/s against int8's 10.56 and llama.cpp's 18.14 on its Q4_K_M GGUF, KL to fp32
-  0.0110 and the same next token 95.8% (int8 0.0031, 96.9%); the 0.5B's decode linears take
-  14-16 ms a step against int8's 34-38. AMX CPUs are unmeasured.
+  (``native``), int8 where only the first holds, int4 elsewhere. q4 decodes fastest where it
+  builds and stays closest to fp32 after int8; on AVX2, int8 beats torch's int4; AMX CPUs are
+  unmeasured (the figures, per CPU: docs/benchmarks.md, "Figures behind the defaults").
 
 On a CUDA GPU (the weights' device, ``model_device``) none of that applies: the decode and
 prompt weights are the dense ones, in the model's own dtype unless ``prefill_dtype`` names
@@ -84,19 +78,15 @@ INT8_FILE = "int8-v3"
 UNSMOOTHED_INT8_FILE = "int8-raw-v3"
 Q4_FILE = "q4-v1"
 # q4 takes the decoder layers' linears; the LM head stays on int8, rounded twice (as llama.cpp's
-# Q4_K_M keeps its output matrix in 6 bits): every logit goes through it. bench.fim_quality
-# --cases 30 on the 0.5B (AVX512-VNNI, 2026-11-27): int8 34/120 exact first lines, q4 with
-# the head on int8 34/120, q4 everywhere 31/120.
+# Q4_K_M keeps its output matrix in 6 bits): every logit goes through it, and a q4 head lost
+# FIM first lines that an int8 one kept (docs/benchmarks.md, "Figures behind the defaults").
 CPU = torch.device("cpu")
 LINEARS = ("qkv", "o", "gate_up", "down", "lm_head")
 # int8 linears whose activations are rounded twice (``int8_linear``'s ``precise``) when a runner
-# generates. ``bench.int8_rounding`` on the embedded 0.5B (3,066 positions of six stdlib
-# modules, against dense fp32, one AVX2 core): none KL 0.0139, the same top token 94.8%; these
-# three 0.0027, 97.8%, a prompt 1.30x and a decode step 1.07x as long; all five 0.0011, 98.5%,
-# 1.74x and 1.09x. The down projection alone (its inputs peak at 20-57x their RMS, in no fixed
-# channel) takes most of the error away (0.0040); q/k/v and the head are cheap to add (the head
-# reads one row per prompt chunk); gate/up is the largest matrix for the least gain (0.0028
-# with down).
+# generates: the down projection (inputs peaking at tens of times their RMS, in no fixed
+# channel) takes most of the rounding error away, q/k/v and the head are cheap to add (the head
+# reads one row per prompt chunk), gate/up is the largest matrix for the least gain
+# (``bench.int8_rounding``; its figures: docs/benchmarks.md).
 PRECISE_WHEN_GENERATING = ("qkv", "down", "lm_head")
 
 

@@ -10,9 +10,8 @@ quantized as ``W * s`` once, and a call multiplies its rows by ``1 / s`` (one mu
 
 The activation peaks come from reading ``data/calibration.txt`` once on the dense weights
 when the int8 weights are made (it is part of their file's format: changing the text needs
-a new file version). Measured on the embedded 0.5B (`bench.fim_quality --cases 30 --sets
-file,function,cpp --layouts spm`, 2026-11-26): exact first lines 24/90 with int8 prompts,
-26/90 smoothed with ALPHA 0.5 (24/90 with 0.8), 27/90 on fp32 prompts.
+a new file version). ALPHA 0.5 won back most of what int8 prompts lost on FIM first lines
+(``bench.fim_quality``; the figures: docs/benchmarks.md, "Figures behind the defaults").
 """
 
 from __future__ import annotations
