@@ -280,6 +280,18 @@ def test_a_one_line_edit_without_markers_lands_on_the_line_it_edits():
     )
 
 
+def test_a_new_function_between_markers_never_replaces_one_it_only_resembles():
+    # Each line is just like enough (0.61, 0.67) by its keywords; no line is that line edited.
+    original = "import math\n\n\ndef area(r):\n    return 3.14 * r * r\n\n\ndef main():\n    pass\n"
+    update = "# ... existing code ...\ndef helper():\n    return 1\n# ... existing code ..."
+    plan = plan_update(original, update)
+    assert not plan.is_certain and "matches no line" in (plan.problem() or "")
+    # An edit of the function's own lines still lands on them without the model.
+    renamed = plan_update(original, "def area(radius):\n    return 3.14 * radius * radius")
+    assert renamed.is_certain and renamed.chunks[0].how == "fuzzy"
+    assert "def area(radius):" in renamed.merged() and "def area(r):" not in renamed.merged()
+
+
 def test_whitespace_insensitive_anchors():
     update = (
         "# ... existing code ...\ndef  perimeter( r ):\n    return math.tau * r\n"

@@ -32,6 +32,7 @@ from serve_app.errors import MergeFailedError
 
 STRAY_SLACK = 3  # a lone anchor inside new code may delete at most this many extra lines
 UNIQUE_MARGIN = 0.05  # a fuzzy match is unique when the next best is this much less alike
+SAME_LINE_EDITED = 0.8  # an anchorless chunk of several lines needs one line this like its own
 MAX_PLACES = 64  # copies of a chunk's anchors weighed against each other
 _CLOSING = ("}", ")", "]", "end")
 
@@ -473,20 +474,24 @@ def _at_file_edge(lines: tuple[str, ...], chunk: Chunk, low: int) -> Placement |
 
 def _fuzzy(lines: tuple[str, ...], chunk: Chunk, low: int) -> tuple[Placement, ...]:
     """Places where the chunk is an edit of the original line for line: each of its lines
-    like the original line at the same position (blank lines aside). One place when it is
-    clearly most alike there, all of them when several are as alike."""
+    like the original line at the same position (blank lines aside) and, in a chunk of
+    several lines, one plainly that line edited: short lines look alike by their keywords
+    alone (``def helper():`` / ``return 1`` are 0.61 / 0.67 like ``def area(r):`` / ``return
+    3.14 * r * r``), and such a new function replaced another. One place when it is clearly
+    most alike there, all of them when several are as alike."""
     code = [i for i in range(low, len(lines)) if not is_blank(lines[i])]
     own = [line for line in chunk.lines if not is_blank(line)]
     scored: list[tuple[float, int]] = []
     for first in range(len(code) - len(own) + 1):
-        total = 0.0
+        scores: list[float] = []
         for offset, line in enumerate(own):
             score = similarity(lines[code[first + offset]], line)
             if score < SIMILAR:
                 break
-            total += score
+            scores.append(score)
         else:
-            scored.append((total / len(own), first))
+            if len(own) == 1 or max(scores) >= SAME_LINE_EDITED:
+                scored.append((sum(scores) / len(own), first))
     if not scored:
         return ()
     top = max(score for score, _ in scored)
