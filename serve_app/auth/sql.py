@@ -17,6 +17,7 @@ under-billing).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import threading
@@ -27,7 +28,7 @@ from typing import Any
 
 from serve_app.auth.interface import AuthStore
 from serve_app.auth.migrations import MIGRATIONS
-from serve_app.auth.ratelimit import KEEP_SECONDS, Bucket, bucket_start, evaluate
+from serve_app.auth.ratelimit import bucket_start, evaluate
 from serve_app.auth.records import (
     Account,
     Admission,
@@ -36,6 +37,15 @@ from serve_app.auth.records import (
     UsageRecord,
     UsageTotal,
     period_key,
+)
+from serve_app.auth.sql_counters import (
+    Execute,
+    add_to_quota,
+    add_to_window,
+    count_request,
+    prune_windows,
+    quota_used,
+    window_buckets,
 )
 
 logger = logging.getLogger(__name__)
@@ -49,12 +59,6 @@ _KEY_COLUMNS = "id, account_id, key_hash, hint, created_at, revoked_at, last_use
 # ``delivered`` says how a row was written, not what it holds: no column
 _LEDGER_COLUMNS = tuple(
     column.name for column in dataclasses.fields(UsageRecord) if column.name != "delivered"
-)
-_UPSERT_WINDOW = (
-    "INSERT INTO rate_windows (account_id, bucket, requests, tokens) VALUES (?, ?, ?, ?) "
-    "ON CONFLICT (account_id, bucket) DO UPDATE SET "
-    "requests = rate_windows.requests + excluded.requests, "
-    "tokens = rate_windows.tokens + excluded.tokens"
 )
 
 
@@ -99,6 +103,11 @@ class SqlAuthStore(AuthStore):
         if self.placeholder != "?":
             sql = sql.replace("?", self.placeholder)
         return db.execute(sql, tuple(params))
+
+    def _bound(self, db: Any) -> Execute:
+        """``_execute`` inside the transaction ``db``: what the counters (``sql_counters``) run
+        their statements through."""
+        return functools.partial(self._execute, db)
 
     @contextmanager
     def _write(self) -> Iterator[Any]:
@@ -301,16 +310,16 @@ class SqlAuthStore(AuthStore):
                     return Admission("concurrency", None, None, used)
             verdict = None
             if rpm is not None or tpm is not None:
-                self._prune(db, account_id, now)
-                buckets = self._buckets(db, account_id, now)
+                prune_windows(self._bound(db), account_id, now)
+                buckets = window_buckets(self._bound(db), account_id, now)
                 verdict = evaluate(buckets, now, rpm=rpm, tpm=tpm, estimated_tokens=estimate)
                 if not verdict.allowed:
                     return Admission("rate", None, verdict, used)
             bucket = bucket_start(now)
-            self._execute(db, _UPSERT_WINDOW, (account_id, bucket, 1, estimate))
+            count_request(self._bound(db), account_id, bucket, estimate)
             if hold is None:
                 return Admission(None, None, verdict, used)
-            used = self._add_to_quota(db, account_id, period_now, estimate)
+            used = add_to_quota(self._bound(db), account_id, period_now, estimate)
             reservation_id = self._execute(
                 db,
                 "INSERT INTO reservations (account_id, tokens, bucket, usage_period, expires_at) "
@@ -345,10 +354,10 @@ class SqlAuthStore(AuthStore):
             if not inserted:  # the request's row is there: it settled the reservation
                 if record.delivered:
                     self._cap_to_delivered(db, record)
-                return self._quota_used(db, record.account_id, record.created_at)
+                return quota_used(self._bound(db), record.account_id, record.created_at)
             held = self._take_reservation(db, reservation_id)
             used = self._charge(db, record, held)
-            self._prune(db, record.account_id, record.created_at)
+            prune_windows(self._bound(db), record.account_id, record.created_at)
         return used
 
     def _cap_to_delivered(self, db: Any, record: UsageRecord) -> None:
@@ -381,29 +390,17 @@ class SqlAuthStore(AuthStore):
             db, "SELECT quota_period FROM accounts WHERE id = ?", (record.account_id,)
         ).fetchone()
         period = period_key(account[0], created_at)
-        self._add_to_quota(db, record.account_id, period, -refund, only_if_current=True)
+        add_to_quota(self._bound(db), record.account_id, period, -refund, only_if_current=True)
         bucket = bucket_start(created_at)
-        self._add_to_window(db, record.account_id, bucket, -refund, record.created_at)
-
-    def _quota_used(self, db: Any, account_id: int, now: float) -> int:
-        """The tokens charged to the account in the quota period of ``now``."""
-        row = self._execute(
-            db,
-            "SELECT quota_period, tokens_used, usage_period FROM accounts WHERE id = ?",
-            (account_id,),
-        ).fetchone()
-        if row is None:
-            raise StoreError(f"no account with id {account_id}")
-        period, used, used_period = row
-        return used if used_period == period_key(period, now) else 0
+        add_to_window(self._bound(db), record.account_id, bucket, -refund, record.created_at)
 
     def release(self, reservation_id: int) -> None:
         with self._write() as db:
             held = self._take_reservation(db, reservation_id)
             if held is not None:
                 account_id, tokens, bucket, period = held
-                self._add_to_quota(db, account_id, period, -tokens, only_if_current=True)
-                self._add_to_window(db, account_id, bucket, -tokens, self._now(db))
+                add_to_quota(self._bound(db), account_id, period, -tokens, only_if_current=True)
+                add_to_window(self._bound(db), account_id, bucket, -tokens, self._now(db))
 
     def _take_reservation(self, db: Any, reservation_id: int | None) -> tuple | None:
         """Remove a held reservation: (account, tokens, bucket, period), or None if gone."""
@@ -430,35 +427,10 @@ class SqlAuthStore(AuthStore):
         reserved, bucket = 0, bucket_start(record.created_at)
         if held is not None and held[3] == period:
             reserved, bucket = held[1], held[2]
-        used = self._add_to_quota(db, record.account_id, period, actual - reserved)
-        self._add_to_window(db, record.account_id, bucket, actual - reserved, record.created_at)
+        execute, tokens = self._bound(db), actual - reserved
+        used = add_to_quota(execute, record.account_id, period, tokens)
+        add_to_window(execute, record.account_id, bucket, tokens, record.created_at)
         return used
-
-    def _add_to_quota(
-        self, db: Any, account_id: int, period: str, tokens: int, *, only_if_current=False
-    ) -> int:
-        """Add ``tokens`` (may be negative) to the quota counter of ``period``, restarting
-        the counter when the account's stored period is another one."""
-        if only_if_current:  # a refund for a period that has rolled over refunds nothing
-            rows = self._execute(
-                db,
-                "UPDATE accounts SET tokens_used = tokens_used + ? "
-                "WHERE id = ? AND usage_period = ? RETURNING tokens_used",
-                (tokens, account_id, period),
-            ).fetchall()
-            return rows[0][0] if rows else 0
-        return self._execute(
-            db,
-            "UPDATE accounts SET tokens_used = CASE WHEN usage_period = ? "
-            "THEN tokens_used + ? ELSE ? END, usage_period = ? "
-            "WHERE id = ? RETURNING tokens_used",
-            (period, tokens, tokens, period, account_id),
-        ).fetchall()[0][0]
-
-    def _add_to_window(self, db: Any, account_id: int, bucket: int, tokens: int, now: float):
-        """Adjust a token bucket, unless it is already too old to count in any window."""
-        if tokens and bucket > now - KEEP_SECONDS:
-            self._execute(db, _UPSERT_WINDOW, (account_id, bucket, 0, tokens))
 
     def list_usage(self, account_id: int, limit: int = 100) -> list[UsageRecord]:
         rows = self._query(
@@ -479,21 +451,6 @@ class SqlAuthStore(AuthStore):
             params,
         )
         return [UsageTotal(*row) for row in rows]
-
-    def _buckets(self, db: Any, account_id: int, now: float) -> list[Bucket]:
-        rows = self._execute(
-            db,
-            "SELECT bucket, requests, tokens FROM rate_windows WHERE account_id = ? AND bucket > ?",
-            (account_id, now - KEEP_SECONDS),
-        ).fetchall()
-        return [Bucket(*row) for row in rows]
-
-    def _prune(self, db: Any, account_id: int, now: float) -> None:
-        self._execute(
-            db,
-            "DELETE FROM rate_windows WHERE account_id = ? AND bucket <= ?",
-            (account_id, now - KEEP_SECONDS),
-        )
 
 
 def _account(row: Sequence[Any]) -> Account:
