@@ -58,9 +58,10 @@ SHAPES: dict[str, tuple[Callable[[Scenario, str], ClientCall], Callable[[dict], 
 # name -> (prompt style, request fields that replace the client's, whether the next-edit
 # adapter answers). "as sent" keeps what the client sends (Zed: no temperature, so the 0.2
 # default; Continue: 0.01; both the default presence penalty of 1.0); "greedy" asks for
-# temperature 0 and no penalty; "tuned" runs with --adapter (the style it was trained on).
+# temperature 0 and no penalty; "tuned" runs with --adapter, in the style it was trained on
+# (its training.json's; None below).
 GREEDY = {"temperature": 0.0, "presence_penalty": 0.0}
-VARIANTS: dict[str, tuple[str, dict[str, Any], bool]] = {
+VARIANTS: dict[str, tuple[str | None, dict[str, Any], bool]] = {
     "chat/as-sent (today)": ("chat", {}, False),
     "chat/greedy": ("chat", GREEDY, False),
     "chat_split/as-sent": ("chat_split", {}, False),
@@ -68,8 +69,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], bool]] = {
     "tagged/greedy": ("tagged", GREEDY, False),
     "few_shot/greedy": ("few_shot", GREEDY, False),
     "fim/greedy": ("fim", GREEDY, False),
-    "tuned/as-sent": ("chat_split", {}, True),
-    "tuned/greedy": ("chat_split", GREEDY, True),
+    "tuned/as-sent": (None, {}, True),
+    "tuned/greedy": (None, GREEDY, True),
 }
 BASELINE = "chat/as-sent (today)"
 
@@ -274,7 +275,7 @@ def start_services(
     services = {
         name: EditService(
             client,
-            style=style,
+            style=style or adapter_style(args.adapter),
             on_rejected=rejected[name],
             adapter=EDIT_ADAPTER if tuned else "",
         )
@@ -416,14 +417,24 @@ def latency(seconds: list[float]) -> str:
     return f"{percentile(seconds, 50):.2f}/{percentile(seconds, 90):.2f}"
 
 
-def adapter_record(source: str) -> str:
-    """What the adapter was trained on and how long (its ``training.json``), in one line."""
+def training_record(source: str) -> dict[str, Any]:
+    """The adapter's ``training.json`` ({} when it has none)."""
     from serve_app.models.loader import adapter_path
 
     record = adapter_path(source) / "training.json"
-    if not record.exists():
+    return json.loads(record.read_text()) if record.exists() else {}
+
+
+def adapter_style(source: str) -> str:
+    """The prompt style the adapter was trained on (chat_split where its record is silent)."""
+    return training_record(source).get("style", "chat_split")
+
+
+def adapter_record(source: str) -> str:
+    """What the adapter was trained on and how long (its ``training.json``), in one line."""
+    fields = training_record(source)
+    if not fields:
         return "(no training.json)"
-    fields = json.loads(record.read_text())
     keys = ("base_model", "data_version", "style", "steps", "batch", "layers", "rank", "hours")
     return " ".join(f"{key}={fields.get(key)}" for key in keys)
 

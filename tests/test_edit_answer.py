@@ -18,7 +18,9 @@ from serve_app.prompts.edit import (
     read_answer,
     rejected_edit,
 )
+from serve_app.prompts.edit.extract import model_answer
 from serve_app.prompts.edit.messages import INSTRUCTION_PHRASES, REGION_PLACEHOLDER
+from serve_app.prompts.edit.span import apply_span, span_answer
 from tests.fixtures.edit import EXAMPLE, REGION, RENAMED, content
 
 # --- reading the model's answer ------------------------------------------------------------
@@ -257,3 +259,62 @@ def test_read_answer_says_why_it_answers_no_change() -> None:
         REGION,
         "dropped_lines",
     )
+
+
+# --- the changed-span answer (chat_span) ------------------------------------------------------
+
+PAIRS = [
+    ("a\nb\nc", "a\nB\nc"),  # one line changed
+    ("a\nb\nc", "a\nb\nb2\nc"),  # a line inserted
+    ("a\nb\nc", "a\nc"),  # a line deleted
+    ("a\nb\nc", "a\nb\nc\nd"),  # a line appended
+    ("a\nb\nc", "z\na\nb\nc"),  # a line in front
+    ("a\nb\nc", "a\n\nb\nc"),  # an empty line inserted
+    ("a\nb\nc", "a\nb\nc"),  # no change
+    ("\nx = 1\n", "\nx = 2\n"),  # the region's edge newlines
+    ("a\na\na", "a\na"),  # repeated lines
+]
+
+
+@pytest.mark.parametrize(("original", "expected"), PAIRS)
+def test_a_span_answer_reads_back_as_the_region_it_was_written_for(original, expected) -> None:
+    answer = span_answer(original, expected)
+    assert apply_span(answer, original) == expected
+    assert (answer == "") == (original == expected)
+    # Only the changed lines are written: never a line kept on both sides of the change.
+    assert len(answer.split("\n")) <= 1 + abs(len(expected.split("\n")) - 1) + 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from(["a", "b", "", "  c"]), min_size=1, max_size=6),
+    st.lists(st.sampled_from(["a", "b", "", "  c", "d"]), min_size=1, max_size=6),
+)
+def test_every_span_answer_round_trips(old: list[str], new: list[str]) -> None:
+    original, expected = "\n".join(old), "\n".join(new)
+    assert apply_span(span_answer(original, expected), original) == expected
+
+
+def test_the_span_prompt_numbers_the_regions_lines_and_the_answer_is_read_back() -> None:
+    messages = build_messages(EXAMPLE, style="chat_span")
+    region_shown = messages[-1]["content"].rsplit("Region:\n", 1)[1]
+    for number, line in enumerate(EXAMPLE.region.split("\n"), 1):
+        assert f"{number}|{line}\n" in region_shown
+    answer = model_answer(RENAMED, EXAMPLE, "chat_span")
+    assert answer.startswith("@@ ") and "```" not in answer
+    assert read_answer(answer, EXAMPLE, "stop", "chat_span") == (RENAMED, None)
+
+
+def test_a_span_answer_that_is_not_an_edit_of_this_region_is_no_change() -> None:
+    lines = len(REGION.split("\n"))
+    assert read_answer("", EXAMPLE, "stop", "chat_span") == (REGION, None)
+    assert read_answer("<|im_end|>", EXAMPLE, "stop", "chat_span") == (REGION, None)
+    for answer in ("Sure, here:", "@@ 0,1\nx", f"@@ 2,{lines}\nx", "@@ -1,1 +1,1 @@\n-a\n+b"):
+        assert read_answer(answer, EXAMPLE, "stop", "chat_span") == (REGION, "unusable"), answer
+    # Cut off by max_tokens: its lines may be missing.
+    assert read_answer("@@ 2,1\n        if sub", EXAMPLE, "length", "chat_span") == (
+        REGION,
+        "cut_off",
+    )
+    # A whole span that fails a check: every line deleted is not an edit to show.
+    assert read_answer(f"@@ 1,{lines}", EXAMPLE, "stop", "chat_span")[1] == "dropped_lines"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from serve_app.prompts.edit import CURSOR
 from serve_app.training import train
 from serve_app.training.edits import EditExample
 from serve_app.training.render import IGNORED, training_pair
@@ -53,6 +54,19 @@ def test_only_the_answer_carries_labels(tiny_source: str) -> None:
     )
     assert answer == ids[-len(answer) :] and answer[-1] == tokenizer.eos_token_id
     assert tokenizer.decode(answer[:-1]) == "```\n\nprint(subtotal(cart))\n```"
+
+
+def test_a_span_example_is_trained_on_the_changed_lines_alone(tiny_source: str) -> None:
+    """chat_span's answer names the region's changed line and writes only its new text."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_source.removeprefix("tiny:"))
+    ids, labels = training_pair(
+        example("cart.py"), "\nprint(subtotal(cart))", tokenizer, "chat_span"
+    )
+    answer = [label for label in labels if label != IGNORED]
+    assert tokenizer.decode(answer[:-1]) == "@@ 2,1\nprint(subtotal(cart))"
+    assert f"2|print({CURSOR}total(cart))" in tokenizer.decode(ids[: len(ids) - len(answer)])
 
 
 def test_a_run_resumes_from_its_checkpoint_and_records_the_adapter(

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from serve_app.prompts.chat_encoding import encode_untrusted
-from serve_app.prompts.edit.extract import fence_region
+from serve_app.prompts.edit.extract import model_answer
 from serve_app.prompts.edit.messages import (
     EditPromptStyle,
     build_messages,
@@ -71,9 +71,10 @@ def training_pair(
     context: EditContext, expected: str, tokenizer: Any, style: EditPromptStyle
 ) -> tuple[list[int], list[int]]:
     """(input ids, labels) of one example: the served prompt in ``style``, then the answer the
-    service reads as ``expected`` (the region in a plain fence) and the end of the turn. Only
-    the answer's tokens carry labels."""
-    messages = build_messages(parse_edit_prompt(tagged_request(context)), style=style)
-    prompt = encode_edit_prompt(tokenizer, messages)
-    answer = encode_untrusted(tokenizer, fence_region(expected)) + [tokenizer.eos_token_id]
+    service reads as ``expected`` (``model_answer``: the region in a plain fence, or the
+    changed span) and the end of the turn. Only the answer's tokens carry labels."""
+    request = parse_edit_prompt(tagged_request(context))
+    prompt = encode_edit_prompt(tokenizer, build_messages(request, style=style))
+    answer_text = model_answer(expected, request, style)
+    answer = encode_untrusted(tokenizer, answer_text) + [tokenizer.eos_token_id]
     return prompt + answer, [IGNORED] * len(prompt) + answer

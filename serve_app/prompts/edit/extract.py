@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 
 from serve_app.prompts.edit.checks import EditRejection, rejected_edit
+from serve_app.prompts.edit.messages import EditPromptStyle
 from serve_app.prompts.edit.parse import EditPrompt, region_without_cursor
+from serve_app.prompts.edit.span import apply_span, span_answer
 
 # Special-token-like tags: <|cursor|>, <|im_end|>, <|code_to_edit|>, ...
 _TAG = re.compile(r"<\|/?[A-Za-z_][A-Za-z0-9_]*\|>")
@@ -129,18 +131,42 @@ def fence_region(region: str) -> str:
     return f"```\n{region}\n```"
 
 
+def model_answer(expected: str, prompt: EditPrompt, style: EditPromptStyle) -> str:
+    """What a model asked in ``style`` writes when its answer is ``expected`` (the region
+    after the edit): the region fenced, or for ``chat_span`` the changed lines only. What
+    ``read_answer`` reads back, and what an adapter is trained to write."""
+    if style == "chat_span":
+        return span_answer(region_without_cursor(prompt), expected)
+    return fence_region(expected)
+
+
 def read_answer(
-    text: str, prompt: EditPrompt, finish_reason: str | None
+    text: str, prompt: EditPrompt, finish_reason: str | None, style: EditPromptStyle = "chat"
 ) -> tuple[str, EditRejection | None]:
-    """The region to send for the model's ``text``, and why it is the region unchanged when
-    the model's answer was not an edit (``checks``). An answer cut off by max_tokens before
-    its code block closed would drop the region's tail; one with nothing usable, or one that
-    fails a check, is "no change"."""
+    """The region to send for the model's ``text`` in ``style``, and why it is the region
+    unchanged when the model's answer was not an edit (``checks``). An answer cut off by
+    max_tokens before its code block closed (or, a span, at all) would drop the region's tail;
+    one with nothing usable, or one that fails a check, is "no change"."""
     original = region_without_cursor(prompt)
+    if style == "chat_span":
+        return _read_span(text, prompt, finish_reason)
     if finish_reason == "length" and text.count("```") < 2:
         return original, "cut_off"
     region, usable = extract_edited_region(text, prompt)
     if not usable:
+        return original, "unusable"
+    rejection = rejected_edit(region, prompt)
+    return (original, rejection) if rejection else (region, None)
+
+
+def _read_span(
+    text: str, prompt: EditPrompt, finish_reason: str | None
+) -> tuple[str, EditRejection | None]:
+    original = region_without_cursor(prompt)
+    if finish_reason == "length":
+        return original, "cut_off"
+    region = apply_span(_strip_tags(text, keep=set(_TAG.findall(original))), original)
+    if region is None:
         return original, "unusable"
     rejection = rejected_edit(region, prompt)
     return (original, rejection) if rejection else (region, None)

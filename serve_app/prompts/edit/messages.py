@@ -35,14 +35,17 @@ from serve_app.prompts.edit.parse import (
     opening,
     region_without_cursor,
 )
+from serve_app.prompts.edit.span import numbered
 from serve_app.prompts.fim import FimFormat, fim_format_for
 
 # chat: an instruction (system prompt, the sections as markdown, the task last);
 # chat_split: chat, the file shown with its region cut out (``REGION_PLACEHOLDER``);
 # tagged: the client's tagged sections as one user message, nothing added;
 # few_shot: chat, after two worked examples, the answer's fence prefilled;
-# fim: no chat at all: the region is the hole of a fill-in-the-middle prompt.
-EditPromptStyle = Literal["chat", "chat_split", "tagged", "few_shot", "fim"]
+# fim: no chat at all: the region is the hole of a fill-in-the-middle prompt;
+# chat_span: chat_split, the region's lines numbered, the answer only the lines it changes
+# (``span``: for a model trained on it, the next-edit adapter).
+EditPromptStyle = Literal["chat", "chat_split", "tagged", "few_shot", "fim", "chat_span"]
 PROMPT_STYLES: tuple[str, ...] = get_args(EditPromptStyle)
 
 # Roles of the pieces of a prompt that is not a chat (fim): the service's own markers, named by
@@ -78,6 +81,13 @@ SYSTEM_PROMPT = (
     "Rewrite the region to make the edit the programmer is most likely to make next: continue "
     "the recent edits and finish the code at the cursor. Keep the other lines of the region as "
     "they are. Reply with only the rewritten region in one ``` code block, no explanations."
+)
+SPAN_SYSTEM_PROMPT = (
+    "You predict a programmer's next code edit. You are shown the current file, the "
+    "programmer's recent edits as diffs, and a region of the file, its lines numbered, that "
+    "contains the cursor. Write the edit the programmer is most likely to make next in the "
+    "region: a line `@@ FIRST,COUNT` (the COUNT lines from line FIRST are replaced; 0 inserts "
+    "before FIRST), then the new lines, nothing else. Write nothing if the region needs no edit."
 )
 
 # File suffix -> markdown fence label: a labelled fence tells the model the language.
@@ -123,6 +133,11 @@ def build_messages(
         return _fim_pieces(shown)
     if style == "tagged":
         return [{"role": "user", "content": _tagged(shown)}]
+    if style == "chat_span":
+        return [
+            {"role": "system", "content": SPAN_SYSTEM_PROMPT},
+            {"role": "user", "content": _instruction(shown, split=True, span=True)},
+        ]
     if style == "few_shot":
         return [
             {"role": "system", "content": SYSTEM_PROMPT},
@@ -136,14 +151,15 @@ def build_messages(
     ]
 
 
-def _instruction(prompt: EditPrompt, *, split: bool = False) -> str:
+def _instruction(prompt: EditPrompt, *, split: bool = False, span: bool = False) -> str:
     """The user message of the chat styles: snippets, the file, the diffs, the region with its
     cursor, then what to do. What comes last weighs most for a 0.5B model, which otherwise
     copies the region unchanged; so the closing line names the renames the diffs made that the
     region still lacks (``recent_renames``), when there are any. The file is shown plain: with
     the region marked in it, the model tended to echo the file. The diffs are cut to what the
     file does not show (``diffs.shown_diff``). ``split``: the file without
-    its region, ``REGION_PLACEHOLDER`` in its place (chat_split)."""
+    its region, ``REGION_PLACEHOLDER`` in its place (chat_split); ``span``: the region's lines
+    numbered, and the task asks for the changed lines only (chat_span)."""
     language = fence_language(prompt.file_path)
     parts = []
     if prompt.snippets:
@@ -154,7 +170,9 @@ def _instruction(prompt: EditPrompt, *, split: bool = False) -> str:
     parts.append(f"File {prompt.file_path}:\n{_fenced(file, language)}")
     if prompt.diffs:
         parts.append(_history_section([shown_diff(diff) for diff in prompt.diffs]))
-    parts.append(f"Region:\n{_fenced(prompt.region, language)}\n{_task(prompt, prompt.diffs)}")
+    region = numbered(prompt.region) if span else prompt.region
+    task = _task(prompt, prompt.diffs, span=span)
+    parts.append(f"Region:\n{_fenced(region, language)}\n{task}")
     return "\n\n".join(parts)
 
 
@@ -268,12 +286,14 @@ def _shown_snippet(snippet: Snippet) -> str:
     return f"{snippet.path}:\n{_fenced(snippet.code, fence_language(snippet.path))}"
 
 
-def _task(prompt: EditPrompt, diffs: list[str]) -> str:
+def _task(prompt: EditPrompt, diffs: list[str], *, span: bool = False) -> str:
     renames = recent_renames(diffs, region_without_cursor(prompt))
+    lead = "Write the region's next edit" if span else "Rewrite the region"
     if not renames:
-        return f"Rewrite the region: finish the code at {CURSOR} and keep the other lines."
+        rest = "" if span else " and keep the other lines"
+        return f"{lead}: finish the code at {CURSOR}{rest}."
     pairs = " and ".join(f"`{old}` to `{new}`" for old, new in renames)
-    return f"Rewrite the region: rename {pairs} in it, as the recent edits did."
+    return f"{lead}: rename {pairs} in it, as the recent edits did."
 
 
 _WORD = re.compile(r"[A-Za-z_]\w*|\S")
