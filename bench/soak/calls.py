@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -73,10 +74,11 @@ def chunk_text(chunk: dict) -> str:
 
 def send(
     client: httpx.Client, url: str, key: str, account: str, kind: str, path: str, body: dict,
-    cancel: bool = False,
+    cancel: bool = False, on_headers: Callable[[], None] = lambda: None,
 ) -> Call:  # fmt: skip
     """One request as its client sends it; a stream is read to ``[DONE]``, or closed after
-    its first text when ``cancel``."""
+    its first text when ``cancel``. ``on_headers`` is called once a stream's status is in
+    (the kill run waits for that, so its kill lands mid-stream)."""
     call = Call(account, kind, path, bool(body.get("stream")), time.time())
     start = time.monotonic()
     headers = {"Authorization": f"Bearer {key}"}
@@ -91,6 +93,7 @@ def send(
         else:
             with client.stream("POST", url + path, json=body, headers=headers) as response:
                 call.status = response.status_code
+                on_headers()
                 if call.status != 200:
                     call.code = error_code(response.read())
                 else:

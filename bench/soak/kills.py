@@ -16,7 +16,7 @@ import httpx
 
 from bench.common import table
 from bench.soak import BACKSTOP_GRACE_S, DEPLOYMENTS, KILL_LIMITS, RECOVERY_S, REFUSED
-from bench.soak.calls import Call, error_code, read_stream, usage_of
+from bench.soak.calls import Call, send
 from bench.soak.graph import replica_pids
 from bench.soak.ledger import LedgerCheck, settled_ledger
 from bench.soak.run import deadline_s, five_xx
@@ -127,7 +127,9 @@ def kill_one(
             # a unary request is under way once sent: killed half a second later
             timer = threading.Timer(0.5 if not body.get("stream") else 60, event.set)
             timer.start()
-            call = send_watching(client, traffic, "soak-a", kind, path, body, event)
+            key = traffic.keys["soak-a"]
+            call = send(client, traffic.url, key, "soak-a", kind, path, body, on_headers=event.set)
+            event.set()  # a call that failed before its headers is under way no longer
             timer.cancel()
             traffic.record(call)
 
@@ -153,37 +155,6 @@ def kill_one(
         c for c in traffic.snapshot() if c.started < killed_at < c.ended and c not in probes
     ]
     return KillPhase(deployment, killed, killed_at, running_s, back_s, in_flight, probes)
-
-
-def send_watching(
-    client: httpx.Client, traffic: Traffic, account: str, kind: str, path: str, body: dict,
-    event: threading.Event,
-) -> Call:  # fmt: skip
-    """``send``, setting ``event`` once a stream's first event is in."""
-    call = Call(account, kind, path, bool(body.get("stream")), time.time())
-    start = time.monotonic()
-    headers = {"Authorization": f"Bearer {traffic.keys[account]}"}
-    try:
-        if not call.stream:
-            response = client.post(traffic.url + path, json=body, headers=headers)
-            call.status = response.status_code
-            if call.status == 200:
-                call.usage = usage_of(response.json().get("usage"))
-            else:
-                call.code = error_code(response.content)
-        else:
-            with client.stream("POST", traffic.url + path, json=body, headers=headers) as r:
-                call.status = r.status_code
-                event.set()
-                if call.status != 200:
-                    call.code = error_code(r.read())
-                else:
-                    read_stream(r, call, cancel=False)
-    except (httpx.HTTPError, ValueError) as exc:
-        call.failure = type(exc).__name__
-    event.set()
-    call.seconds = time.monotonic() - start
-    return call
 
 
 def wait_back(

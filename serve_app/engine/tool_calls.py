@@ -25,7 +25,7 @@ import torch
 
 from serve_app.engine.constraints import JsonConstraint
 from serve_app.engine.json.schema import Grammar, compile_schema
-from serve_app.engine.json.validator import JsonValidator
+from serve_app.engine.json.validator import ByteChecker, JsonValidator
 from serve_app.engine.protocol import ToolCallFormat
 
 OPEN_MARKER, CLOSE_MARKER = "<tool_call>", "</tool_call>"
@@ -47,7 +47,7 @@ def tool_call_tokens(tokenizer: Any) -> tuple[int, int] | None:
     return None
 
 
-class CallValidator:
+class CallValidator(ByteChecker):
     """Whether bytes are a prefix of one call's body (between the markers); a ``JsonValidator``
     to the token selection of ``JsonConstraint``: ``feed``, ``copy``, ``complete``,
     ``distance``."""
@@ -55,7 +55,7 @@ class CallValidator:
     PREFIX = b'\n{"name": "'
     MIDDLE = b'", "arguments": '
     SUFFIX = b"}\n"
-    __slots__ = ("grammars", "phase", "matched", "candidates", "arguments", "dead")
+    __slots__ = ("grammars", "phase", "matched", "candidates", "arguments")
 
     def __init__(self, grammars: Mapping[str, Grammar]) -> None:
         self.grammars = grammars
@@ -80,17 +80,6 @@ class CallValidator:
     def function(self) -> str | None:
         """The function named, once its name is read."""
         return self.candidates[0][1] if self.phase >= 2 else None
-
-    def feed(self, data: bytes | str) -> bool:
-        if isinstance(data, str):
-            data = data.encode()
-        if self.dead:
-            return False
-        for b in data:
-            if not self._feed_byte(b):
-                self.dead = True
-                return False
-        return True
 
     def _feed_byte(self, b: int) -> bool:
         if self.phase == 0:

@@ -103,14 +103,33 @@ _OPENERS: dict[type, Callable[[Any, int], Frame | None]] = {
 }
 
 
-class JsonValidator:
-    """Incremental check that bytes fed so far are a prefix of a document of ``node``.
+class ByteChecker:
+    """Bytes fed one at a time to ``_feed_byte``; ``feed`` returns False (and the checker is
+    then dead) at the first byte that no accepted text could have there, so a caller tries
+    candidates on a ``copy()``."""
 
-    ``feed`` returns False (and the validator is then dead) at the first byte that no valid
-    document could have there; try candidates on a ``copy()``.
-    """
+    __slots__ = ("dead",)
 
-    __slots__ = ("stack", "ws_run", "dead")
+    def feed(self, data: bytes | str) -> bool:
+        """Feed bytes (or text, as UTF-8); False as soon as the prefix becomes invalid."""
+        if isinstance(data, str):
+            data = data.encode()
+        if self.dead:
+            return False
+        for b in data:
+            if not self._feed_byte(b):
+                self.dead = True
+                return False
+        return True
+
+    def _feed_byte(self, b: int) -> bool:
+        raise NotImplementedError
+
+
+class JsonValidator(ByteChecker):
+    """Incremental check that bytes fed so far are a prefix of a document of ``node``."""
+
+    __slots__ = ("stack", "ws_run")
 
     def __init__(self, node: Node = ANY_OBJECT) -> None:
         self.stack: list[Frame] = [RootFrame(node)]
@@ -130,18 +149,6 @@ class JsonValidator:
         if child is None:
             return False
         self.stack.append(child)
-        return True
-
-    def feed(self, data: bytes | str) -> bool:
-        """Feed bytes (or text, as UTF-8); False as soon as the prefix becomes invalid."""
-        if isinstance(data, str):
-            data = data.encode()
-        if self.dead:
-            return False
-        for b in data:
-            if not self._feed_byte(b):
-                self.dead = True
-                return False
         return True
 
     def _feed_byte(self, b: int) -> bool:
