@@ -135,3 +135,23 @@ def test_an_exported_adapter_serves_and_names_its_base(
     with pytest.raises(AdapterError, match="built for embedded:qwen2.5-coder-0.5b") as raised:
         LLMEngine(loaded, engine_config(), adapters={"a": shipped})
     assert str(shipped) in str(raised.value)
+
+
+def test_an_adapter_asked_in_another_layout_than_it_learned_fails_at_start(
+    tmp_path: Path,
+) -> None:
+    """Its training.json names the layout it learned; the model's edit_prompt must be it."""
+    from serve_app.config import ModelConfig
+    from serve_app.engine.runner.lora import AdapterError
+    from serve_app.serving.generation import EDIT_ADAPTER, role_adapters
+
+    (tmp_path / "training.json").write_text(json.dumps({"style": "chat_span"}))
+    model = ModelConfig(
+        id="m", source="tiny:x", edit_adapter=str(tmp_path), edit_prompt="chat_span"
+    )
+    assert role_adapters(model, "edit") == {EDIT_ADAPTER: tmp_path}
+    assert role_adapters(model, "fim") == {}
+    asked_otherwise = model.model_copy(update={"edit_prompt": "chat_split"})
+    with pytest.raises(AdapterError, match="set edit_prompt: chat_span") as raised:
+        role_adapters(asked_otherwise, "edit")
+    assert str(tmp_path) in str(raised.value)

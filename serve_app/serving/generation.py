@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 import uuid
@@ -15,6 +16,7 @@ from serve_app.config import AppConfig, EngineRole, ModelConfig
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.json.token_bytes import TokenTexts
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest, SamplingParams
+from serve_app.engine.runner.lora import AdapterError
 from serve_app.errors import (
     ContextLengthExceededError,
     InvalidRequestError,
@@ -71,7 +73,26 @@ def role_adapters(model: ModelConfig, role: EngineRole) -> dict[str, Path]:
     only next-edit requests name it)."""
     if role != "edit" or model.edit_adapter is None:
         return {}
-    return {EDIT_ADAPTER: adapter_path(model.edit_adapter)}
+    path = adapter_path(model.edit_adapter)
+    _check_trained_layout(path, model.edit_prompt)
+    return {EDIT_ADAPTER: path}
+
+
+def _check_trained_layout(path: Path, style: str) -> None:
+    """An adapter asked in another layout than it learned answers in the wrong shape (a
+    chat_span adapter writes spans, which a rewrite's reader cannot use): where its record
+    (``training.json``, written by the trainer) names its layout, it must be ``style``."""
+    record = path / "training.json"
+    try:
+        trained = json.loads(record.read_text()).get("style") if record.exists() else None
+    except (OSError, ValueError, AttributeError) as error:
+        raise AdapterError(path, f"unreadable {record.name}: {error}") from None
+    if trained is not None and trained != style:
+        raise AdapterError(
+            path,
+            f"trained on the {trained} prompt layout ({record.name}), but the model's "
+            f"edit_prompt is {style}: set edit_prompt: {trained}",
+        )
 
 
 class GenerationObserver(Protocol):
