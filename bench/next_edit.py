@@ -268,7 +268,10 @@ def start_services(
     config = config.model_copy(update={"engine": seeded})
     model = config.model(config.roles.edit)
     if args.adapter:
-        model = model.model_copy(update={"edit_adapter": args.adapter})
+        # The model as one serving this adapter is configured: asked in the layout it learned
+        # (the untuned variants name their own style).
+        update = {"edit_adapter": args.adapter, "edit_prompt": adapter_style(args.adapter)}
+        model = model.model_copy(update=update)
     args.model = model.id
     engine = start_engine(config, model, "edit")
     client = EngineClient(engine, model)
