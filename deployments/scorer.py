@@ -35,7 +35,7 @@ class DecisionScorer(EngineDeployment):
             loaded, config.engine_for("decisions"), model.context_length, budget=budget
         )
         self.host_engine(scorer.engine)
-        self.decisions = DecisionService(scorer)
+        self.decisions = DecisionService(scorer, config.limits.max_questions)
         self.usage = usage_recorder(auth, config.limits.decision_timeout_s, config)
 
     async def decide(self, body: DecisionRequest, context: RequestContext) -> DecisionResponse:

@@ -27,10 +27,8 @@ from serve_app.api.fim import FimCompletion, FimCompletionChunk, FimCompletionRe
 from serve_app.auth.keys import hash_key
 from serve_app.config import AppConfig
 from serve_app.errors import (
-    InvalidRequestError,
     ModelNotFoundError,
     ServiceError,
-    UnprocessableRequestError,
     UpstreamBadResponseError,
     UpstreamUnavailableError,
 )
@@ -74,8 +72,9 @@ SSE_RESPONSE = {"description": "text/event-stream of chunks, ending with `data: 
 @dataclass(frozen=True)
 class ModelRoute:
     """One model route: its ``name`` (``<name>.completions`` is its endpoint for billing and
-    metrics), path and wire models, the role its model must hold (the ``Backends`` field of
-    the deployment that serves it), the unary and streaming methods it calls there (``None``:
+    metrics, unless ``billed_as`` names another), path and wire models, the role its model
+    must hold (also the ``Backends`` field of the deployment that serves it, unless
+    ``deployment`` names another), the unary and streaming methods it calls there (``None``:
     no stream), and whether the config enables it."""
 
     name: str
@@ -88,16 +87,33 @@ class ModelRoute:
     enabled: Callable[[AppConfig], bool] = lambda config: True
     description: str | None = None
     extra_errors: tuple[int, ...] = ()  # statuses beyond ``COMMON_ERRORS`` it may answer
+    deployment: str | None = None
+    billed_as: str | None = None
+    errors: dict[int | str, dict[str, Any]] | None = None  # None: COMMON_ERRORS + extra_errors
 
     @property
     def endpoint(self) -> str:
-        return f"{self.name}.completions"
+        return self.billed_as or f"{self.name}.completions"
+
+    @property
+    def responses(self) -> dict[int | str, dict[str, Any]]:
+        """The statuses the OpenAPI document lists for the route."""
+        responses = dict(self.errors or COMMON_ERRORS)
+        responses.update({code: {"model": ErrorResponse} for code in self.extra_errors})
+        if self.stream_method is not None:
+            responses[200] = {"content": {"text/event-stream": SSE_RESPONSE}}
+        return responses
 
 
 FIM_ROUTE = ModelRoute(
     "fim", "/v1/fim/completions", FimCompletionRequest, FimCompletion, "fim", "complete", "stream"
 )
 MODEL_ROUTES = (
+    # Decisions answer 422 where the others answer 400 (api-spec.md 7.1).
+    ModelRoute(
+        "decisions", "/v1/decisions", DecisionRequest, DecisionResponse, "decisions", "decide",
+        deployment="scorer", billed_as="decisions", errors=DECISION_ERRORS,
+    ),
     ModelRoute(
         "edit", "/v1/edit/completions", EditCompletionRequest, EditCompletion, "edit", "edit"
     ),
@@ -179,18 +195,11 @@ class RouteHandlers:
         self.ledger = Ledger(ledger_write(backends.auth), LedgerSpool(config.ledger_spool))
 
     def register(self, app: FastAPI) -> None:
-        app.post("/v1/decisions", response_model=DecisionResponse, responses=DECISION_ERRORS)(
-            self.decisions
-        )
         for route in MODEL_ROUTES:
-            responses = dict(COMMON_ERRORS)
-            responses.update({code: {"model": ErrorResponse} for code in route.extra_errors})
-            if route.stream_method is not None:
-                responses[200] = {"content": {"text/event-stream": SSE_RESPONSE}}
             app.post(
                 route.path,
                 response_model=route.answer,
-                responses=responses,
+                responses=route.responses,
                 name=route.name,
                 description=route.description,
             )(self.model_endpoint(route))
@@ -328,32 +337,6 @@ class RouteHandlers:
 
     # --- endpoints --------------------------------------------------------------------------
 
-    async def decisions(
-        self,
-        request: Request,
-        body: DecisionRequest,
-        response: Response,
-        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
-    ) -> DecisionResponse:
-        body.model = self.config.resolve_model_id(body.model)
-        grant = await self.authorize(request, credentials, body.model, "decisions", body)
-        _apply_headers(response, grant)
-        self.require_role(grant, body.model, "decisions")
-        if len(body.questions) > self.config.limits.max_questions:
-            limit = self.config.limits.max_questions
-            self.refuse(
-                grant,
-                UnprocessableRequestError(
-                    f"At most {limit} questions per request.", param="questions"
-                ),
-            )
-        try:
-            return await self.call(
-                grant, body.model, "decisions", self.backends.scorer.decide, body, DecisionResponse
-            )
-        except InvalidRequestError as exc:
-            raise UnprocessableRequestError.from_invalid(exc) from None
-
     async def dispatch(
         self,
         request: Request,
@@ -371,7 +354,7 @@ class RouteHandlers:
         if not route.enabled(self.config):
             self.refuse(grant, ModelNotFoundError(body.model))
         self.require_role(grant, body.model, route.role)
-        handle = getattr(self.backends, route.role)
+        handle = getattr(self.backends, route.deployment or route.role)
         if route.stream_method is not None and body.stream:
             context = self.context(grant, body.model, route.endpoint)
             streaming = handle.options(stream=True)

@@ -17,6 +17,7 @@ from serve_app.api.decisions import (
     Question,
     ScoreAnswer,
 )
+from serve_app.errors import InvalidRequestError, UnprocessableRequestError
 from serve_app.serving.billing import BilledCall
 from serve_app.serving.scoring import (
     DecisionQuestion,
@@ -27,20 +28,31 @@ from serve_app.serving.scoring import (
 
 
 class DecisionService:
-    def __init__(self, scorer: LikelihoodScorer) -> None:
+    """``max_questions``: the operator's cap on questions per request (``limits``), under the
+    request model's own."""
+
+    def __init__(self, scorer: LikelihoodScorer, max_questions: int | None = None) -> None:
         self.scorer = scorer
+        self.max_questions = max_questions
 
     async def decide(self, body: DecisionRequest, call: BilledCall) -> DecisionResponse:
         """Score on the scoring engine. When this task is cancelled (Serve cancels it when
         the caller times out or disconnects) the engine request is aborted and stops within
         one decoder layer's work; what ran until then is metered on ``call``, so the ledger
-        bills it (serve_app.serving.billing)."""
+        bills it (serve_app.serving.billing). A request this service cannot answer is a 422
+        (api-spec.md 7.1: the decision endpoint's status where the others answer 400)."""
+        limit = self.max_questions
+        if limit is not None and len(body.questions) > limit:
+            message = f"At most {limit} questions per request."
+            raise UnprocessableRequestError(message, param="questions")
         questions = [_to_engine(name, question) for name, question in body.questions.items()]
         work = WorkDone()
         try:
             result = await self.scorer.score(
                 body.state, questions, cache_salt=call.cache_salt, work=work
             )
+        except InvalidRequestError as exc:
+            raise UnprocessableRequestError.from_invalid(exc) from None
         finally:
             call.meter.update(work.input_tokens, work.output_tokens)
         answers = {
