@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tests.fixtures.constraints import SCHEMA as TEST_SCHEMA
+from tests.fixtures.constraints import nested_any_of, ref_chain
 
 Schema = dict[str, Any] | None  # None: ``json_object`` mode (any object)
 
@@ -171,29 +172,6 @@ CASES = [
 ]
 
 # ------------------------------------------------------------------------------- hostile
-
-
-def ref_chain(levels: int) -> dict[str, Any]:
-    """tests/test_abuse_bounds.py: each level refers to the next twice (2**levels if
-    expanded at every use)."""
-    defs: dict[str, Any] = {f"d{levels}": {"type": "string"}}
-    for i in range(levels - 1, -1, -1):
-        ref = {"$ref": f"#/$defs/d{i + 1}"}
-        defs[f"d{i}"] = {
-            "type": "object",
-            "properties": {"a": ref, "b": ref},
-            "required": ["a", "b"],
-        }
-    return {"$defs": defs, "$ref": "#/$defs/d0"}
-
-
-def nested_any_of(levels: int) -> dict[str, Any]:
-    """tests/test_abuse_bounds.py: each level is anyOf(next, array of next)."""
-    defs: dict[str, Any] = {f"d{levels}": {"type": "integer"}}
-    for i in range(levels - 1, -1, -1):
-        ref = {"$ref": f"#/$defs/d{i + 1}"}
-        defs[f"d{i}"] = {"anyOf": [ref, {"type": "array", "items": ref}]}
-    return {"$defs": defs, **_prop({"$ref": "#/$defs/d0"})}
 
 
 def _nested_objects(levels: int) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import pytest
 from serve_app.engine.constraints import compile_schema
 from tests.clients import tagged_apply
 from tests.conftest import AUTH, TEST_KEY, TINY_ID
+from tests.fixtures.constraints import nested_any_of, ref_chain
 from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 
 CHAT_PROBE = {
@@ -87,33 +88,6 @@ def assert_never_blocks(client, send: Callable[[int], Any], fim: bool = False) -
 
 
 # --------------------------------------------------------------------------- json_schema
-
-
-def ref_chain(levels: int) -> dict:
-    """Each level refers to the next twice: 2**levels subschemas unless refs compile once."""
-    defs: dict[str, Any] = {f"d{levels}": {"type": "string"}}
-    for i in range(levels - 1, -1, -1):
-        ref = {"$ref": f"#/$defs/d{i + 1}"}
-        defs[f"d{i}"] = {
-            "type": "object",
-            "properties": {"a": ref, "b": ref},
-            "required": ["a", "b"],
-        }
-    return {"$defs": defs, "$ref": "#/$defs/d0"}
-
-
-def nested_any_of(levels: int) -> dict:
-    """Each level is anyOf(next, array of next): exponential when expanded at every use."""
-    defs: dict[str, Any] = {f"d{levels}": {"type": "integer"}}
-    for i in range(levels - 1, -1, -1):
-        ref = {"$ref": f"#/$defs/d{i + 1}"}
-        defs[f"d{i}"] = {"anyOf": [ref, {"type": "array", "items": ref}]}
-    return {
-        "$defs": defs,
-        "type": "object",
-        "properties": {"v": {"$ref": "#/$defs/d0"}},
-        "required": ["v"],
-    }
 
 
 @pytest.mark.parametrize("schema", [ref_chain(16), nested_any_of(16)], ids=["refs", "anyOf"])
