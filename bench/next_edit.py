@@ -420,22 +420,21 @@ def latency(seconds: list[float]) -> str:
     return f"{percentile(seconds, 50):.2f}/{percentile(seconds, 90):.2f}"
 
 
-def training_record(source: str) -> dict[str, Any]:
-    """The adapter's ``training.json`` ({} when it has none)."""
-    from serve_app.models.loader import adapter_path
+def adapter_training(source: str) -> dict[str, Any]:
+    """The adapter's training record ({} when it has none)."""
+    from serve_app.models.loader import adapter_path, training_record
 
-    record = adapter_path(source) / "training.json"
-    return json.loads(record.read_text()) if record.exists() else {}
+    return training_record(adapter_path(source))
 
 
 def adapter_style(source: str) -> str:
     """The prompt style the adapter was trained on (chat_split where its record is silent)."""
-    return training_record(source).get("style", "chat_split")
+    return adapter_training(source).get("style", "chat_split")
 
 
 def adapter_record(source: str) -> str:
     """What the adapter was trained on and how long (its ``training.json``), in one line."""
-    fields = training_record(source)
+    fields = adapter_training(source)
     if not fields:
         return "(no training.json)"
     keys = ("base_model", "data_version", "style", "steps", "batch", "layers", "rank", "hours")

@@ -10,6 +10,7 @@ A model *source* is one of:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -83,6 +84,23 @@ def adapter_path(source: str) -> Path:
     if source.startswith(BUILTIN_ADAPTER):
         return BUILTIN_ADAPTERS / source.removeprefix(BUILTIN_ADAPTER)
     return Path(source).expanduser()
+
+
+# Beside an adapter the trainer made: its data version, steps, scores and prompt layout
+# (``serve_app.training``).
+TRAINING_RECORD = "training.json"
+
+
+def training_record(folder: Path) -> dict[str, Any]:
+    """The training record in an adapter's ``folder``; {} where it has none. ValueError
+    where it is not a JSON object."""
+    path = folder / TRAINING_RECORD
+    if not path.exists():
+        return {}
+    record = json.loads(path.read_text())
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} holds no JSON object")
+    return record
 
 
 class DeviceError(ValueError):

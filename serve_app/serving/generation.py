@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 import uuid
@@ -22,7 +21,13 @@ from serve_app.errors import (
     InvalidRequestError,
     UpstreamUnavailableError,
 )
-from serve_app.models.loader import LoadedModel, adapter_path, load_model
+from serve_app.models.loader import (
+    TRAINING_RECORD,
+    LoadedModel,
+    adapter_path,
+    load_model,
+    training_record,
+)
 from serve_app.serving.billing import BilledCall
 
 T = TypeVar("T")
@@ -82,15 +87,14 @@ def _check_trained_layout(path: Path, style: str) -> None:
     """An adapter asked in another layout than it learned answers in the wrong shape (a
     chat_span adapter writes spans, which a rewrite's reader cannot use): where its record
     (``training.json``, written by the trainer) names its layout, it must be ``style``."""
-    record = path / "training.json"
     try:
-        trained = json.loads(record.read_text()).get("style") if record.exists() else None
-    except (OSError, ValueError, AttributeError) as error:
-        raise AdapterError(path, f"unreadable {record.name}: {error}") from None
+        trained = training_record(path).get("style")
+    except (OSError, ValueError) as error:
+        raise AdapterError(path, f"unreadable {TRAINING_RECORD}: {error}") from None
     if trained is not None and trained != style:
         raise AdapterError(
             path,
-            f"trained on the {trained} prompt layout ({record.name}), but the model's "
+            f"trained on the {trained} prompt layout ({TRAINING_RECORD}), but the model's "
             f"edit_prompt is {style}: set edit_prompt: {trained}",
         )
 

@@ -18,8 +18,7 @@ from pathlib import Path
 import torch
 
 from serve_app.engine.runner.lora import CONFIG_FILE, WEIGHTS_FILE
-
-RECORD = "training.json"
+from serve_app.models.loader import TRAINING_RECORD as RECORD
 
 
 def export(trained: Path, destination: Path) -> Path:

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from serve_app.models.loader import TRAINING_RECORD
 from serve_app.prompts.edit.messages import PROMPT_STYLES
 from serve_app.training.edits import EditExample
 from serve_app.training.render import IGNORED, training_pair
@@ -274,7 +275,7 @@ def finish(args: argparse.Namespace, model: Any, progress: Progress) -> dict:
         "validation_loss": progress.validation,
         "hours": round(progress.seconds / 3600, 3),
     }
-    (args.out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+    (args.out / TRAINING_RECORD).write_text(json.dumps(record, indent=1) + "\n")
     log(f"adapter: {args.out / 'adapter'}")
     return record
 
