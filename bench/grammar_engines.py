@@ -1,5 +1,5 @@
 """One adapter per constrained-decoding engine ``bench.grammar_library`` compares: the project's
-automaton (``serve_app.engine.json``) and the grammar libraries that are installed
+automaton (``serve_app.grammar``) and the grammar libraries that are installed
 (llguidance, xgrammar, outlines-core). Each compiles a schema and hands out walkers that
 compute the next-token mask, say whether a token is in it, and advance by a token.
 
@@ -22,9 +22,9 @@ import torch
 
 from bench.grammar_cases import Schema
 from serve_app.engine.constraints import JsonConstraint
-from serve_app.engine.json import schema as schema_module
-from serve_app.engine.json.automaton import MAX_WS_RUN
-from serve_app.engine.json.token_bytes import TokenTexts
+from serve_app.grammar import schema as schema_module
+from serve_app.grammar.automaton import MAX_WS_RUN
+from serve_app.grammar.token_bytes import TokenTexts
 
 ANY_OBJECT_SCHEMA = {"type": "object"}  # what json_object mode is, for the libraries
 WS_PATTERN = rf"[\x20\x0A\x0D\x09]{{1,{MAX_WS_RUN}}}"

@@ -242,8 +242,8 @@ def full_vocab_automaton(tok: Any) -> None:
     """What the automaton would pay for a whole-vocabulary mask, as the libraries compute."""
     import json
 
-    from serve_app.engine.json.schema import compile_schema
-    from serve_app.engine.json.validator import JsonValidator
+    from serve_app.grammar.schema import compile_schema
+    from serve_app.grammar.validator import JsonValidator
 
     text = json.dumps(CASES[2].instance).encode()
     node = compile_schema(TEST_SCHEMA).root

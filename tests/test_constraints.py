@@ -20,8 +20,8 @@ from serve_app.engine.constraints import (
     compile_schema,
     validate_output,
 )
-from serve_app.engine.json.automaton import MAX_WS_RUN
-from serve_app.engine.json.grammar import ANY_OBJECT, Node
+from serve_app.grammar.automaton import MAX_WS_RUN
+from serve_app.grammar.nodes import ANY_OBJECT, Node
 from tests.fixtures.constraints import FAST, SCHEMA, run_validator
 
 

@@ -22,9 +22,9 @@ from serve_app.engine.constraints import (
     constraint_for_response_format,
     validate_output,
 )
-from serve_app.engine.json.grammar import ANY_OBJECT
 from serve_app.engine.protocol import SamplingParams
 from serve_app.engine.sampling import Sampler, TokenHistory
+from serve_app.grammar.nodes import ANY_OBJECT
 from tests.fixtures.constraints import FAST, SCHEMA, run_validator
 
 PERSON = {

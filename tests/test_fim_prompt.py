@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from serve_app.engine.json.token_bytes import TokenTexts
 from serve_app.errors import ContextLengthExceededError, InvalidRequestError
+from serve_app.grammar.token_bytes import TokenTexts
 from serve_app.prompts.fim import FIM_FORMATS, build_fim_prompt
 from serve_app.prompts.healing import heal_cursor
 from tests.conftest import AUTH, TINY_ID

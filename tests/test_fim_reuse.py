@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.json.token_bytes import TokenTexts
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
 from serve_app.engine.runner.prepare import build_runner
 from serve_app.engine.runner.smoothing import calibration_ids
+from serve_app.grammar.token_bytes import TokenTexts
 from serve_app.models.loader import LoadedModel, load_model
 from tests.conftest import engine_config, speculating
 

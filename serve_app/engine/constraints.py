@@ -1,11 +1,11 @@
 """Constrained decoding for ``response_format``: JSON that always parses, and fits its schema.
 
-Three layers, each usable on its own (modules of ``serve_app.engine.json``):
+Three layers, each usable on its own (modules of ``serve_app.grammar``):
 
 - ``TokenTexts`` (``token_bytes``): the exact bytes of every token id of a tokenizer, built
   once per tokenizer. Byte-level BPE tokens are often *partial* UTF-8 characters, so
   everything below works on bytes, never on decoded text.
-- ``JsonValidator`` (``validator``, ``automaton``, ``grammar``, ``schema``): an incremental
+- ``JsonValidator`` (``validator``, ``automaton``, ``nodes``, ``schema``): an incremental
   JSON prefix checker, a small pushdown automaton (a stack of frames: object, array, string,
   number, literal) driven by a *grammar* node tree. Plain JSON is the grammar ``ANY_OBJECT``;
   a JSON schema is compiled (``compile_schema``) into a grammar that only admits the schema's
@@ -40,8 +40,8 @@ Not covered: ``stop`` strings can still cut the JSON; sampling only sees the top
 tokens that are valid (the full vocabulary is scanned when none of them is), which is exact for
 greedy decoding and a truncation of the tail otherwise.
 
-Every cost a request controls is bounded: see ``serve_app.engine.json.schema`` (caps on the
-compiled grammar) and ``serve_app.engine.json.postcheck`` (regexes under a deadline).
+Every cost a request controls is bounded: see ``serve_app.grammar.schema`` (caps on the
+compiled grammar) and ``serve_app.grammar.postcheck`` (regexes under a deadline).
 """
 
 from __future__ import annotations
@@ -52,12 +52,12 @@ from typing import Any
 
 import torch
 
-from serve_app.engine.json.grammar import ANY_OBJECT, SchemaError
-from serve_app.engine.json.postcheck import validate_output
-from serve_app.engine.json.schema import Grammar, SchemaTooComplexError, compile_schema
-from serve_app.engine.json.token_bytes import TokenTexts
-from serve_app.engine.json.validator import JsonValidator
 from serve_app.engine.sampling import LogitsProcessor, Temperature, TokenHistory, TopK, TopP
+from serve_app.grammar.nodes import ANY_OBJECT, SchemaError
+from serve_app.grammar.postcheck import validate_output
+from serve_app.grammar.schema import Grammar, SchemaTooComplexError, compile_schema
+from serve_app.grammar.token_bytes import TokenTexts
+from serve_app.grammar.validator import JsonValidator
 
 __all__ = [
     "AnswerPrefixConstraint",

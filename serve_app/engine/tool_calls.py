@@ -12,7 +12,7 @@ prefix of one this grammar admits:
 
 then the closing marker, then the end of the answer or, with ``parallel`` calls, another
 block. The arguments go through the same JSON-schema machinery as ``response_format``
-(``serve_app.engine.json``, with its caps), so every call the service returns is JSON that
+(``serve_app.grammar``, with its caps), so every call the service returns is JSON that
 names a function of the request and fits its schema, within what that machinery enforces.
 """
 
@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from serve_app.engine.constraints import JsonConstraint
-from serve_app.engine.json.schema import Grammar, compile_schema
-from serve_app.engine.json.validator import ByteChecker, JsonValidator
 from serve_app.engine.protocol import ToolCallFormat
+from serve_app.grammar.schema import Grammar, compile_schema
+from serve_app.grammar.validator import ByteChecker, JsonValidator
 
 OPEN_MARKER, CLOSE_MARKER = "<tool_call>", "</tool_call>"
 # What a function without ``parameters`` takes: an empty object.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from serve_app.engine.json.token_bytes import TokenTexts
+from serve_app.grammar.token_bytes import TokenTexts
 
 # Token healing (heal_cursor): what the tokens it takes off may spell, together: the cursor's
 # word as typed so far, with the blanks around it and the punctuation right before it

@@ -12,8 +12,8 @@ from serve_app.api.fim import (
     FimCompletionChunk,
     FimCompletionRequest,
 )
-from serve_app.engine.json.token_bytes import TokenTexts
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest
+from serve_app.grammar.token_bytes import TokenTexts
 from serve_app.prompts.fim import FimFormat, FimLayout, build_fim_prompt, fim_format_for
 from serve_app.prompts.healing import heal_cursor
 from serve_app.serving.billing import BilledCall

@@ -13,7 +13,6 @@ from typing import Any, Protocol, TypeVar
 from serve_app.api.common import CompletionUsage, new_id, now
 from serve_app.config import AppConfig, EngineRole, ModelConfig
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.json.token_bytes import TokenTexts
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest, SamplingParams
 from serve_app.engine.runner.lora import AdapterError
 from serve_app.errors import (
@@ -21,6 +20,7 @@ from serve_app.errors import (
     InvalidRequestError,
     UpstreamUnavailableError,
 )
+from serve_app.grammar.token_bytes import TokenTexts
 from serve_app.models.loader import (
     TRAINING_RECORD,
     LoadedModel,

@@ -2,7 +2,7 @@
 
 ``JsonValidator`` keeps a stack of frames (``automaton``), one per open value, and feeds them
 one byte at a time; ``open_frame`` picks the frame a node's value starts with. The nodes
-(``grammar``) know nothing of frames, and the frames nothing of this driver (``Parser``), so
+(``nodes``) know nothing of frames, and the frames nothing of this driver (``Parser``), so
 the three modules import one way only.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from serve_app.engine.json.automaton import (
+from serve_app.grammar.automaton import (
     DONE,
     LBRACE,
     LBRACKET,
@@ -28,7 +28,7 @@ from serve_app.engine.json.automaton import (
     RootFrame,
     StringFrame,
 )
-from serve_app.engine.json.grammar import (
+from serve_app.grammar.nodes import (
     ANY_ARRAY,
     ANY_OBJECT,
     NUMBER_START,

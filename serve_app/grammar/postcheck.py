@@ -27,7 +27,7 @@ from typing import Any
 
 import regex
 
-from serve_app.engine.json.grammar import SchemaError
+from serve_app.grammar.nodes import SchemaError
 
 MAX_PATTERN_CHARS = 1000
 PATTERN_TIMEOUT_S = 0.05

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from serve_app.engine.json.automaton import WS
+from serve_app.grammar.automaton import WS
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve_app.engine.json.grammar import (
+from serve_app.grammar.nodes import (
     ANY,
     ANY_ARRAY,
     ANY_OBJECT,
@@ -32,7 +32,7 @@ from serve_app.engine.json.grammar import (
     UnionNode,
     dumps_value,
 )
-from serve_app.engine.json.postcheck import check_patterns, check_references
+from serve_app.grammar.postcheck import check_patterns, check_references
 
 # Caps on what one schema may cost (OpenAI structured outputs has similar ones).
 MAX_SCHEMA_NODES = 2000  # subschemas compiled, $refs counted once

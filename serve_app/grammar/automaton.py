@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from serve_app.engine.json.grammar import ArrayNode, Node, ObjectNode
+from serve_app.grammar.nodes import ArrayNode, Node, ObjectNode
 
 # Longest run of structural whitespace allowed before the value: models love endless "\n".
 MAX_WS_RUN = 64
