@@ -94,7 +94,7 @@ def run_in_process(cases: list[Case], args) -> list[Outcome]:
     from fastapi.testclient import TestClient
 
     from serve_app.config import AppConfig, AuthOptions, ModelConfig, Roles
-    from serve_app.engine.engine_config import EngineConfig, SpeculationConfig
+    from serve_app.engine_config import EngineConfig, SpeculationConfig
     from serve_app.testing import local_router_app
     from tests.clients import tagged_apply, updated_code
     from tests.conftest import TEST_KEY

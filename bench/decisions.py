@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from bench.common import base_parser, percentile, session, table
 
 if TYPE_CHECKING:
-    from serve_app.engine.engine_config import EngineConfig
+    from serve_app.engine_config import EngineConfig
 
 Send = Callable[[dict], Awaitable[tuple[float, dict]]]  # body -> (seconds, usage)
 
@@ -185,7 +185,7 @@ def in_process_sender(loaded, engine: str | EngineConfig, cpu_time: bool = False
     ``--threads 1`` that is the request's own work, which other jobs on a shared machine
     hardly change (wall-clock time there measures mostly the load)."""
     from serve_app.api.decisions import DecisionRequest
-    from serve_app.engine.engine_config import EngineConfig
+    from serve_app.engine_config import EngineConfig
     from serve_app.serving.billing import BilledCall, RequestContext, UsageMeter
     from serve_app.serving.decisions import DecisionService
     from serve_app.serving.scoring import LikelihoodScorer

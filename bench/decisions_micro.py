@@ -16,7 +16,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from serve_app.engine.engine_config import EngineConfig
+from serve_app.engine_config import EngineConfig
 from serve_app.models.loader import load_model
 from serve_app.serving.scoring import DecisionQuestion, LikelihoodScorer, ScoringResult
 

@@ -38,8 +38,8 @@ import torch
 
 from bench.common import table
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
+from serve_app.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.models.loader import LoadedModel, load_model
 
 MODES = {

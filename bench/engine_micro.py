@@ -20,8 +20,8 @@ import dataclasses
 import time
 
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
+from serve_app.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.models.loader import load_model
 
 QUESTIONS = [

@@ -34,8 +34,8 @@ import urllib.request
 from bench.common import cpu_flags
 from bench.fim_cases import CASE_SETS, FimCase
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
+from serve_app.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.models.loader import load_model
 from serve_app.prompts.fim import FIM_LAYOUTS, FimFormat, fim_format_for
 from serve_app.serving.fim import service_fim_prompt

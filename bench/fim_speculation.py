@@ -28,8 +28,8 @@ from bench.common import table
 from bench.fim import CODE
 from bench.int4_faithfulness import fim_cases
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
+from serve_app.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.models.loader import load_model
 from serve_app.prompts.fim import build_fim_prompt, fim_format_for
 

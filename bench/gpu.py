@@ -57,9 +57,9 @@ import torch.nn.functional as F
 from bench.common import table
 from bench.gpu_limits import Card, ModelCost, mean_seconds, measure_card, model_cost
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
 from serve_app.engine.runner.attention import causal_prompt_attention
+from serve_app.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.models.loader import LoadedModel, pick_device
 from serve_app.models.tiny import TINY_SHAPE
 

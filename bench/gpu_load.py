@@ -33,8 +33,8 @@ import torch
 from bench.common import table
 from bench.gpu import device_name, loaded_model, prompt
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
+from serve_app.engine_config import EngineConfig
 
 ACCOUNTS = ("acct-a", "acct-b", "acct-c")
 FILE_TOKENS = 3000

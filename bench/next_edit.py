@@ -232,7 +232,7 @@ def app_config(args: argparse.Namespace) -> Any:
     """``--config``'s application (its edit role's model and engine), or the embedded
     ``--model`` as configs/local.yaml runs it, with ``--threads`` and ``--weights``."""
     from serve_app.config import AppConfig, ModelConfig, Roles, serve_file_configs
-    from serve_app.engine.engine_config import EngineConfig
+    from serve_app.engine_config import EngineConfig
 
     if args.config:
         config = serve_file_configs(args.config)[0]

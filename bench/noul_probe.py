@@ -31,7 +31,7 @@ from collections import defaultdict
 from typing import Any
 
 from bench.noul_cases import CHOICES, HELD_OUT, LADDERS, PAIRS, Pair
-from serve_app.engine.engine_config import EngineConfig
+from serve_app.engine_config import EngineConfig
 from serve_app.models.loader import load_model
 from serve_app.serving.scoring import (
     DecisionQuestion,

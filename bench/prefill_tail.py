@@ -25,8 +25,8 @@ import uuid
 
 from bench.fim import CODE, long_prompts
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
+from serve_app.engine_config import EngineConfig
 from serve_app.models.loader import load_model
 from serve_app.prompts.fim import build_fim_prompt, fim_format_for
 

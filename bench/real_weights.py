@@ -44,8 +44,8 @@ import yaml
 
 from bench.common import ROOT, cpu_flags, table
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
+from serve_app.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.models.embedded import DEFAULT_MODEL, get_embedded_model, part_paths
 from serve_app.models.loader import LoadedModel, load_model
 

@@ -44,18 +44,25 @@ class EngineDeployment:
 
     deployment_name: ClassVar[str]
     engine_role: ClassVar[EngineRole]
+    # Requests a replica takes at once; None: two of its engine's batches (one running, the
+    # next waiting in the engine's queue).
+    max_ongoing: ClassVar[int | None] = None
 
-    def start_engine_client(self, config: AppConfig) -> EngineClient:
-        """The engine of this deployment's role (``engine_role``): its model, its settings."""
+    def start_role_engine(self, config: AppConfig) -> LLMEngine:
+        """This replica's engine, of its role (``engine_role``): the role's model and settings;
+        its stats reported, its health checked, shut down with it."""
         role = self.engine_role
         model = config.model(getattr(config.roles, role))
-        self.host_engine(start_engine(config, model, role, cpus=replica_cpus()))
-        return EngineClient(self.engine, model, LatencyMetrics())
+        self.engine = start_engine(config, model, role, cpus=replica_cpus())
+        self._stats_task = _start_background(report_engine_stats(self.engine))
+        return self.engine
 
-    def host_engine(self, engine: LLMEngine) -> None:
-        """This replica's engine: its stats reported, its health checked, shut down with it."""
-        self.engine = engine
-        self._stats_task = _start_background(report_engine_stats(engine))
+    def start_engine_client(self, config: AppConfig) -> EngineClient:
+        """The role's engine (``start_role_engine``) behind a generating services' client."""
+        engine = self.start_role_engine(config)
+        return EngineClient(
+            engine, config.model(getattr(config.roles, self.engine_role)), LatencyMetrics()
+        )
 
     def check_health(self) -> None:
         """Serve's health check: a replica whose engine loop died gets replaced."""
@@ -67,16 +74,17 @@ class EngineDeployment:
 
     @classmethod
     def get_deployment_options(cls, config: AppConfig) -> dict[str, Any]:
-        """Admit a full batch, queue a little more, then answer 503 instead of queueing on."""
-        batch = config.engine_for(cls.engine_role).max_batch_size
+        """Admit ``max_ongoing``, queue as many again, then answer 503 instead of queueing on;
+        scale out at half of what a replica admits."""
+        ongoing = cls.max_ongoing or 2 * config.engine_for(cls.engine_role).max_batch_size
         return {
             "name": cls.deployment_name,
-            "max_ongoing_requests": 2 * batch,
-            "max_queued_requests": 4 * batch,
+            "max_ongoing_requests": ongoing,
+            "max_queued_requests": 2 * ongoing,
             "autoscaling_config": {
                 "min_replicas": 1,
                 "max_replicas": 2,
-                "target_ongoing_requests": batch,
+                "target_ongoing_requests": max(1, ongoing // 2),
             },
             "ray_actor_options": {"num_cpus": 1},
             "health_check_period_s": 10,

@@ -26,7 +26,7 @@ from serve_app.api.models import (
     Pricing,
 )
 from serve_app.auth.store import default_data_dir, resolve_auth_db
-from serve_app.engine.engine_config import EngineConfig
+from serve_app.engine_config import EngineConfig
 from serve_app.models.embedded import EMBEDDED_MODELS, embedded_name
 from serve_app.prompts.edit.messages import EditPromptStyle
 from serve_app.prompts.fim import FimLayout
@@ -253,6 +253,8 @@ class HttpLimits(StrictConfig):
 
 # The model deployments, each running its own engines (chat and apply run on the edit one).
 EngineRole = Literal["fim", "edit", "decisions"]
+# EngineConfig's fields that follow from the role (``AppConfig.engine_for``).
+ROLE_SET_FIELDS = frozenset({"task", "score_columns"})
 
 
 class AppConfig(StrictConfig):
@@ -316,13 +318,27 @@ class AppConfig(StrictConfig):
                 raise ValueError(f"role_engines.{role}: {e}") from None
         return self
 
+    @model_validator(mode="after")
+    def _roles_set_the_engine_task(self) -> AppConfig:
+        settings = [set(self.engine.model_fields_set), *map(set, self.role_engines.values())]
+        if any(ROLE_SET_FIELDS & fields for fields in settings):
+            raise ValueError(
+                f"{' and '.join(sorted(ROLE_SET_FIELDS))} are set by each role, not in engine "
+                "or role_engines"
+            )
+        return self
+
     def engine_for(self, role: EngineRole) -> EngineConfig:
         """The engine settings of ``role``'s deployment: ``engine``, with ``role_engines``'
-        fields for it."""
+        fields for it; the decisions role's engine only scores (``EngineConfig.for_scoring``),
+        its passes within the decision budget's scored tokens."""
         changes = self.role_engines.get(role)
-        if not changes:
-            return self.engine
-        return EngineConfig.model_validate({**self.engine.model_dump(), **changes})
+        engine = self.engine
+        if changes:
+            engine = EngineConfig.model_validate({**self.engine.model_dump(), **changes})
+        if role == "decisions":
+            return engine.for_scoring(self.limits.decision_max_scored_tokens)
+        return engine
 
     def served_models(self) -> list[ModelConfig]:
         """The models the model deployments load: each role's, and their draft models."""

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from serve_app.config import AppConfig, AuthOptions, HttpLimits, ModelConfig, Roles
-from serve_app.engine.engine_config import NO_SPECULATION, EngineConfig, SpeculationConfig
+from serve_app.engine_config import NO_SPECULATION, EngineConfig, SpeculationConfig
 
 if TYPE_CHECKING:
     from serve_app.models.loader import LoadedModel

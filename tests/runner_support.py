@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
+from serve_app.engine_config import EngineConfig
 from serve_app.models.loader import LoadedModel
 
 PROMPTS = [

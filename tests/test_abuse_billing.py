@@ -28,7 +28,7 @@ from serve_app.api.fim import FimCompletionRequest
 from serve_app.auth.records import UsageRecord
 from serve_app.auth.store import open_store
 from serve_app.config import AppConfig, HttpLimits
-from serve_app.engine.engine_config import SpeculationConfig
+from serve_app.engine_config import SpeculationConfig
 from serve_app.http.app import BACKSTOP_GRACE_S
 from serve_app.serving.billing import RequestContext, UsageRecorder
 from serve_app.serving.fim import FimService

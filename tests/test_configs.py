@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from serve_app.config import AppConfig
 
@@ -63,13 +64,25 @@ def test_role_engines_change_only_their_deployments_engine():
     )
     fim = config.engine_for("fim")
     assert (fim.prompt_weights, fim.max_batch_size) == ("dense", 4)
-    assert config.engine_for("edit") == config.engine_for("decisions") == config.engine
+    assert config.engine_for("edit") == config.engine
+    scoring = config.engine_for("decisions")
+    assert (scoring.task, scoring.max_batch_size) == ("score", 1)
+    assert scoring == config.engine.for_scoring(config.limits.decision_max_scored_tokens)
     assert config.engine.prompt_weights == "auto"
     for wrong in ({"fim": {"prompt_weight": "dense"}}, {"fim": {"prompt_weights": "fp8"}}):
         with pytest.raises(ValueError, match="role_engines.fim"):
             AppConfig.model_validate({"role_engines": wrong})
     with pytest.raises(ValueError):
         AppConfig.model_validate({"role_engines": {"chat": {"max_batch_size": 2}}})
+
+
+def test_the_engine_task_follows_the_role_never_the_yaml():
+    for settings in (
+        {"engine": {"task": "score"}},
+        {"role_engines": {"fim": {"score_columns": 9}}},
+    ):
+        with pytest.raises(ValidationError, match="set by each role"):
+            AppConfig.model_validate(settings)
 
 
 def test_grafana_dashboard_queries_only_documented_metrics():

@@ -13,7 +13,7 @@ from functools import partial
 import pytest
 
 from serve_app.api.decisions import DecisionRequest
-from serve_app.engine.engine_config import EngineConfig
+from serve_app.engine_config import EngineConfig
 from serve_app.errors import UnprocessableRequestError
 from serve_app.models.loader import LoadedModel, load_model
 from serve_app.serving.billing import (

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel
 
 from serve_app.config import AppConfig, AuthOptions, HttpLimits, ModelConfig, Roles
-from serve_app.engine.engine_config import EngineConfig, SpeculationConfig
+from serve_app.engine_config import EngineConfig, SpeculationConfig
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 SECTIONS: dict[str, type[BaseModel]] = {

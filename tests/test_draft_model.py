@@ -14,8 +14,8 @@ import torch
 
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
+from serve_app.engine_config import EngineConfig
 from serve_app.models.loader import LoadedModel, load_model
 from serve_app.models.tiny import build_tiny_model
 from tests.conftest import engine_config, redrawn, speculating

@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.runner import native
-from serve_app.engine.runner.backend import configured_runner
 from serve_app.engine.runner.prepare import (
     LINEARS,
     build_runner,
+    configured_runner,
     decode_weights,
 )
 from serve_app.engine.runner.weights import int8_supported
+from serve_app.engine_config import EngineConfig
 from serve_app.models.loader import load_model
 from tests.runner_support import PROMPTS, encode
 

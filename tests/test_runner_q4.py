@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from serve_app.engine.runner import native, prepare, weights_q4
-from serve_app.engine.runner.backend import configured_runner
-from serve_app.engine.runner.prepare import build_runner, decode_weights
+from serve_app.engine.runner.prepare import build_runner, configured_runner, decode_weights
 from serve_app.models.loader import LoadedModel
 from tests.conftest import engine_config
 from tests.runner_support import PROMPTS, encode, generate_all, greedy
@@ -118,7 +117,7 @@ def test_greedy_output_is_the_same_alone_and_batched(loaded) -> None:
 
 def test_the_decision_scorer_never_holds_q4(loaded) -> None:
     config = engine_config(weights="q4", prompt_weights="auto")
-    runner = configured_runner(loaded, config, "scorer", scoring=True)
+    runner = configured_runner(loaded, config.for_scoring(0), "scorer")
     assert runner is not None and runner.decode_weights == "int8"
 
 

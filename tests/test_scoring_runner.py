@@ -15,10 +15,9 @@ from typing import Any
 import pytest
 import torch
 
-from serve_app.engine.engine_config import EngineConfig
-from serve_app.engine.runner.backend import configured_runner
-from serve_app.engine.runner.prepare import build_runner
+from serve_app.engine.runner.prepare import build_runner, configured_runner
 from serve_app.engine.runner.qwen2 import Qwen2Runner
+from serve_app.engine_config import EngineConfig
 from serve_app.models.loader import LoadedModel, load_model
 from serve_app.serving.scoring import DecisionQuestion, LikelihoodScorer
 
@@ -78,16 +77,16 @@ def assert_same(got, want) -> float:
 def test_runner_is_used_where_the_engine_uses_it(loaded: LoadedModel) -> None:
     """One decision for the engine and the scorer: hf falls back, auto runs the runner, and
     the scorer reads prompts on the weights the engine reads them on."""
-    assert configured_runner(loaded, EngineConfig(runner="hf"), "scorer", scoring=True) is None
+    assert configured_runner(loaded, EngineConfig(runner="hf").for_scoring(0), "scorer") is None
     options = EngineConfig(runner="auto", weights="int4")
-    runner = configured_runner(loaded, options, "scorer", scoring=True)
+    runner = configured_runner(loaded, options.for_scoring(0), "scorer")
     assert isinstance(runner, Qwen2Runner) and not runner.quantized_prompts
     assert all(layer.qkv.int4 is None for layer in runner.layers)  # dense: nothing packed
     options = EngineConfig(runner="auto", weights="int8", prompt_weights="auto")
-    runner = configured_runner(loaded, options, "scorer", scoring=True)
+    runner = configured_runner(loaded, options.for_scoring(0), "scorer")
     assert runner.quantized_prompts and runner.decode_weights == "int8"
     options = EngineConfig(runner="auto", weights="int8", prompt_weights="dense")
-    assert configured_runner(loaded, options, "scorer", scoring=True).decode_weights == "dense"
+    assert configured_runner(loaded, options.for_scoring(0), "scorer").decode_weights == "dense"
 
 
 def test_scorer_on_int8_prompts_stays_near_the_dense_answers(loaded: LoadedModel) -> None:

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from serve_app.engine.backend import ModelBackend
-from serve_app.engine.engine_config import EngineConfig
-from serve_app.engine.runner.backend import RunnerBackend, configured_runner
+from serve_app.engine.runner.backend import RunnerBackend
 from serve_app.engine.runner.draft import DraftModel
+from serve_app.engine.runner.prepare import configured_runner
+from serve_app.engine_config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -22,16 +23,14 @@ def make_backend(
     loaded: Any,
     config: EngineConfig,
     max_columns: int,
-    scoring: bool = False,
     adapters: Mapping[str, Path] | None = None,
 ) -> ModelBackend:
     """The runner when ``config.runner`` allows it and it supports the model, else HF.
-    ``max_columns``: the most KV positions one request holds. ``scoring``: for an engine that
-    only scores (``configured_runner``: prompts' weights, activations rounded twice).
-    ``adapters``: LoRA adapters (peft folders) requests may name, by name; only the runner
-    applies them, so a model on HF with adapters fails to start."""
-    purpose = "scoring backend" if scoring else "engine backend"
-    runner = configured_runner(loaded, config, purpose, scoring=scoring, adapters=adapters)
+    ``max_columns``: the most KV positions one request holds. ``adapters``: LoRA adapters
+    (peft folders) requests may name, by name; only the runner applies them, so a model on
+    HF with adapters fails to start."""
+    purpose = "scoring backend" if config.task == "score" else "engine backend"
+    runner = configured_runner(loaded, config, purpose, adapters=adapters)
     if runner is None:
         from serve_app.engine.hf_backend import HFBackend  # transformers' cache code: only here
 

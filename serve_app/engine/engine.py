@@ -58,7 +58,6 @@ import torch
 
 from serve_app.engine.backend_choice import make_backend, make_drafter
 from serve_app.engine.constraints import TokenTexts
-from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.outbox import Outbox
 from serve_app.engine.output import OutputProcessor
 from serve_app.engine.prefill import PromptPhase
@@ -84,6 +83,7 @@ from serve_app.engine.scheduler import Scheduler
 from serve_app.engine.speculator import Speculator
 from serve_app.engine.stats import EngineCounters, EngineStats
 from serve_app.engine.threads import PhaseThreads
+from serve_app.engine_config import EngineConfig
 from serve_app.errors import (
     ContextLengthExceededError,
     InvalidRequestError,
@@ -112,10 +112,10 @@ class LLMEngine(Engine):
     """Serves many generation requests at once on one model (see the module docstring).
 
     ``context_length``: prompt + max_tokens limit (the model's ``ModelConfig.context_length``);
-    None: the model's ``max_position_embeddings``. ``scoring``: an engine that only scores
-    (the runner reads prompts as the scorer needs; see ``configured_runner``), whose passes may
-    take up to ``score_columns`` KV positions past the context. ``adapters``: LoRA adapters
-    (peft folders) by name, which a request names in ``GenerationRequest.adapter``.
+    None: the model's ``max_position_embeddings``. An engine whose ``config.task`` is
+    ``score`` only scores (``EngineConfig.for_scoring``; its runner reads prompts as the scorer
+    needs, ``prepare.configured_runner``). ``adapters``: LoRA adapters (peft folders) by name,
+    which a request names in ``GenerationRequest.adapter``.
     """
 
     def __init__(
@@ -124,8 +124,6 @@ class LLMEngine(Engine):
         config: EngineConfig | None = None,
         context_length: int | None = None,
         *,
-        scoring: bool = False,
-        score_columns: int = 0,
         draft: LoadedModel | None = None,
         adapters: Mapping[str, Path] | None = None,
     ) -> None:
@@ -138,8 +136,8 @@ class LLMEngine(Engine):
         self.token_texts = TokenTexts.for_tokenizer(self.tokenizer)
         self.prefix_cache = PrefixCache(self.config.prefix_cache_bytes)
         self.counters = EngineCounters()
-        self.max_columns = self.context_length + score_columns
-        self.backend = make_backend(loaded, self.config, self.max_columns, scoring, adapters)
+        self.max_columns = self.context_length + self.config.score_columns
+        self.backend = make_backend(loaded, self.config, self.max_columns, adapters)
         self.adapters = frozenset(adapters or {})
         self.drafter = make_drafter(draft, self.config, self.backend, loaded, self.max_columns)
         self.speculator = Speculator(

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from serve_app.engine.engine_config import SpeculationConfig
 from serve_app.engine.output import OutputProcessor
 from serve_app.engine.requests import RequestState
 from serve_app.engine.runner.speculation import propose_draft
 from serve_app.engine.stats import EngineCounters
+from serve_app.engine_config import SpeculationConfig
 
 if TYPE_CHECKING:
     from serve_app.engine.runner.draft import DraftModel

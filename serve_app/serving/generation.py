@@ -57,11 +57,14 @@ def start_engine(
     config: AppConfig, model: ModelConfig, role: EngineRole, cpus: float | None = None
 ) -> LLMEngine:
     """Load ``model`` (and its draft model, where one is configured and a role uses it) and
-    start the generation engine of ``role``'s deployment."""
+    start the engine of ``role``'s deployment, with the role's settings
+    (``AppConfig.engine_for``: the decisions role's engine only scores). The one way a
+    deployment gets an engine."""
     engine = config.engine_for(role)
     loaded = load_configured_model(config, model, role, cpus)
     draft = None
-    if model.draft_model is not None and engine.speculation.draft_model_roles:
+    drafting = engine.task == "generate" and engine.speculation.draft_model_roles
+    if model.draft_model is not None and drafting:
         draft = load_configured_model(config, config.model(model.draft_model), role, cpus)
     return LLMEngine(
         loaded, engine, model.context_length, draft=draft, adapters=role_adapters(model, role)

@@ -13,14 +13,12 @@ makes every move a plain copy, even when the destination is a prefilling request
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from serve_app.engine.backend import PromptChunk
-from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.prefix_cache import KV
 from serve_app.engine.runner.kv import MIN_CAPACITY
 from serve_app.engine.runner.qwen2 import Qwen2Runner
@@ -155,82 +153,3 @@ class RunnerBackend:
         if occupant is not None:
             self.cache.move(self.spare, source, occupant.num_computed)
             self.owner[source], occupant.kv = occupant, source
-
-
-def configured_runner(
-    loaded: Any,
-    config: EngineConfig,
-    purpose: str,
-    scoring: bool = False,
-    adapters: Mapping[str, Path] | None = None,
-) -> Qwen2Runner | None:
-    """The runner ``config`` asks for (its ``runner``, ``weights``, ``prompt_weights``,
-    ``prefill_dtype``), or None where the model runs on HF: ``runner: hf``, or a model the
-    runner does not support. On a CUDA GPU the runner runs on the dense weights in the model's
-    dtype; int4/int8 asked for there raise ``DeviceError`` (at start, not at a request). Its
-    decode steps replay CUDA graphs there unless ``cuda_graphs`` is off
-    (``graphs.DecodeGraphs``).
-
-    The one decision for every user of the model (the generating engine, the decision
-    scorer), so they fall back together and read prompts on the same weights. On int8 a
-    generating runner rounds q/k/v's, the down projection's and the head's activations twice
-    (``prepare.PRECISE_WHEN_GENERATING``). ``scoring``: a
-    user that only reads prompts (the scorer) gets no decode weights where prompts are dense,
-    and on int8 rounds every activation twice (``weights.int8_linear``): a decision's number must
-    not move with what else the request asks or what the prefix cache held, and one rounding
-    moved it by up to 0.25; read so, a cold 800-token prompt takes about the dense weights'
-    time (7.1 s against 7.0; 4.6 s with one rounding), without mapping the dense weights
-    into the scorer.
-    ``adapters``: LoRA adapters requests may name (``lora.load_adapter``, checked here).
-    """
-    from serve_app.engine.runner.graphs import DecodeGraphs
-    from serve_app.engine.runner.lora import load_adapter
-    from serve_app.engine.runner.prepare import (
-        LINEARS,
-        PRECISE_WHEN_GENERATING,
-        build_runner,
-        decode_weights,
-        model_device,
-        prefill_dtype,
-        quantized_prompts,
-    )
-    from serve_app.engine.runner.qwen2 import unsupported_reason
-    from serve_app.engine.runner.smoothing import calibration_ids
-
-    reason = "runner: hf" if config.runner == "hf" else unsupported_reason(loaded.model)
-    if reason is not None:
-        logger.info("%s: HF model (%s)", purpose, reason)
-        return None
-    device = model_device(loaded.model)
-    weights = decode_weights(config.weights, device)  # DeviceError: int4/int8 off the CPU
-    prompts_quantized = quantized_prompts(config.prompt_weights, weights)
-    if scoring and not prompts_quantized:
-        weights = "dense"
-    elif scoring and weights == "q4":  # it never decodes: only q4's int8, which reads prompts
-        weights = "int8"
-    model_dtype = next(loaded.model.parameters()).dtype
-    runner = build_runner(
-        loaded.model,
-        weights=weights,
-        dense_dtype=prefill_dtype(config.prefill_dtype, device, model_dtype, prompts_quantized),
-        cache_dir=getattr(loaded, "location", None),
-        small_prefill_tokens=config.small_prefill_tokens,
-        prompt_weights=config.prompt_weights,
-        first_tokens=prompt_start_tokens(loaded.tokenizer),
-        precise_activations=LINEARS if scoring else PRECISE_WHEN_GENERATING,
-        calibration=calibration_ids(loaded.tokenizer),
-        adapters={
-            name: load_adapter(name, Path(path), loaded.model, device)
-            for name, path in (adapters or {}).items()
-        },
-    )
-    if device.type == "cuda" and config.cuda_graphs and not scoring:
-        runner.graphs = DecodeGraphs()
-    return runner
-
-
-def prompt_start_tokens(tokenizer: Any) -> list[int]:
-    """The tokens a prompt may start with that are worth a saved first-position entry: the
-    tokenizer's special and added tokens (the chat and FIM formats open with one)."""
-    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    return sorted(set(getattr(tokenizer, "all_special_ids", [])) | set(added))

@@ -1,82 +1,63 @@
-"""Building a ``Qwen2Runner`` from a loaded HF model: kernel choice, int4 packing, disk cache.
+"""A model's weights made ready for the runner, once: ``prepare_weights`` returns them, and the
+runner is built from them and never changed after.
 
-Which weights run where is decided here, at run time, from what the CPU computes natively:
+Which weights run where is decided at run time, from what the CPU computes natively
+(``choose_weights``, the one place; its figures per CPU: docs/benchmarks.md, "Figures behind
+the defaults"):
 
-- prefill chunks (``prompt_weights``): ``auto`` reads prompts on the decode weights where
-  those are int8 (per-row int8 reads a prompt ~1.5x faster than fp32 GEMM on AVX2, with the
-  same measured quality: docs/benchmarks.md), the prompt's first token on dense weights
-  (``Qwen2Runner.first_token``); elsewhere ``dense``: the HF parameters as they are (fp32) on
-  CPUs without bf16 compute, a bf16 copy where the CPU has AVX512-BF16 or AMX (~2x faster GEMM
-  there), and a chunk of at most ``small_prefill_tokens`` tokens after position 0 on the
-  decode weights (``Qwen2Runner.forward`` says why);
-- decode steps (few rows): the runner's own 4-bit kernel when ``weights="q4"``
-  (``weights_q4``; prompts then on int8), int4 groupwise when ``weights="int4"``, fbgemm
-  int8 per channel when ``weights="int8"``, else the dense weights; ``weights="auto"`` takes
-  q4 wherever torch has its fbgemm/x86 int8 engine and the runner's C kernels build
-  (``native``), int8 where only the first holds, int4 elsewhere. q4 decodes fastest where it
-  builds and stays closest to fp32 after int8; on AVX2, int8 beats torch's int4; AMX CPUs are
-  unmeasured (the figures, per CPU: docs/benchmarks.md, "Figures behind the defaults").
+- decode steps (few rows): the runner's own 4-bit kernel (``weights_q4``; its prompts on
+  int8) wherever torch has its fbgemm/x86 int8 engine and the runner's C kernels build
+  (``native``), fbgemm int8 per channel where only the first holds, torch's int4 elsewhere;
+  or what ``weights`` names;
+- prompts: on the decode weights where those are int8 (per-row int8 reads a prompt faster than
+  fp32 GEMM on AVX2, at the same measured quality), the prompt's first token on the dense
+  weights (``Qwen2Runner.first_token``); elsewhere on the dense weights: the HF parameters as
+  they are (fp32) on CPUs without bf16 compute, a bf16 copy where the CPU has AVX512-BF16 or
+  AMX.
 
 On a CUDA GPU (the weights' device, ``model_device``) none of that applies: the decode and
 prompt weights are the dense ones, in the model's own dtype unless ``prefill_dtype`` names
-another (the HF parameters themselves, already on the GPU: nothing is copied or cached), and
-int4/int8, CPU kernels, are refused with ``DeviceError``.
-
-Quantizing reads every dense weight and takes seconds, so the results are saved once next to
-the converted model and later replicas read them from there: int4 packs
-(``runner-int4-g32-<fingerprint>.pt``) are mapped, so every replica on the machine shares one
-page-cache copy; int8 values (``runner-int8-v3-<fingerprint>.pt``, smoothed: ``smoothing.py``)
-are read into fbgemm's own packed copy per replica; with prompts on the decode weights, the
-first-position entries of the tokenizer's special tokens
-(``runner-first-<dtype>-<fingerprint>.pt``: the tokens prompts start with,
-``Qwen2Runner.first_token``) too. A replica that finds these files never reads the dense
-weights of its layers, so the memory-mapped model file stays out of its memory.
+another, and int4/int8, CPU kernels, are refused with ``DeviceError``. The quantized weights
+are saved once per machine next to the converted model (``packs``), and with prompts on the
+decode weights the first-position entries of the tokenizer's special tokens too
+(``runner-first-<dtype>-<fingerprint>.pt``: the tokens prompts start with).
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import logging
-import os
-import re
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from serve_app.engine.runner import native, weights_q4
-from serve_app.engine.runner.lora import LoraAdapter
-from serve_app.engine.runner.pages import page_out
-from serve_app.engine.runner.qwen2 import Layer, Qwen2Runner, norm_weight
-from serve_app.engine.runner.smoothing import input_peaks, smoothing
-from serve_app.engine.runner.weights import (
-    INT4_GROUP,
-    Linear,
-    int4_supported,
-    int8_supported,
-    int8_values,
-    prepack_int8,
-    quantize_int4,
-    stacked,
+from serve_app.engine.runner.graphs import DecodeGraphs
+from serve_app.engine.runner.lora import LoraAdapter, load_adapter
+from serve_app.engine.runner.packs import (
+    INT8_FILE,
+    Q4_FILE,
+    UNSMOOTHED_INT8_FILE,
+    cache_path,
+    cached,
+    int4_packs,
+    int8_packs,
+    q4_packs,
 )
+from serve_app.engine.runner.pages import page_out
+from serve_app.engine.runner.prepared import FirstEntry, Layer, PreparedWeights, WeightChoice
+from serve_app.engine.runner.qwen2 import Qwen2Runner, norm_weight, unsupported_reason
+from serve_app.engine.runner.smoothing import calibration_ids
+from serve_app.engine.runner.weights import Linear, int8_supported
+from serve_app.engine_config import EngineConfig
 from serve_app.models.loader import DeviceError
-from serve_app.models.progress import visible_progress
 
 logger = logging.getLogger(__name__)
-RUNNER_LOGGER = logging.getLogger("serve_app.engine.runner")  # prepare's, smoothing's
 
 WEIGHTS = ("auto", "q4", "int4", "int8", "dense")
 PROMPT_WEIGHTS = ("auto", "dense", "decode")
-# v1 (never released) held two extra zero columns per matrix; v2 had no smoothing. v3 is
-# smoothed by data/calibration.txt: a new text needs a new version. A runner built without
-# calibration ids (no tokenizer) keeps its unsmoothed values apart, never in the file a
-# smoothed runner reads.
-INT8_FILE = "int8-v3"
-UNSMOOTHED_INT8_FILE = "int8-raw-v3"
-Q4_FILE = "q4-v1"
 # q4 takes the decoder layers' linears; the LM head stays on int8, rounded twice (as llama.cpp's
 # Q4_K_M keeps its output matrix in 6 bits): every logit goes through it, and a q4 head lost
 # FIM first lines that an int8 one kept (docs/benchmarks.md, "Figures behind the defaults").
@@ -170,11 +151,101 @@ def quantized_prompts(requested: str, decode: str) -> bool:
     return requested == "decode" and decode != "dense"
 
 
+def choose_weights(
+    model: Any,
+    *,
+    weights: str = "int4",
+    prompt_weights: str = "dense",
+    dense_dtype: torch.dtype | str = torch.float32,
+    precise: Sequence[str] = (),
+    scoring: bool = False,
+) -> WeightChoice:
+    """What ``weights``, ``prompt_weights`` and ``dense_dtype`` (a dtype, or an
+    ``EngineConfig.prefill_dtype`` name) mean for ``model`` on this machine.
+    ``scoring``: a runner that only reads prompts (the decision scorer's) gets no decode
+    weights where prompts are dense, and only q4's int8 (which reads its prompts) on q4."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"unknown runner weights {weights!r}; use one of {WEIGHTS}")
+    unknown = set(precise) - set(LINEARS)
+    if unknown:
+        raise ValueError(f"unknown linears {sorted(unknown)}; use some of {LINEARS}")
+    device = model_device(model)
+    decode = decode_weights(weights, device)
+    prompts_quantized = quantized_prompts(prompt_weights, decode)
+    if scoring:
+        decode = "int8" if decode == "q4" else decode if prompts_quantized else "dense"
+    if isinstance(dense_dtype, str):
+        model_dtype = next(model.parameters()).dtype
+        dense_dtype = prefill_dtype(dense_dtype, device, model_dtype, prompts_quantized)
+    return WeightChoice(decode, prompts_quantized, dense_dtype, tuple(precise))
+
+
+def prepare_weights(
+    model: Any,
+    choice: WeightChoice,
+    *,
+    cache_dir: str | Path | None = None,
+    calibration: Sequence[int] = (),
+    first_tokens: Iterable[int] = (),
+) -> PreparedWeights:
+    """``model``'s weights as ``choice`` has them; quantized weights (and, with prompts on the
+    decode weights, the first-position entries of ``first_tokens``) read from / saved to
+    ``cache_dir``. ``calibration``: token ids read once on the dense weights to smooth int8's
+    inputs (``smoothing.py``, ``smoothing.calibration_ids``); empty: int8 unsmoothed."""
+    parts = [_layer_parts(layer, choice.dense_dtype) for layer in model.model.layers]
+    head = [(_dense(model.lm_head.weight, choice.dense_dtype), None)]
+    matrices = _matrices(parts, head)
+    packs: dict[str, torch.Tensor] = {}
+    int8: dict[str, tuple[torch.ScriptObject, torch.Tensor | None]] = {}
+    q4: dict[str, torch.Tensor] = {}
+    if choice.decode == "int4":
+        packs = int4_packs(matrices, cache_path(model, cache_dir, "int4"))
+    elif choice.decode in ("int8", "q4"):
+        path = cache_path(model, cache_dir, INT8_FILE if calibration else UNSMOOTHED_INT8_FILE)
+        int8 = int8_packs(matrices, path, model, calibration)
+    kernel = weights_q4.Q4Kernel() if choice.decode == "q4" else None
+    if kernel is not None:  # the head stays int8: see LINEARS' comment
+        layers_only = {k: v for k, v in matrices.items() if k != "lm_head"}
+        q4 = q4_packs(layers_only, cache_path(model, cache_dir, Q4_FILE))
+
+    def linear(name: str) -> Linear:
+        packed, smooth = int8.get(name, (None, None))
+        precise = name.rsplit(".", 1)[-1] in choice.precise
+        own = (kernel, q4[name]) if kernel is not None and name in q4 else None
+        return Linear(matrices[name], _pack(packs, name), packed, precise, smooth, own)
+
+    layers = tuple(
+        Layer(
+            norm_in,
+            linear(f"layers.{index}.qkv"),
+            linear(f"layers.{index}.o"),
+            norm_post,
+            linear(f"layers.{index}.gate_up"),
+            linear(f"layers.{index}.down"),
+        )
+        for index, (norm_in, _, _, norm_post, _, _) in enumerate(parts)
+    )
+    # Decode attention in C on every CPU runner: a query alone over its own columns costs
+    # torch ~1.7x the batched pass (7 drafts, 800 columns, the 0.5B), C ~1.07x.
+    on_cpu = model_device(model).type == "cpu"
+    kernels = native.load() if on_cpu and native.unavailable_reason() is None else None
+    prepared = PreparedWeights(choice, layers, linear("lm_head"), kernels)
+    if not choice.quantized_prompts:
+        return prepared
+    dtype = str(choice.dense_dtype).removeprefix("torch.")
+    path = cache_path(model, cache_dir, f"first-{dtype}")
+    entries = _first_token_entries(model, prepared, sorted(set(first_tokens)), path)
+    # The dense layers are read again only for a new position-0 token: the pages a first
+    # start faulted in to quantize them (the 1.5B's whole 7 GB file) need not stay.
+    page_out(w for p in matrices.values() for w, _ in p)
+    return replace(prepared, first_tokens=entries)
+
+
 def build_runner(
     model: Any,
     *,
     weights: str = "int4",
-    dense_dtype: torch.dtype = torch.float32,
+    dense_dtype: torch.dtype | str = torch.float32,
     cache_dir: str | Path | None = None,
     small_prefill_tokens: int = 0,
     prompt_weights: str = "dense",
@@ -182,67 +253,74 @@ def build_runner(
     precise_activations: Sequence[str] = (),
     calibration: Sequence[int] = (),
     adapters: Mapping[str, LoraAdapter] | None = None,
+    scoring: bool = False,
+    graphs: DecodeGraphs | None = None,
 ) -> Qwen2Runner:
-    """A runner over ``model``'s weights; quantized weights (and, with prompts on the decode
-    weights, the first-position entries of ``first_tokens``) are read from / saved to
-    ``cache_dir``. ``small_prefill_tokens``, ``prompt_weights``: see ``Qwen2Runner.forward``.
-    ``precise_activations``: the kinds of ``LINEARS`` whose int8 activations are rounded twice
-    (``int8_linear``).
-    ``calibration``: token ids read once on the dense weights to smooth int8's inputs
-    (``smoothing.py``, ``smoothing.calibration_ids``); empty: int8 unsmoothed.
-    ``adapters``: the LoRA adapters requests may name (``lora.load_adapter``)."""
-    if weights not in WEIGHTS:
-        raise ValueError(f"unknown runner weights {weights!r}; use one of {WEIGHTS}")
-    weights = decode_weights(weights, model_device(model))
-    on_decode_weights = quantized_prompts(prompt_weights, weights)
-    hf_layers = model.model.layers
-    parts = [_layer_parts(layer, dense_dtype) for layer in hf_layers]
-    head = [(_dense(model.lm_head.weight, dense_dtype), None)]
-    packs: dict[str, torch.Tensor] = {}
-    int8: dict[str, tuple[torch.ScriptObject, torch.Tensor | None]] = {}
-    q4: dict[str, torch.Tensor] = {}
-    if weights == "int4":
-        packs = _int4_packs(_matrices(parts, head), _cache_path(model, cache_dir, "int4"))
-    elif weights in ("int8", "q4"):
-        path = _cache_path(model, cache_dir, INT8_FILE if calibration else UNSMOOTHED_INT8_FILE)
-        int8 = _int8_packs(_matrices(parts, head), path, model, calibration)
-    kernel = weights_q4.Q4Kernel() if weights == "q4" else None
-    if kernel is not None:  # the head stays int8: see Q4_FILE
-        layers_only = {k: v for k, v in _matrices(parts, head).items() if k != "lm_head"}
-        q4 = _q4_packs(layers_only, _cache_path(model, cache_dir, Q4_FILE))
-
-    unknown = set(precise_activations) - set(LINEARS)
-    if unknown:
-        raise ValueError(f"unknown linears {sorted(unknown)}; use some of {LINEARS}")
-
-    def linear(p: list, name: str) -> Linear:
-        packed, smooth = int8.get(name, (None, None))
-        precise = name.rsplit(".", 1)[-1] in precise_activations
-        own = (kernel, q4[name]) if kernel is not None and name in q4 else None
-        return Linear(p, _pack(packs, name), packed, precise, smooth, own)
-
-    layers = []
-    for index, (norm_in, qkv, o, norm_post, gate_up, down) in enumerate(parts):
-        linears = {"qkv": qkv, "o": o, "gate_up": gate_up, "down": down}
-        built = {name: linear(p, f"layers.{index}.{name}") for name, p in linears.items()}
-        layers.append(
-            Layer(norm_in, built["qkv"], built["o"], norm_post, built["gate_up"], built["down"])
-        )
-    head_linear = linear(head, "lm_head")
-    runner = Qwen2Runner(
-        model, layers, head_linear, small_prefill_tokens, on_decode_weights, adapters
+    """A runner over ``model``'s weights, as ``choose_weights`` resolves the options and
+    ``prepare_weights`` makes them. ``small_prefill_tokens``, ``prompt_weights``: see
+    ``Qwen2Runner.forward``; ``precise_activations``: ``WeightChoice.precise``;
+    ``adapters``: the LoRA adapters requests may name (``lora.load_adapter``); ``graphs``:
+    captured decode steps (``graphs.DecodeGraphs``), None: every step eager."""
+    choice = choose_weights(
+        model,
+        weights=weights,
+        prompt_weights=prompt_weights,
+        dense_dtype=dense_dtype,
+        precise=precise_activations,
+        scoring=scoring,
     )
-    if runner.device.type == "cpu" and native.unavailable_reason() is None:
-        # Decode attention in C on every CPU runner: a query alone over its own columns costs
-        # torch ~1.7x the batched pass (7 drafts, 800 columns, the 0.5B), C ~1.07x.
-        runner.native = native.load()
-    if on_decode_weights:
-        path = _cache_path(model, cache_dir, f"first-{str(dense_dtype).removeprefix('torch.')}")
-        runner.first_tokens.update(_first_token_entries(runner, sorted(set(first_tokens)), path))
-        # The dense layers are read again only for a new position-0 token: the pages a first
-        # start faulted in to quantize them (the 1.5B's whole 7 GB file) need not stay.
-        page_out(w for p in _matrices(parts, head).values() for w, _ in p)
-    return runner
+    prepared = prepare_weights(
+        model, choice, cache_dir=cache_dir, calibration=calibration, first_tokens=first_tokens
+    )
+    return Qwen2Runner(model, prepared, small_prefill_tokens, adapters, graphs)
+
+
+def configured_runner(
+    loaded: Any, config: EngineConfig, purpose: str, adapters: Mapping[str, Path] | None = None
+) -> Qwen2Runner | None:
+    """The runner ``config`` asks for (its ``runner``, ``weights``, ``prompt_weights``,
+    ``prefill_dtype``), or None where the model runs on HF: ``runner: hf``, or a model the
+    runner does not support. int4/int8 asked for on a GPU raise ``DeviceError`` (at start,
+    not at a request); decode steps replay CUDA graphs there unless ``cuda_graphs`` is off.
+
+    The one decision for every user of the model (the generating engine, the decision
+    scorer), so they fall back together and read prompts on the same weights. On int8 a
+    generating runner rounds q/k/v's, the down projection's and the head's activations twice
+    (``PRECISE_WHEN_GENERATING``); a scoring one (``config.task``) every activation: a
+    decision's number must not move with what else the request asks or what the prefix cache
+    held (docs/benchmarks.md, "Figures behind the defaults").
+    ``adapters``: LoRA adapters requests may name (``lora.load_adapter``, checked here)."""
+    reason = "runner: hf" if config.runner == "hf" else unsupported_reason(loaded.model)
+    if reason is not None:
+        logger.info("%s: HF model (%s)", purpose, reason)
+        return None
+    device = model_device(loaded.model)
+    scoring = config.task == "score"
+    captured = device.type == "cuda" and config.cuda_graphs and not scoring
+    return build_runner(
+        loaded.model,
+        weights=config.weights,
+        dense_dtype=config.prefill_dtype,
+        cache_dir=getattr(loaded, "location", None),
+        small_prefill_tokens=config.small_prefill_tokens,
+        prompt_weights=config.prompt_weights,
+        first_tokens=prompt_start_tokens(loaded.tokenizer),
+        precise_activations=LINEARS if scoring else PRECISE_WHEN_GENERATING,
+        calibration=calibration_ids(loaded.tokenizer),
+        adapters={
+            name: load_adapter(name, Path(path), loaded.model, device)
+            for name, path in (adapters or {}).items()
+        },
+        scoring=scoring,
+        graphs=DecodeGraphs() if captured else None,
+    )
+
+
+def prompt_start_tokens(tokenizer: Any) -> list[int]:
+    """The tokens a prompt may start with that are worth a saved first-position entry: the
+    tokenizer's special and added tokens (the chat and FIM formats open with one)."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return sorted(set(getattr(tokenizer, "all_special_ids", [])) | set(added))
 
 
 def _dense(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -283,87 +361,14 @@ def _matrices(parts: list[tuple], head: list) -> dict[str, list]:
     return matrices
 
 
-def _int4_packs(matrices: dict[str, list], path: Path | None) -> dict[str, torch.Tensor]:
-    """int4 packs of the matrices the kernel takes, mapped from ``path``: shared pages."""
-    matrices = {
-        k: v
-        for k, v in matrices.items()
-        if int4_supported(sum(w.shape[0] for w, _ in v), v[0][0].shape[1])
-    }
-
-    def pack(_name: str, weight: torch.Tensor) -> dict[str, torch.Tensor]:
-        packed, scales = quantize_int4(weight)
-        return {"packed": packed, "scales": scales}
-
-    return _cached(path, f"int4 weights (group {INT4_GROUP})", lambda: _quantize(matrices, pack))
-
-
-def _q4_packs(matrices: dict[str, list], path: Path | None) -> dict[str, torch.Tensor]:
-    """The q4 kernel's packs of every matrix it takes, mapped from ``path``: shared pages."""
-    matrices = {
-        k: v
-        for k, v in matrices.items()
-        if weights_q4.supported(sum(w.shape[0] for w, _ in v), v[0][0].shape[1])
-    }
-    saved = _cached(
-        path, "q4 weights", lambda: _quantize(matrices, lambda _, w: {"q4": weights_q4.quantize(w)})
-    )
-    return {name: saved[f"{name}.q4"] for name in matrices}
-
-
-def _int8_packs(
-    matrices: dict[str, list], path: Path | None, model: Any, calibration: Sequence[int]
-) -> dict[str, tuple[torch.ScriptObject, torch.Tensor | None]]:
-    """``(fbgemm pack, 1 / s or None)`` per matrix, made from the int8 values saved at
-    ``path`` (the file is read, packed and released: fbgemm keeps its own copy, private to
-    the replica). Where ``calibration`` is given, each matrix is smoothed first
-    (``smoothing.py``); the peaks are measured only when the file is made."""
+def _first_token_entries(
+    model: Any, prepared: PreparedWeights, tokens: list[int], path: Path | None
+) -> dict[tuple[str, int], FirstEntry]:
+    """``Qwen2Runner.first_token``'s entries for ``tokens``, computed once on the dense weights
+    (by a runner of ``prepared`` kept only for it) and saved at ``path``."""
 
     def compute() -> dict[str, torch.Tensor]:
-        peaks = input_peaks(model, list(calibration)) if calibration else {}
-
-        def values(name: str, weight: torch.Tensor) -> dict[str, torch.Tensor]:
-            if not peaks:
-                q, scales = int8_values(weight)
-                return {"q": q, "scales": scales}
-            s = smoothing(peaks[name], weight)  # a name input_peaks lacks fails here, loudly
-            q, scales = int8_values(weight * s)
-            return {"q": q, "scales": scales, "smooth": (1 / s).contiguous()}
-
-        return _quantize(matrices, values)
-
-    saved = _cached(path, "int8 weights", compute)
-    # The small smoothing vectors are copied out: a tensor torch.load mapped keeps the whole
-    # file's mapping, and every page prepacking read (the 1.5B: 1.5 GB) resident, alive.
-    return {
-        name: (
-            prepack_int8(saved[f"{name}.q"], saved[f"{name}.scales"]),
-            None if f"{name}.smooth" not in saved else saved[f"{name}.smooth"].clone(),
-        )
-        for name in matrices
-    }
-
-
-def _quantize(
-    matrices: dict[str, list], quantize: Callable[[str, torch.Tensor], dict[str, torch.Tensor]]
-) -> dict[str, torch.Tensor]:
-    started = time.monotonic()
-    out: dict[str, torch.Tensor] = {}
-    total = len(matrices)
-    for done, (name, parts) in enumerate(matrices.items(), start=1):
-        weight = stacked([(w.float(), b) for w, b in parts])
-        out |= {f"{name}.{key}": t for key, t in quantize(name, weight).items()}
-        if done % 16 == 0 or done == total:
-            logger.info("runner: quantizing weights: %d/%d", done, total)
-    logger.info("runner: quantizing took %.1fs", time.monotonic() - started)
-    return out
-
-
-def _first_token_entries(runner: Qwen2Runner, tokens: list[int], path: Path | None) -> dict:
-    """``Qwen2Runner.first_token``'s entries for ``tokens``, computed on the dense weights once
-    and saved at ``path``."""
-
-    def compute() -> dict[str, torch.Tensor]:
+        runner = Qwen2Runner(model, prepared)
         cache = runner.new_cache(1, 1, 1)
         out: dict[str, torch.Tensor] = {}
         with torch.inference_mode():
@@ -376,7 +381,7 @@ def _first_token_entries(runner: Qwen2Runner, tokens: list[int], path: Path | No
 
     if not tokens:
         return {}
-    saved = _cached(path, f"first-position entries of {len(tokens)} tokens", compute)
+    saved = cached(path, f"first-position entries of {len(tokens)} tokens", compute)
     return {
         ("", token): (
             tuple((kv[0], kv[1]) for kv in saved[f"{token}.kv"]),
@@ -385,65 +390,3 @@ def _first_token_entries(runner: Qwen2Runner, tokens: list[int], path: Path | No
         for token in tokens
         if f"{token}.kv" in saved
     }
-
-
-def _cached(
-    path: Path | None, what: str, compute: Callable[[], dict[str, torch.Tensor]]
-) -> dict[str, torch.Tensor]:
-    """``compute()``, saved once at ``path`` and read back, mapped, from there after."""
-    if path is None:
-        return compute()
-    # One writer per machine: replicas starting together wait for the first one's file.
-    with open(path.with_name(f"{path.name}.lock"), "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if path.exists():
-                try:
-                    saved = torch.load(path, mmap=True, weights_only=True)
-                    logger.info("runner: %s mapped from %s", what, path)
-                    return saved
-                except Exception:
-                    logger.warning("runner: unreadable %s; computing again", path, exc_info=True)
-            tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-            with visible_progress(RUNNER_LOGGER):  # minutes for the 1.5B, once per machine
-                logger.info("runner: preparing %s, once: later starts map %s", what, path)
-                torch.save(compute(), tmp)
-                os.replace(tmp, path)
-                logger.info("runner: %s saved to %s", what, path)
-            _remove_stale(path)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    return torch.load(path, mmap=True, weights_only=True)
-
-
-def _remove_stale(path: Path) -> None:
-    """The same kind of file for other weights (a re-converted model, an older fingerprint)
-    or in an older version of its format (``runner-int8-v2-*`` once v3 is saved): never read
-    again, up to a GB each. A replica still mapping one keeps its pages."""
-    kind = re.sub(r"-v\d+$", "", path.name.rsplit("-", 1)[0])
-    for stale in path.parent.glob(f"{kind}-*.pt"):
-        if stale != path and stale.name.count("-") == path.name.count("-"):
-            stale.unlink(missing_ok=True)
-            stale.with_name(f"{stale.name}.lock").unlink(missing_ok=True)
-
-
-def _cache_path(model: Any, cache_dir: str | Path | None, kind: str) -> Path | None:
-    if cache_dir is None or not Path(cache_dir).is_dir():
-        return None
-    name = f"int4-g{INT4_GROUP}" if kind == "int4" else kind
-    return Path(cache_dir) / f"runner-{name}-{fingerprint(model)}.pt"
-
-
-def fingerprint(model: Any) -> str:
-    """A cheap digest of the weights (shapes and each tensor's first and last 32 values): a
-    changed model, or one edited in memory after loading, never picks up another's packed
-    weights. Only the two ends are read: a strided sample faulted ~0.5 GB of the mapped model
-    file into every replica (the kernel maps 64 KB around each faulting read)."""
-    digest = hashlib.sha256()
-    for name, param in model.named_parameters():
-        flat = param.detach().reshape(-1)
-        sample = torch.cat([flat[:32], flat[-32:]]).float()
-        digest.update(name.encode())
-        digest.update(str(tuple(param.shape)).encode())
-        digest.update(sample.numpy().tobytes())
-    return digest.hexdigest()[:16]

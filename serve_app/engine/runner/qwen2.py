@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,8 +41,7 @@ from serve_app.engine.runner.graphs import DecodeGraphs
 from serve_app.engine.runner.kv import SlotCache
 from serve_app.engine.runner.layout import PassLayout
 from serve_app.engine.runner.lora import LoraAdapter, LoraBatch
-from serve_app.engine.runner.native import Native
-from serve_app.engine.runner.weights import Linear
+from serve_app.engine.runner.prepared import FirstEntry, PreparedWeights
 
 logger = logging.getLogger(__name__)
 
@@ -80,42 +78,35 @@ def norm_weight(weight: torch.Tensor) -> torch.Tensor:
     return weight if weight.device.type == "cpu" else weight.float()
 
 
-@dataclass
-class Layer:
-    input_norm: torch.Tensor
-    qkv: Linear
-    o: Linear
-    post_norm: torch.Tensor
-    gate_up: Linear
-    down: Linear
-
-
 class Qwen2Runner:
     """Weights and forward of one Qwen2 model; ``SlotCache`` holds the keys/values."""
 
     def __init__(
         self,
         model: Any,
-        layers: list[Layer],
-        lm_head: Linear,
+        weights: PreparedWeights,
         small_prefill_tokens: int = 0,
-        quantized_prompts: bool = False,
         adapters: Mapping[str, LoraAdapter] | None = None,
+        graphs: DecodeGraphs | None = None,
     ) -> None:
         config = model.config
         self.model = model
-        self.layers = layers
-        self.lm_head = lm_head
+        self.weights = weights
+        self.layers = weights.layers
+        self.lm_head = weights.lm_head
+        self.quantized_prompts = weights.choice.quantized_prompts
+        # The runner's C kernels (``native``) where its weights use them: decode attention too.
+        self.native = weights.native
         self.small_prefill_tokens = small_prefill_tokens
-        self.quantized_prompts = quantized_prompts
         # LoRA adapters a request may name (``lora``), by name.
         self.adapters: dict[str, LoraAdapter] = dict(adapters or {})
         # Position 0's entries by (adapter name, token id): an adapter changes its KV too.
-        self.first_tokens: OrderedDict[tuple[str, int], tuple[Any, torch.Tensor]] = OrderedDict()
+        # Seeded with the prepared ones, then an LRU of what requests start with.
+        self.first_tokens: OrderedDict[tuple[str, int], FirstEntry] = OrderedDict(
+            weights.first_tokens
+        )
         # Captured decode steps (``graphs.DecodeGraphs``); None: every step runs eagerly.
-        self.graphs: DecodeGraphs | None = None
-        # The runner's C kernels (``native``) where its weights use them: decode attention too.
-        self.native: Native | None = None
+        self.graphs = graphs
         self.embed = model.model.embed_tokens.weight
         self.device = self.embed.device
         self.final_norm = norm_weight(model.model.norm.weight)

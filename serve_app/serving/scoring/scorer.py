@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.engine_config import EngineConfig
 from serve_app.engine.protocol import ScoringRequest
 from serve_app.engine.tree import Row, pack
+from serve_app.engine_config import EngineConfig
 from serve_app.errors import ContextLengthExceededError, UnprocessableRequestError
 from serve_app.models.loader import LoadedModel
 from serve_app.prompts import decisions as prompts
@@ -46,7 +46,6 @@ from serve_app.serving.scoring.questions import DecisionQuestion, QuestionOutcom
 from serve_app.serving.scoring.trie import Answers, OptionTrie, build_trie, make_row
 
 MAX_CHOICE_LABELS = 255
-SCORING_SLOTS = 1
 MAX_SCORE_LEVELS = 10
 
 # Per side, every casing/spacing of the answer words; only single-token ones are used.
@@ -95,12 +94,21 @@ class LikelihoodScorer:
         calibrate: Collection[str] = (),
         budget: DecisionBudget | None = None,
     ) -> None:
-        """``engine``: a scoring engine (``for_model`` builds one)."""
+        """``engine``: a scoring engine (``EngineConfig.for_scoring``; ``for_model`` builds
+        one), whose passes have room for ``budget``'s scored tokens."""
+        self.budget = budget or DecisionBudget()
+        if (
+            engine.config.task != "score"
+            or engine.config.score_columns < self.budget.max_scored_tokens
+        ):
+            raise ValueError(
+                "a LikelihoodScorer needs a scoring engine with room for its budget's scored "
+                "tokens (EngineConfig.for_scoring)"
+            )
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.context_length = engine.context_length
         self.pack_tokens = pack_tokens
-        self.budget = budget or DecisionBudget()
         self.calibrate = frozenset(calibrate)
         self.end_id = _end_of_turn_id(self.tokenizer, engine.loaded.eos_token_ids)
         self.frame = prompts.chat_frame(self.tokenizer)
@@ -118,17 +126,9 @@ class LikelihoodScorer:
     ) -> LikelihoodScorer:
         """A scorer on its own scoring engine for ``loaded``: prompts read on the weights
         ``config`` gives the generating engines, and room past the context for the passes
-        the scored-token budget allows. One request holds a slot at a time (others wait):
-        the runner's slots all grow to the longest one's length, and a decision's state may
-        fill the context, so more slots would multiply the KV memory of one long state."""
+        the scored-token budget allows."""
         budget = budget or DecisionBudget()
-        engine = LLMEngine(
-            loaded,
-            config.model_copy(update={"max_batch_size": SCORING_SLOTS}),
-            context_length,
-            scoring=True,
-            score_columns=budget.max_scored_tokens,
-        )
+        engine = LLMEngine(loaded, config.for_scoring(budget.max_scored_tokens), context_length)
         return cls(engine, budget=budget, **options)
 
     # ------------------------------------------------------------------ public

@@ -69,8 +69,27 @@ class SpeculationConfig(_Strict):
 NO_SPECULATION = SpeculationConfig(edit=0, fim=0, chat=0, apply=0)
 
 
+# A scoring engine's requests at once: the runner's slots all grow to the longest one's length,
+# and a decision's state may fill the context, so more slots would multiply the KV memory of
+# one long state; a decision holds its slot for all its passes, and others wait.
+SCORING_SLOTS = 1
+
+
 class EngineConfig(_Strict):
     """Engine knobs shared by the model deployments (the generating engine and the scorer)."""
+
+    task: Literal["generate", "score"] = Field(
+        default="generate",
+        description="Set by the role, never in YAML (AppConfig.engine_for): score for the "
+        "decisions role's engine, which only scores (prompts read as scoring needs, "
+        "``for_scoring``).",
+    )
+    score_columns: int = Field(
+        default=0,
+        ge=0,
+        description="A scoring engine's KV positions past the context, for its passes "
+        "(the decision budget's scored tokens). Set by the role, never in YAML.",
+    )
 
     runner: Literal["auto", "hf"] = Field(
         default="auto",
@@ -158,6 +177,17 @@ class EngineConfig(_Strict):
         "from it, so a repeated request repeats its text, as llama-server's --seed); null: a "
         "fresh random seed per request.",
     )
+
+    def for_scoring(self, score_columns: int) -> EngineConfig:
+        """These settings for an engine that only scores: ``SCORING_SLOTS`` requests at once,
+        passes up to ``score_columns`` positions past the context."""
+        return self.model_copy(
+            update={
+                "task": "score",
+                "score_columns": score_columns,
+                "max_batch_size": SCORING_SLOTS,
+            }
+        )
 
     @property
     def prefix_cache_bytes(self) -> int:

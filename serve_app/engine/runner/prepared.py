@@ -1,0 +1,49 @@
+"""What the runner runs on: a model's weights prepared once (``prepare.prepare_weights``).
+
+Plain frozen values, apart from the runner (``qwen2``) and the preparation (``prepare``), so
+each imports them one way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from serve_app.engine.runner.native import Native
+from serve_app.engine.runner.weights import Linear
+
+# A position-0 entry (``Qwen2Runner.first_token``): each layer's (keys, values), the hidden state.
+FirstEntry = tuple[tuple[tuple[torch.Tensor, torch.Tensor], ...], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Layer:
+    input_norm: torch.Tensor
+    qkv: Linear
+    o: Linear
+    post_norm: torch.Tensor
+    gate_up: Linear
+    down: Linear
+
+
+@dataclass(frozen=True)
+class WeightChoice:
+    """Which weights a runner reads, resolved for the model's device and this CPU."""
+
+    decode: str  # "q4", "int8", "int4" or "dense": never "auto"
+    quantized_prompts: bool  # prompts on the decode weights (position 0 on dense ones)
+    dense_dtype: torch.dtype
+    precise: tuple[str, ...] = ()  # ``LINEARS`` whose int8 activations are rounded twice
+
+
+@dataclass(frozen=True)
+class PreparedWeights:
+    """A model's weights as a runner reads them (``prepare_weights``); never changed after."""
+
+    choice: WeightChoice
+    layers: tuple[Layer, ...]
+    lm_head: Linear
+    native: Native | None  # the runner's C kernels, where they build: decode attention
+    first_tokens: Mapping[tuple[str, int], FirstEntry] = field(default_factory=dict)
