@@ -1,7 +1,5 @@
-"""Which backend runs a model: the engine's own runner where the config allows it and the
-model is supported, else the HF model (``backend.ModelBackend``); and the draft model's runner
-for draft-model speculation. Above both implementations, which import only ``backend``'s types.
-"""
+"""Which ``backend.ModelBackend`` runs a model, and the draft model's runner. Above both
+implementations, which import only ``backend``'s types."""
 
 from __future__ import annotations
 
@@ -26,9 +24,8 @@ def make_backend(
     adapters: Mapping[str, Path] | None = None,
 ) -> ModelBackend:
     """The runner when ``config.runner`` allows it and it supports the model, else HF.
-    ``max_columns``: the most KV positions one request holds. ``adapters``: LoRA adapters
-    (peft folders) requests may name, by name; only the runner applies them, so a model on
-    HF with adapters fails to start."""
+    ``max_columns``: the most KV positions one request holds. ``adapters``: LoRA adapters (peft
+    folders) by the name requests use; only the runner applies them (on HF, start fails)."""
     purpose = "scoring backend" if config.task == "score" else "engine backend"
     runner = configured_runner(loaded, config, purpose, adapters=adapters)
     if runner is None:
@@ -54,10 +51,9 @@ def make_drafter(
     draft: Any, config: EngineConfig, backend: ModelBackend, target: Any, max_columns: int
 ) -> DraftModel | None:
     """The draft model's runner for draft-model speculation, or None: no draft model, no role
-    drafting with it, or a backend that cannot check drafts. The draft must share the
-    target's tokenizer: its token ids are read as the target's. Its vocabulary may be
-    smaller (Qwen2.5's 7B pads its embedding to 152,064 rows, the 0.5B to 151,936), never
-    larger; otherwise start fails here."""
+    drafting with it, or a backend that cannot check drafts. The draft must share the target's
+    tokenizer (its ids are read as the target's); its vocabulary may be smaller (Qwen2.5's 7B
+    pads its embedding to 152,064 rows, the 0.5B to 151,936), never larger: start fails here."""
     speculation = config.speculation
     if draft is None or not speculation.draft_model_roles or not backend.supports_speculation:
         return None

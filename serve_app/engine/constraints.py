@@ -1,47 +1,36 @@
 """Constrained decoding for ``response_format``: JSON that always parses, and fits its schema.
 
-Three layers, each usable on its own (modules of ``serve_app.grammar``):
+Three layers, each usable alone (modules of ``serve_app.grammar``):
 
-- ``TokenTexts`` (``token_bytes``): the exact bytes of every token id of a tokenizer, built
-  once per tokenizer. Byte-level BPE tokens are often *partial* UTF-8 characters, so
-  everything below works on bytes, never on decoded text.
-- ``JsonValidator`` (``validator``, ``automaton``, ``nodes``, ``schema``): an incremental
-  JSON prefix checker, a small pushdown automaton (a stack of frames: object, array, string,
-  number, literal) driven by a *grammar* node tree. Plain JSON is the grammar ``ANY_OBJECT``;
-  a JSON schema is compiled (``compile_schema``) into a grammar that only admits the schema's
-  keys and value types. ``copy()`` is cheap, so candidate tokens are tried on copies.
-  ``distance()`` is the fewest bytes that still complete the document, which drives the token
-  budget (below).
-- ``JsonConstraint``: a ``LogitsProcessor`` that masks every token that would break the
-  prefix. It advances its validator with the tokens actually chosen (``history.output_ids``),
-  so it needs nothing from the sampler but a place in the processor list.
+- ``TokenTexts`` (``token_bytes``): every token id's exact bytes (tokens are often partial UTF-8).
+- ``JsonValidator`` (``validator``, ``automaton``, ``nodes``, ``schema``): an incremental JSON
+  prefix checker (a pushdown automaton) driven by a *grammar*: ``ANY_OBJECT`` for plain JSON,
+  or ``compile_schema``'s, admitting only the schema's keys and value types. Candidate tokens
+  are tried on cheap ``copy()``s; ``distance()`` (fewest bytes to complete) drives the budget.
+- ``JsonConstraint``: a ``LogitsProcessor`` masking every token that would break the prefix,
+  advanced by the tokens actually chosen (``history.output_ids``), so it needs nothing from
+  the sampler but a place in the processor list (``attach_constraint``).
 
-Schema subset enforced while decoding: ``type`` (one or a list) object / array / string /
-number / integer / boolean / null; ``properties``, ``required``, ``additionalProperties``;
-``items``, ``minItems``, ``maxItems``; ``enum``, ``const``; ``anyOf``; local ``$ref`` (not
-recursive); ``allOf`` of one schema. Objects that list ``properties`` only ever get those keys
-(structured-outputs semantics: ``additionalProperties: false`` is implied), each at most once,
-and ``}`` only comes after every ``required`` key. Keywords that only narrow values
-(``minimum``, ``maxLength``, ``pattern``, ``format``...) are not enforced, and any other
-structural keyword (``oneOf``, ``not``, ``patternProperties``, recursive ``$ref``...) makes its
-subtree fall back to "any JSON of the declared type" (or any JSON). Either way
-``Grammar.fully_enforced`` is False, ``Grammar.notes`` says why, and callers should
-post-validate the output with ``validate_output`` (``jsonschema``).
+Enforced while decoding: ``type`` (one or a list, any JSON type); ``properties``, ``required``,
+``additionalProperties``; ``items``, ``minItems``, ``maxItems``; ``enum``, ``const``;
+``anyOf``; local non-recursive ``$ref``; ``allOf`` of one schema. Objects listing
+``properties`` get only those keys (structured-outputs semantics: ``additionalProperties:
+false`` implied), each at most once, and ``}`` only after every ``required`` key. Value checks
+(``minimum``, ``maxLength``, ``pattern``, ``format``...) are not enforced; other structural
+keywords (``oneOf``, ``not``, ``patternProperties``, recursive ``$ref``...) make their subtree
+any JSON (of the declared type, if any). Either way ``Grammar.fully_enforced`` is False,
+``Grammar.notes`` says why, and callers should post-validate (``validate_output``).
 
-Budget: with ``max_tokens`` set, a candidate token is kept only if the document can still be
-closed in the tokens left (one kept for EOS): ``distance_after <= max(remaining - 2,
-distance_now - 1)``. Far from the limit this allows everything valid; near it, only tokens
-that make progress (closing quotes and brackets, minimal values) remain. Byte-level vocabs have
-a token for every single byte, and ``distance`` follows a concrete shortest completion, so a
-progress token always exists. If ``max_tokens`` is below the schema's smallest document, the
-output is cut short ("length") and cannot parse.
+Budget: with ``max_tokens``, a candidate is kept only if the document can still close in the tokens
+left (one kept for EOS): ``distance_after <= max(remaining - 2, distance_now - 1)``; far from the
+limit anything valid, near it only progress (closing quotes/brackets, minimal values). Byte-level
+vocabs have a token per byte and ``distance`` follows a concrete shortest completion, so progress is
+always possible. Below the schema's smallest document, output is cut ("length"), unparsable.
 
-Not covered: ``stop`` strings can still cut the JSON; sampling only sees the top-K candidate
-tokens that are valid (the full vocabulary is scanned when none of them is), which is exact for
-greedy decoding and a truncation of the tail otherwise.
-
-Every cost a request controls is bounded: see ``serve_app.grammar.schema`` (caps on the
-compiled grammar) and ``serve_app.grammar.postcheck`` (regexes under a deadline).
+Not covered: ``stop`` strings can still cut the JSON; sampling sees only the valid top-K
+candidates (the vocabulary is scanned when none is valid): exact for greedy, a truncated tail
+otherwise. Costs a request controls are bounded in ``serve_app.grammar`` (``schema``: caps on
+the compiled grammar; ``postcheck``: regexes under a deadline).
 """
 
 from __future__ import annotations
@@ -78,22 +67,16 @@ logger = logging.getLogger(__name__)
 DEFAULT_TOP_K = 64
 # Candidates tried per chunk when none of the top-K is valid and the vocabulary is scanned.
 SCAN_CHUNK = 256
-# Most candidates tried by one scan before settling for the valid single-byte tokens; fewer
-# when the budget forces progress (closing a long string: valid tokens need a '"', and
-# trying thousands of words to find one costs ~25 ms while a single '"' always works).
+# Most candidates one scan tries before settling for the valid single-byte tokens; fewer when the
+# budget forces progress (closing a string: a lone '"' always works, searching words is slow).
 MAX_SCAN = 4096
 MAX_SCAN_CLOSING = 256
 
-# ================================================================================ processor
-
 
 class JsonConstraint:
-    """Logits processor that only lets through tokens keeping the output valid JSON.
-
-    Place it after the penalties and before temperature / top-k / top-p: the warpers then
-    renormalise among valid tokens only, and greedy takes the best valid token. One instance
-    per request (it holds the request's parse state).
-    """
+    """Logits processor that only lets through tokens keeping the output valid JSON. One per
+    request (it holds its parse state), after the penalties, before the warpers
+    (``attach_constraint``)."""
 
     def __init__(
         self,
@@ -105,8 +88,8 @@ class JsonConstraint:
         top_k: int = DEFAULT_TOP_K,
         validator: Any = None,
     ) -> None:
-        """``validator``: what the output must be a prefix of, where it is not ``schema``'s
-        JSON (``tool_calls.CallValidator``: ``feed``, ``copy``, ``complete``, ``distance``)."""
+        """``validator``: what the output must be a prefix of, instead of ``schema``'s JSON
+        (``tool_calls.CallValidator``: ``feed``, ``copy``, ``complete``, ``distance``)."""
         self.texts = token_texts
         self.eos_token_ids = frozenset(eos_token_ids)
         self.grammar = compile_schema(schema) if schema is not None else Grammar(ANY_OBJECT)
@@ -180,14 +163,11 @@ class JsonConstraint:
 
     def _scan(self, logits: torch.Tensor, limit: int | None) -> list[int]:
         """The valid tokens that matter when none of the top-K is valid (never empty if any is).
-
-        Byte-level vocabularies have a token per byte, and some byte is always valid (within
-        budget, when the budget can be met), so the valid single-byte tokens are a *floor*:
-        only tokens with a higher logit and a valid first byte (one vectorised lookup) can beat
-        them, and those are tried in logit order, in growing top-k windows (a full sort of
-        151k logits costs ~10 ms), at most ``MAX_SCAN`` of them (``MAX_SCAN_CLOSING`` when
-        the budget forces progress). Greedy stays exact unless that cap is hit.
-        """
+        Some single-byte token is always valid (within a budget that can be met; module doc),
+        so those are a *floor*: only tokens with a higher logit and a valid first byte (one
+        vectorised lookup) can beat them, tried in logit order in growing top-k windows (cheaper
+        than sorting the vocabulary), at most ``MAX_SCAN`` (``MAX_SCAN_CLOSING`` when the
+        budget forces progress). Greedy stays exact unless that cap is hit."""
         first_ok = torch.zeros(257, dtype=torch.bool)
         floor: list[int] = []
         for b in range(256):
@@ -222,12 +202,10 @@ def constraint_for_response_format(
     *,
     max_tokens: int | None = None,
 ) -> JsonConstraint | None:
-    """The constraint an OpenAI ``response_format`` asks for (None for text / absent).
-
+    """The constraint an OpenAI ``response_format`` asks for (None for text / absent):
     ``{"type": "json_object"}`` -> any JSON object; ``{"type": "json_schema", "json_schema":
     {"schema": {...}}}`` -> that schema. Raises ``SchemaError`` (a ``ValueError``) for a
-    malformed response_format or a schema that admits nothing.
-    """
+    malformed response_format or a schema that admits nothing."""
     if response_format is None:
         return None
     kind = response_format.get("type")
@@ -246,9 +224,9 @@ def constraint_for_response_format(
 
 
 class AnswerPrefixConstraint:
-    """The output begins with ``text`` (``GenerationRequest.answer_prefix``): until it is
-    spelled, each token must spell the rest of it (and may go on) or a beginning of the rest,
-    so the model picks its own tokens for it (``"        "`` as ``"       "`` + ``" if"``)."""
+    """The output begins with ``text`` (``GenerationRequest.answer_prefix``): until spelled,
+    each token must spell the rest (and may go on) or a beginning of it, so the model picks its
+    own tokens for it (``"        "`` as ``"       "`` + ``" if"``)."""
 
     def __init__(self, text: str, token_texts: TokenTexts) -> None:
         self.text = text.encode()
@@ -277,9 +255,9 @@ def attach_constraint(sampler: Any, constraint: LogitsProcessor | None) -> None:
     """Put ``constraint`` in ``sampler.processors`` after the penalties, before the warpers.
 
     Penalties reshape the model's preferences and must see every token; temperature / top-k /
-    top-p must only renormalise among valid tokens (a top-k taken before masking could keep
-    nothing valid). Greedy samplers have no warpers, so this appends.
-    """
+    top-p must renormalise among valid tokens only (a top-k taken before masking could keep
+    nothing valid). Greedy samplers have no warpers: this appends, and greedy takes the best
+    valid token."""
     if constraint is None:
         return
     warpers = (Temperature, TopK, TopP)

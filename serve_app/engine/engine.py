@@ -1,47 +1,32 @@
 """``LLMEngine``: continuous batching, chunked prefill and a prefix cache over an HF model.
 
-One background thread runs the step loop; callers on any asyncio loop talk to it through a
-locked waiting queue (in) and their own ``asyncio.Queue`` (out, filled through an
-``Outbox``: one ``loop.call_soon_threadsafe`` per phase of a step, not per token). torch
-releases the GIL inside its kernels, so the replica's event loop stays responsive while the
-loop computes.
+One background thread runs the step loop; callers on any asyncio loop feed it a locked waiting
+queue and read their own ``asyncio.Queue`` (filled via an ``Outbox``: one
+``call_soon_threadsafe`` per step phase, not per token). torch releases the GIL in its kernels,
+so the replica's event loop stays responsive. One step (``_step``):
 
-One step (``_step``):
+1. admit waiting requests (FCFS) while fewer than ``max_batch_size`` hold a slot;
+2. prefill: spend ``prefill_chunk_tokens`` prompt tokens on prefilling requests, oldest first,
+   up to ``prompt_batch`` per forward, each from its longest prefix-cache hit: a long prompt
+   takes several steps while decode keeps streaming, short ones share a step. A read prompt's
+   KV goes into the prefix cache; it joins decoding with a first token sampled from its logits;
+3. decode: one batched forward for every decoding request (a replayed CUDA graph on a GPU,
+   ``runner/graphs.py``), then per row: sample (plain greedy rows: one argmax), detokenize, match
+   stops, stream; a row whose role speculates also verifies a draft (``speculator``);
+4. drop finished and aborted requests, freeing their slots.
 
-1. admit waiting requests while fewer than ``max_batch_size`` hold a slot (FCFS);
-2. prefill: spend a budget of ``prefill_chunk_tokens`` prompt tokens on the prefilling
-   requests, oldest first, up to the backend's ``prompt_batch`` requests per forward (a
-   request's first chunk starts after its longest prefix-cache hit). A long prompt is thus
-   read over several steps while the decode batch keeps streaming (chunked prefill), and
-   several short prompts share one step. When a prompt is fully read, its KV goes into the
-   prefix cache, its first token is sampled from the last position's logits, and it joins
-   the decode batch;
-3. decode: one batched forward for every decoding request (on a GPU a replayed CUDA graph,
-   ``runner/graphs.py``), then per row: sample (plain greedy rows from one argmax over the
-   step), detokenize, match stop sequences, and stream the new text. With speculation on
-   for the request's role, a row also feeds a draft and keeps the verified prefix
-   (``speculator.py``);
-4. drop finished and aborted requests, freeing their slots for the next step.
+Scoring requests (``score``: decisions) read their prefix in step 2 like any prompt (chunked,
+through their account's prefix cache), then run one pass per step (a tree row on the prefix,
+``engine.tree``) and stream its log-probabilities; nothing is sampled. Aborts are checked
+between decoder layers (``RequestAborted``), so a long chunk or pass stops within one layer.
 
-Scoring requests (``score``: decisions) are prefill-only: their prefix is read in step 2 like
-any prompt (chunked, through the prefix cache of their account), then each step runs one of
-their passes (a tree row on top of the prefix, ``engine.tree``) and streams its
-log-probabilities; nothing is sampled. Aborts are checked between decoder layers of a prompt
-chunk or a pass (``RequestAborted``), so a long one stops within one layer's work.
+On CPU each request's prompt chunk is a forward of its own: chunks already keep the CPU busy,
+padding would waste the compute prefill is bound by, and a lone chunk keeps its aligned
+attention (same bits however a prompt is cut). On a GPU, where a forward per request is
+launch-bound, all prefilling chunks share one (``RunnerBackend.prompt_batch``).
 
-On CPU prompts are prefilled one request per forward, not padded together: chunks already
-keep the CPU busy, padding prompts of different lengths would waste the very compute prefill
-is bound by, and one request's chunk keeps its aligned attention (same bits however a prompt
-is cut). On a GPU, where a forward per request is bound by launches, every prefilling
-request's chunk goes in one forward (``RunnerBackend.prompt_batch``).
-
-The parts, each its own module: ``scheduler`` (waiting queue, admission, lifecycle lists),
-``backend`` (the forward passes: the engine's own runner or the HF reference, picked once),
-``output`` (detokenization, stop strings, finish reasons), ``speculator`` (each decode row's
-draft and what is kept of it), ``reuse`` (what a request takes
-from its account's earlier ones: a replayed greedy answer, cached KV, drafts), ``stats``
-(counters), all
-configured by one ``EngineConfig``. This module is the loop that drives them.
+Parts, one module each, set up by one ``EngineConfig``: ``scheduler``, ``backend`` (own runner or HF
+reference, picked once), ``output``, ``speculator``, ``reuse``, ``stats``; this loop drives them.
 """
 
 from __future__ import annotations
@@ -95,13 +80,11 @@ from serve_app.models.loader import LoadedModel
 
 logger = logging.getLogger(__name__)
 
-# Seconds without work before the backend gives memory back (``ModelBackend.idle``). Freed at
-# once, the runner's KV cache had to regrow for the next request: 0.27-0.34 s of a repeated
-# 1,100-token FIM prompt's 0.53 s went to allocating and faulting in 9 slots x 2,048 positions.
+# Idle seconds before the backend gives memory back (``ModelBackend.idle``). Freed at once, the
+# KV cache would regrow first for a typist's next keystroke (most of a repeated FIM prompt's time).
 IDLE_TRIM_S = 10.0
 
-# How often ``wait_until_idle`` looks. A poll, not an event the loop sets: the loop would
-# pay for a signal at every step for a question only benches and tests ask.
+# How often ``wait_until_idle`` polls (an event would cost every step; only benches/tests ask).
 IDLE_POLL_S = 0.002
 
 # Whole steps failing in a row before the loop gives up and ``check_health`` reports it.
@@ -109,14 +92,11 @@ MAX_CONSECUTIVE_STEP_FAILURES = 10
 
 
 class LLMEngine(Engine):
-    """Serves many generation requests at once on one model (see the module docstring).
-
-    ``context_length``: prompt + max_tokens limit (the model's ``ModelConfig.context_length``);
-    None: the model's ``max_position_embeddings``. An engine whose ``config.task`` is
-    ``score`` only scores (``EngineConfig.for_scoring``; its runner reads prompts as the scorer
-    needs, ``prepare.configured_runner``). ``adapters``: LoRA adapters (peft folders) by name,
-    which a request names in ``GenerationRequest.adapter``.
-    """
+    """Serves many generation requests at once on one model (module docstring). ``context_length``:
+    prompt + max_tokens limit (``ModelConfig.context_length``; None: the model's
+    ``max_position_embeddings``). With ``config.task`` ``score`` it only scores
+    (``EngineConfig.for_scoring``, ``prepare.configured_runner``). ``adapters``: LoRA adapters (peft
+    folders) by the name a request gives in ``GenerationRequest.adapter``."""
 
     def __init__(
         self,
@@ -132,7 +112,7 @@ class LLMEngine(Engine):
         self.tokenizer = loaded.tokenizer
         self.context_length = context_length or loaded.max_position_embeddings
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
-        # Byte strings of the whole vocabulary, for JSON-constrained decoding (~0.3 s once).
+        # Byte strings of the whole vocabulary, for JSON-constrained decoding (built once).
         self.token_texts = TokenTexts.for_tokenizer(self.tokenizer)
         self.prefix_cache = PrefixCache(self.config.prefix_cache_bytes)
         self.counters = EngineCounters()
@@ -175,27 +155,22 @@ class LLMEngine(Engine):
     async def generate(
         self, request: GenerationRequest, *, context_param: str = "messages"
     ) -> AsyncIterator[GenerationChunk]:
-        """Stream chunks for one request until one carries a ``finish_reason``.
-
-        ``context_param`` names the request field blamed when prompt + max_tokens exceeds the
-        context length (``"messages"`` for chat, ``"prompt"`` for completions/FIM).
-        Raises ``InvalidRequestError``/``ContextLengthExceededError`` before anything runs,
+        """Stream chunks for one request until one carries a ``finish_reason``. ``context_param``:
+        the request field blamed when prompt + max_tokens exceeds the context length (``"messages"``
+        for chat, ``"prompt"`` for completions/FIM). Raises
+        ``InvalidRequestError``/``ContextLengthExceededError`` before anything runs,
         ``UpstreamUnavailableError`` when the waiting queue is full or the engine is down, and
-        ``ServerError`` when the request failed inside the loop. Closing or cancelling the
-        generator aborts the request. When the request is aborted by someone else
-        (``abort(request_id)``), the stream just ends, without a finishing chunk.
-        """
+        ``ServerError`` when the request failed in the loop. Closing or cancelling the generator
+        aborts the request; aborted by ``abort(request_id)``, the stream just ends, unfinished."""
         state = self._new_state(request, context_param, asyncio.get_running_loop())
         async for chunk in self._stream(state, lambda chunk: chunk.finish_reason is not None):
             yield chunk
 
     async def score(self, request: ScoringRequest) -> AsyncIterator[ScoringChunk]:
-        """Stream one chunk per pass of a scoring request (the last has ``done`` set).
-
-        Raises ``InvalidRequestError`` for an empty prefix or pass list and
-        ``ContextLengthExceededError`` (param ``state``) when the prefix and its widest pass
-        do not fit, before anything runs; otherwise as ``generate``.
-        """
+        """Stream one chunk per pass of a scoring request (the last has ``done`` set). Raises,
+        before anything runs, ``InvalidRequestError`` for an empty prefix or pass list and
+        ``ContextLengthExceededError`` (param ``state``) when the prefix and its widest pass do
+        not fit; otherwise as ``generate``."""
         self._raise_if_down()
         if not request.prompt_token_ids or not request.passes:
             raise InvalidRequestError("A scoring request needs a prefix and passes.")
@@ -212,8 +187,7 @@ class LLMEngine(Engine):
             yield chunk
 
     async def _stream(self, state: State, is_last: Callable[[Any], bool]) -> AsyncIterator[Any]:
-        """Queue ``state`` and yield what the loop hands back until ``is_last(item)``.
-        Closing or cancelling the generator aborts the request."""
+        """Queue ``state``; yield what the loop hands back until ``is_last(item)``."""
         self.scheduler.enqueue(state, self._raise_if_down)
         self._wakeup.set()
         ended = False
@@ -265,11 +239,9 @@ class LLMEngine(Engine):
         return self.scheduler.num_waiting
 
     async def wait_until_idle(self, timeout: float) -> bool:
-        """True once the loop holds no request (running or waiting); False if ``timeout``
-        seconds pass first. A closed stream's abort lands at the loop's next step, and so does
-        the slot of a request whose last chunk went out with its prompt's first token: a
-        caller that wants to see what stayed behind reads ``stats()`` after this, not right
-        after its streams ended."""
+        """True once the loop holds no request (running or waiting), False after ``timeout`` s.
+        A closed stream's abort, and the slot of a request done at its first token, land at the
+        next step: to see what stayed behind, read ``stats()`` after this, not as streams end."""
         deadline = time.monotonic() + timeout
         while self.num_running or self.num_waiting:
             if time.monotonic() >= deadline:
@@ -330,8 +302,6 @@ class LLMEngine(Engine):
                 trimmed = True
                 while not self._stopping:
                     if not self.scheduler.has_work():
-                        # Memory goes back only after IDLE_TRIM_S with nothing to do: a
-                        # typist's next keystroke would otherwise regrow the KV cache first.
                         if trimmed:
                             self._wakeup.wait(timeout=1.0)
                         elif not self._wakeup.wait(timeout=IDLE_TRIM_S):
@@ -398,8 +368,7 @@ class LLMEngine(Engine):
                 state.push(chunk)
 
     def _abort_check(self, *states: State) -> Callable[[], None]:
-        """Run between decoder layers: a forward whose requests were all aborted (or a
-        stopping engine) stops there."""
+        """Between decoder layers: end a forward once all its requests abort or the engine stops."""
 
         def check() -> None:
             if self._stopping or all(state.abort_requested for state in states):

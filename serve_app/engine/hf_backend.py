@@ -1,16 +1,12 @@
-"""The decode batch: one left-padded KV cache shared by every decoding request.
+"""The HF backend's decode batch: one left-padded KV cache shared by every decoding request.
 
-Layout (the one HF ``generate`` uses for batched decoding): per layer, keys and values of shape
-``[B, kv_heads, T, head_dim]``, each row right-aligned, so row ``b`` holds its ``n_b`` real
-positions in columns ``T - n_b .. T - 1`` and zeros before them. A ``[B, T]`` mask marks the
-real columns. Every decode step appends one column for all rows (``DynamicCache.update``), and
-feeds explicit ``position_ids`` (``n_b`` per row) so RoPE sees each row's true positions.
-
-The tensors are rebuilt only when membership changes: a joining request's KV is left-padded
-and concatenated along the batch axis (the batch itself is left-padded when the newcomer is
-longer); leaving rows are dropped with ``index_select`` and then the leading columns that are
-padding in every remaining row are trimmed, so a long request that leaves does not keep the
-others paying for its length.
+As HF ``generate`` batches decoding: per layer, keys and values ``[B, kv_heads, T, head_dim]``,
+row ``b``'s ``n_b`` real positions right-aligned in columns ``T - n_b .. T - 1`` (zeros before),
+marked by a ``[B, T]`` mask. Each decode step appends one column to all rows
+(``DynamicCache.update``) and feeds ``position_ids`` ``n_b`` so RoPE sees true positions. The
+tensors are rebuilt only when membership changes: a joining request's KV is left-padded and
+concatenated on the batch axis (the batch padded when the newcomer is longer); after rows leave,
+all-padding leading columns are trimmed: the rest stop paying for a long request that left.
 """
 
 from __future__ import annotations
@@ -29,10 +25,8 @@ from serve_app.engine.tree import Row, read_log_probs, tree_mask
 
 
 def cache_from_kv(kv: KV) -> DynamicCache:
-    """A ``DynamicCache`` holding the given tensors as-is (no copy, unlike its constructor).
-
-    Layers are plain ``DynamicLayer``s: the engine's models use full attention everywhere.
-    """
+    """A ``DynamicCache`` holding the tensors as-is (its constructor copies), in plain
+    ``DynamicLayer``s: the engine's models use full attention everywhere."""
     cache = DynamicCache()
     for keys, values in kv:
         layer = DynamicLayer()
@@ -52,11 +46,8 @@ def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
 
 
 class DecodeBatch:
-    """The decoding requests and their shared, left-padded KV cache.
-
-    ``rows[b]`` is the request (any object with ``num_computed`` and ``last_token_id``) whose
-    KV is row ``b``; ``num_computed`` is its count of real positions.
-    """
+    """The decoding requests and their shared KV: ``rows[b]`` (anything with ``last_token_id``
+    and ``num_computed``, its count of real positions) owns row ``b``."""
 
     def __init__(self, device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)
@@ -116,11 +107,8 @@ class DecodeBatch:
             layer.values = layer.values.index_select(0, index)[..., start:, :]
 
     def forward(self, model: Any) -> torch.Tensor:
-        """One decode step for every row; returns the next-token logits ``[B, V]``.
-
-        Feeds each row's last sampled token and appends its KV as a new column; the caller
-        advances each row's ``num_computed``.
-        """
+        """One decode step: each row's last sampled token, its KV appended as a new column;
+        next-token logits ``[B, V]``. The caller advances each row's ``num_computed``."""
         input_ids = torch.tensor(
             [[r.last_token_id] for r in self.rows], dtype=torch.long, device=self.device
         )
@@ -142,9 +130,8 @@ class DecodeBatch:
 
 
 class HFBackend:
-    """The engine's model backend over an HF model: a ``DynamicCache`` per prefilling request
-    (its ``kv``), then the shared left-padded ``DecodeBatch``. The runner's ``RunnerBackend``
-    answers the same calls; this one does not speculate."""
+    """``backend.ModelBackend`` over an HF model, without speculation: a ``DynamicCache`` per
+    prefilling request (its ``kv``), then the shared ``DecodeBatch``."""
 
     supports_speculation = False
     prompt_batch = 1  # each request's cache is its own DynamicCache
@@ -167,8 +154,7 @@ class HFBackend:
     def prefill(
         self, chunks: Sequence[PromptChunk], check: Callable[[], None] | None = None
     ) -> list[torch.Tensor]:
-        """Read one request's chunk; its last position's logits ``[V]`` (``check`` runs
-        between steps only: the HF forward has no hook for it here)."""
+        """One request's chunk; ``check`` is unused (the HF forward has no hook: aborts wait)."""
         (chunk,) = chunks
         state, start, end = chunk.state, chunk.start, chunk.end
         out = self.model(
@@ -201,8 +187,7 @@ class HFBackend:
         return self.batch.forward(self.model)
 
     def score(self, state: Any, row: Row, check: Callable[[], None]) -> list[float]:
-        """The row on top of the request's prefix cache, through a fresh ``DynamicCache``
-        over the prefix tensors (the forward appends to that one; the prefix stays)."""
+        """Via a fresh ``DynamicCache`` over the prefix tensors: the prefix is not appended to."""
         offset = state.num_computed
         kv = kv_from_cache(state.kv)
         positions = (torch.tensor(row.depths) + offset).unsqueeze(0)

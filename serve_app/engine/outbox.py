@@ -1,10 +1,9 @@
 """How the step loop hands items (chunks, errors, the stream's end) to callers' event loops.
 
-Every item crosses threads through ``loop.call_soon_threadsafe``, which wakes the loop by
-writing to its self-pipe: a system call, and a wake-up, per call. Per token that was a fifth
-of the step loop's time at 64 streams (yappi on the tiny model, CPU: ~0.17 ms per item), the
-part of a step that grows with the batch. So items are gathered while a phase of a step runs
-(prompts, scoring, decode) and each event loop gets one callback per phase, which fills its
+Items cross threads through ``loop.call_soon_threadsafe``, which wakes the loop by writing to
+its self-pipe: a system call and a wake-up per call, a cost per token that grows with the batch
+and was a large share of a wide step. So items are gathered while a phase of a step runs
+(prompts, scoring, decode) and each event loop gets one callback per phase, filling its
 requests' queues in the order the items were put.
 """
 
@@ -34,8 +33,7 @@ class Outbox:
             self._pending.setdefault(recipient.loop, []).append((recipient, item))
 
     def flush(self) -> None:
-        """One callback per event loop delivering what was put since the last flush. A
-        request whose loop is closed (nobody listens) is marked to abort."""
+        """One callback per event loop; requests of a closed loop (nobody listens) get aborted."""
         with self._lock:
             pending, self._pending = self._pending, {}
         for loop, items in pending.items():

@@ -1,10 +1,9 @@
 """From sampled tokens to what a caller reads: text, stop strings, finish reasons, errors.
 
 ``OutputProcessor.on_token`` is the one place a sampled token becomes output: it extends the
-request's history, detokenizes incrementally (whole characters only), holds back text that
-may be the start of a stop string, and decides whether the request is finished (eos, a stop
-string, ``max_tokens``). Finishing or failing hands the request to ``forget`` (the
-scheduler's), so its slot is counted free in the same step.
+history, detokenizes incrementally (whole characters only), holds back text that may start a
+stop string, and decides whether the request is finished (eos, a stop string, ``max_tokens``).
+Finishing or failing hands it to the scheduler's ``forget``: its slot counts free that step.
 """
 
 from __future__ import annotations
@@ -28,11 +27,8 @@ class OutputProcessor:
         self.forget = forget
 
     def on_token(self, state: RequestState, token_id: int) -> None:
-        """Record a sampled token, stream its text, and finish the request when it is done.
-
-        ``completion_tokens`` counts every sampled token, the eos token included (as vLLM and
-        OpenAI do); the eos token's own text is never emitted.
-        """
+        """``completion_tokens`` counts every sampled token, eos included (as vLLM and OpenAI
+        do); the eos token's own text is never emitted."""
         state.history.append(token_id)
         finish: str | None = None
         if token_id in self.eos_token_ids:

@@ -1,10 +1,5 @@
-"""Step 2 of the engine's loop (``engine`` module docstring): reading prompts.
-
-Each step spends ``prefill_chunk_tokens`` on the requests still reading their prompt, oldest
-first: a request's first chunk starts after its longest prefix-cache hit (or its whole answer
-is replayed), up to the backend's ``prompt_batch`` requests' chunks go in one forward, and a
-request whose prompt is then read whole has its KV cached and its first token sampled.
-"""
+"""Step 2 of the engine's loop (``engine`` module docstring): reading prompts, in chunks after
+each request's longest prefix-cache hit, or replaying a stored answer whole (``reuse``)."""
 
 from __future__ import annotations
 
@@ -46,11 +41,10 @@ class PromptPhase:
         self.abort_check = abort_check
 
     def step(self) -> None:
-        """Spend ``prefill_chunk_tokens`` on the prefilling requests, oldest first, reading
-        up to the backend's ``prompt_batch`` requests' chunks per forward. A request is
-        planned (its prefix-cache lookup) after every earlier forward of the step has run,
-        so with one chunk per forward it finds the requests before it cached; a request
-        that starts like a chunk of the batch being gathered waits a step to find it there."""
+        """Spend the chunk budget on the prefilling requests, oldest first, ``prompt_batch``
+        chunks per forward. A request is planned (its prefix-cache lookup) after every earlier
+        forward of the step ran, so with one chunk per forward it finds the requests before it
+        cached; one that starts like a chunk of the batch being gathered waits a step for it."""
         budget = self.chunk_tokens
         batch: list[PromptChunk] = []
         for state in list(self.scheduler.prefilling):
@@ -93,10 +87,9 @@ class PromptPhase:
         return PromptChunk(state, start, min(len(prompt), start + budget))
 
     def _read_chunks(self, chunks: list[PromptChunk]) -> None:
-        """One prefill forward over ``chunks``; a request whose prompt is then read whole
-        gets its first token. A forward that fails fails its requests (whose fault it was
-        cannot be told apart); one stopped because all of them were aborted ends them at the
-        next step's reap."""
+        """One prefill forward over ``chunks``; a request now read whole gets its first token.
+        A failed forward fails all its requests (whose fault it was cannot be told apart); one
+        stopped because all of them were aborted ends them at the next step's reap."""
         states = [chunk.state for chunk in chunks]
         try:
             logits = self.backend.prefill(chunks, self.abort_check(*states))
@@ -133,8 +126,7 @@ class PromptPhase:
         self.scheduler.prefilled(state)
 
     def _finish_prefill(self, state: State, logits: torch.Tensor | None) -> None:
-        """Cache the prompt's KV; sample the first token of a generation, and move the
-        request on (to the decode batch, or to its scoring passes)."""
+        """Cache the prompt's KV, sample a generation's first token, and move the request on."""
         self.reuse.insert(state, logits)
         if isinstance(state, RequestState):
             self.output.on_token(state, state.sampler(logits, state.history))
@@ -147,8 +139,7 @@ SHARED_PREFIX_TOKENS = 256
 
 
 def _reads_the_same(state: State, batch: list[PromptChunk]) -> bool:
-    """Whether ``state``'s prompt, not begun, starts as the prompt a chunk of ``batch`` is
-    reading from its start."""
+    """Whether ``state``'s unbegun prompt starts as one a ``batch`` chunk reads from its start."""
     head = state.prompt_ids[:SHARED_PREFIX_TOKENS]
     if state.kv is not None or len(head) < SHARED_PREFIX_TOKENS:
         return False

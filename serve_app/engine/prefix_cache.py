@@ -1,31 +1,23 @@
 """An LRU cache of prompt KV caches, so a shared prompt prefix is read only once.
 
 Chat and FIM traffic repeat long prefixes (a system prompt, the same file), and on a CPU the
-prompt read dominates latency. After a request's prefill the engine stores its prompt's
-keys/values here, keyed by the prompt's token ids; a later request takes the KV of the longest
-common token prefix with any stored prompt and prefills only the rest. A causal model's KV for
-the first ``n`` tokens depends on those tokens alone, so any common prefix is reusable, not
-only whole stored prompts.
+prompt read dominates latency. After prefill the engine stores a prompt's keys/values here by
+token ids; a later request takes the KV of its longest common prefix with any stored prompt
+and prefills only the rest. A causal model's KV for the first ``n`` tokens depends on those
+tokens alone, so any common prefix is reusable, not only whole prompts.
 
-Lookup is a linear scan over the entries (a binary search on list-slice equality per entry, so
-each compare runs in C). That is fine for tens of entries, which is what a few hundred MiB
-holds for prompts of a few thousand tokens; a radix tree over token blocks (vLLM, SGLang) would
-be the step up for thousands of entries.
+Lookup scans the entries, a binary search on list-slice equality each (compares run in C):
+fine for the tens of entries a few hundred MiB holds at a few thousand tokens a prompt; a
+radix tree over token blocks (vLLM, SGLang) is the step up for thousands.
 
-Entries are partitioned by a *salt* (vLLM's ``cache_salt``): the account id of the request,
-unless the deployment opted into one shared cache. A lookup only ever matches entries stored
-with the same salt, so a request can never learn (through ``cached_tokens`` or timing)
-what another account's prompts contained.
+Entries are partitioned by a *salt* (vLLM's ``cache_salt``): the request's account id, unless
+the deployment opted into one shared cache. A lookup only matches its own salt, so a request
+can never learn (through ``cached_tokens`` or timing) what another account's prompts held.
 
-An entry also keeps the logits of its prompt's last position (a later prompt equal to it
-samples from them and reads nothing), the ids of the answer that followed its prompt (drafts
-for the next prompt that extends it) and, when that answer was greedy and ran to its end, what
-asked for it (``recipe``: the sampling parameters): the same greedy request again is that
-answer, replayed without a forward pass.
-
-Memory is bounded by bytes (the tensors' actual size); the least recently used entries go
-first. Not thread-safe: only the engine's step-loop thread calls it (stats may be read from
-anywhere).
+An entry also keeps its prompt's last logits (``whole``), the ids of the answer that followed
+(``continuation``) and, for a greedy answer run to its end, its ``recipe`` (``answer``): what
+``reuse`` builds on. Memory is bounded by bytes (the tensors' actual size), least recently used
+evicted first. Not thread-safe: only the step-loop thread calls it (stats may be read anywhere).
 """
 
 from __future__ import annotations
@@ -76,10 +68,8 @@ def crop_kv(kv: KV, length: int) -> KV:
 
 
 def _owned(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself when it owns exactly its storage, else a compact copy.
-
-    A view (e.g. a crop) would pin its base's whole buffer and break the byte accounting.
-    """
+    """``t`` itself when it owns exactly its storage, else a compact copy: a view (a crop)
+    would pin its base's whole buffer and break the byte accounting."""
     t = t.detach()
     if t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size():
         return t
@@ -87,8 +77,7 @@ def _owned(t: torch.Tensor) -> torch.Tensor:
 
 
 def common_prefix_len(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """Length of the longest common prefix (of token ids, or of strings), by binary search
-    over slice equality."""
+    """Longest common prefix length (of token ids or strings): binary search on slices."""
     lo, hi = 0, min(len(a), len(b))
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -101,9 +90,7 @@ def common_prefix_len(a: Sequence[Any], b: Sequence[Any]) -> int:
 
 class PrefixCache:
     """Prompt KV caches keyed by (salt, token ids), LRU-evicted to stay under ``max_bytes``.
-
-    ``min_match_tokens``: shorter matches are not worth the copy and are reported as misses.
-    """
+    ``min_match_tokens``: shorter matches, not worth the copy, count as misses."""
 
     def __init__(
         self, max_bytes: int = DEFAULT_PREFIX_CACHE_BYTES, *, min_match_tokens: int = 1
@@ -125,11 +112,8 @@ class PrefixCache:
 
     def lookup(self, token_ids: Sequence[int], salt: str) -> tuple[int, KV | None]:
         """``(cached_len, kv)`` for the longest prefix of ``token_ids`` stored under ``salt``,
-        or ``(0, None)``.
-
-        At most ``len(token_ids) - 1`` tokens are returned: the last prompt token must still go
-        through the model so its logits exist to sample the first output token from.
-        """
+        or ``(0, None)``. At most ``len(token_ids) - 1`` tokens: the last prompt token must
+        still go through the model, for the logits the first output token is sampled from."""
         if not self.enabled:
             return 0, None
         self.queries += 1
@@ -150,11 +134,9 @@ class PrefixCache:
         return best_len, crop_kv(self._entries[best_key].kv, best_len)
 
     def continuation(self, token_ids: Sequence[int], salt: str, overlap: int = 4) -> list[int]:
-        """What a stored sequence of ``salt`` (a prompt and the answer that followed it)
-        holds past its longest common prefix with ``token_ids``, from ``overlap`` tokens
-        before the divergence (so an n-gram ending there finds it): the rest of the completion
-        an account was offered after a prompt this one extends, for drafts. Empty when
-        nothing of ``salt`` goes past ``token_ids``."""
+        """Drafts: what a stored prompt + answer of ``salt`` holds past its longest common prefix
+        with ``token_ids`` (offered after a prompt this one extends), from ``overlap`` tokens before
+        the divergence so an n-gram ending there finds it; empty when none goes past."""
         if not self.enabled:
             return []
         best_len, best = 0, None
@@ -199,16 +181,12 @@ class PrefixCache:
         recipe: object | None = None,
         logits: torch.Tensor | None = None,
     ) -> bool:
-        """Store the KV of ``token_ids`` under ``salt``, with the ids of what ``following``
-        them (an answer; ``recipe``: what it is the whole answer to, for ``answer``) and the
-        last position's ``logits`` (for ``whole``); False when no KV was stored (too
-        small/large, covered).
-
-        Among entries of the same salt, a stored prompt that is a prefix of the new one is
-        dropped (the new entry covers it); if the new prompt is a prefix of a stored one, the
-        stored entry is only refreshed (and, for the very same prompt, takes the new
-        ``following``).
-        """
+        """Store the KV of ``token_ids`` under ``salt``, with the ids ``following`` them (an
+        answer; ``recipe``: what it wholly answers, for ``answer``) and the last position's
+        ``logits`` (for ``whole``); False when no KV was stored (too small/large, covered).
+        Within a salt, a stored prompt that is a prefix of the new one is dropped (covered); a
+        stored one the new prompt is a prefix of is only refreshed (and, for the very same
+        prompt, takes the new ``following``)."""
         ids = tuple(token_ids)
         if not self.enabled or len(ids) < max(2, self.min_match_tokens):
             return False
@@ -247,8 +225,7 @@ class PrefixCache:
         recipe: object | None,
         logits: torch.Tensor | None,
     ) -> None:
-        """The very same prompt stored again: a new answer replaces the old; logits are
-        kept once (they are the same for the same prompt)."""
+        """Same prompt stored again: a new answer replaces the old; logits (equal) are kept once."""
         if following:
             entry.following, entry.recipe = list(following), recipe
         if logits is not None and entry.logits is None:
@@ -258,9 +235,8 @@ class PrefixCache:
             self._evict_to_fit()
 
     def _evict_to_fit(self) -> None:
-        """Drop least recently used entries until the cache is within ``max_bytes`` (the
-        entry just stored or refreshed is the most recent: it goes last, and only if it
-        alone is too large)."""
+        """Drop least recently used entries until within ``max_bytes`` (the entry just stored
+        or refreshed is the most recent: it goes only if it alone is too large)."""
         while self.bytes_used > self.max_bytes:
             self._remove(next(iter(self._entries)))
 

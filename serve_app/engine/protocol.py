@@ -1,8 +1,7 @@
 """What the engine takes and gives: plain dataclasses, no HTTP and no Ray.
 
-Request models in ``serve_app.api`` convert themselves to ``SamplingParams``; deployments hand
-those to an ``Engine`` and turn the ``GenerationChunk`` stream into wire objects.
-"""
+``serve_app.api`` request models convert themselves to ``SamplingParams``; deployments hand
+those to an ``Engine`` and turn its ``GenerationChunk`` stream into wire objects."""
 
 from __future__ import annotations
 
@@ -27,19 +26,18 @@ GREEDY_BELOW = 1e-5
 class SamplingParams:
     """How to pick tokens. Defaults are the neutral values (greedy, no penalty, no cutoff).
 
-    - ``temperature`` 0 means greedy (argmax); otherwise logits are divided by it. Below
-      ``GREEDY_BELOW`` it is greedy too (as in vLLM): dividing by 1e-300 overflows the logits.
-    - ``top_p`` nucleus cutoff in (0, 1]; ``top_k`` -1 means no cutoff.
+    - ``temperature`` divides the logits; 0, or below ``GREEDY_BELOW`` (dividing by 1e-300
+      overflows them), means greedy (argmax). ``top_p``: nucleus cutoff in (0, 1]; ``top_k``:
+      -1 means no cutoff.
     - ``frequency_penalty`` / ``presence_penalty``: OpenAI semantics over the *generated* tokens:
       ``logit -= count * frequency_penalty + (count > 0) * presence_penalty``.
     - ``repetition_penalty``: the CTRL/HF multiplicative rule over prompt *and* generated tokens:
       a seen token's logit is divided by the penalty when positive, multiplied when negative.
-    - ``stop``: strings that end generation; the returned text never contains one.
-    - ``seed``: makes sampling reproducible per request when given.
-    - ``response_format``: OpenAI's ``{"type": "json_object" | "json_schema", ...}``; when
-      given, decoding is constrained so the output is JSON (valid against the schema).
-    - ``tool_calls``: the functions the answer may call; their blocks are decoded under
-      their schemas (``engine.tool_calls``).
+    - ``stop``: strings that end generation, never in the returned text. ``seed``: when given,
+      makes sampling reproducible per request.
+    - ``response_format``: OpenAI's ``{"type": "json_object" | "json_schema", ...}``, output
+      constrained to JSON valid against the schema (``engine.constraints``); ``tool_calls``:
+      functions the answer may call, their blocks constrained likewise (``engine.tool_calls``).
     """
 
     max_tokens: int = 512
@@ -62,8 +60,8 @@ class SamplingParams:
 @dataclass(frozen=True)
 class ToolCallFormat:
     """A chat request's functions (name, JSON schema of its arguments or None), whether its
-    answer must be calls only (``required``: tool_choice required or a named function), and
-    whether it may hold more than one (``parallel``). ``engine.tool_calls`` decodes them."""
+    answer must be calls only (``required``: tool_choice required or a named function) and may
+    hold several (``parallel``). ``engine.tool_calls`` decodes them."""
 
     functions: tuple[tuple[str, Mapping[str, Any] | None], ...]
     required: bool = False
@@ -72,14 +70,11 @@ class ToolCallFormat:
 
 @dataclass
 class GenerationChunk:
-    """One step's worth of output for one request.
-
-    ``text`` is the new text since the previous chunk: whole UTF-8 characters only, and never
-    any part of a stop sequence. ``token_ids``: the tokens sampled since the previous chunk
-    (text held back by the detokenizer or a partial stop match comes later, its tokens now).
-    The last chunk of a request has ``finish_reason`` set. Token counts are running totals,
-    so the last chunk carries the request's usage.
-    """
+    """One step's worth of output for one request. ``text``: new since the previous chunk,
+    whole UTF-8 characters only, never any part of a stop sequence. ``token_ids``: the tokens
+    sampled since the previous chunk (text held back by the detokenizer or a partial stop match
+    comes later, its tokens now). The last chunk has ``finish_reason`` set; token counts are
+    running totals, so it carries the request's usage."""
 
     text: str
     finish_reason: FinishReason | None
@@ -91,14 +86,13 @@ class GenerationChunk:
 
 @dataclass
 class GenerationRequest:
-    """``cache_salt``: the prefix-cache partition this request may read and write (the
-    account's; ``SHARED_CACHE`` only where the deployment opted into one shared cache). It has
-    no default: a request that names no partition is a type error, never a shared cache.
-    ``role``: which service asked (``fim``, ``edit``, ``chat``); per-role engine settings
-    (speculation) key on it. ``answer_prefix``: text the answer must begin with, which is not
-    returned (token healing: the prompt's last tokens, a partial word or blanks at the cursor,
-    were taken off for the model to spell again with tokens of its choice). ``adapter``: the
-    LoRA adapter the request runs with, by the engine's name for it ("": the base model)."""
+    """``cache_salt``: the prefix-cache partition it may read and write (the account's;
+    ``SHARED_CACHE`` only where the deployment opted into one shared cache); no default, so a
+    request naming none is a type error, never a shared cache. ``role``: the asking service
+    (``fim``, ``edit``, ``chat``), which per-role settings (speculation) key on.
+    ``answer_prefix``: text the answer must begin with, not returned (token healing: the
+    prompt's last tokens, a partial word or blanks at the cursor, were taken off for the model
+    to spell its own way). ``adapter``: the LoRA adapter's engine name ("": base model)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -115,11 +109,9 @@ class GenerationRequest:
 
 @dataclass
 class ScoringRequest:
-    """A prefill-only request: its prompt (``prompt_token_ids``, the prefix every pass shares)
-    read once (through the prefix cache of
-    ``cache_salt``, as any prompt), then each of ``passes`` (``engine.tree.Row``: tokens laid
-    out as a tree on top of the prefix) run in one forward and read at its ``reads``.
-    Nothing is sampled; the answer is the log-probabilities read."""
+    """A prefill-only request: ``prompt_token_ids``, the prefix all passes share, read once like any
+    prompt (through ``cache_salt``'s prefix cache), then each of ``passes`` (``engine.tree.Row``: a
+    token tree on the prefix) run in one forward and read at its ``reads``; nothing is sampled."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -141,10 +133,9 @@ def cache_partition(salt: str, adapter: str) -> str:
 
 @dataclass
 class ScoringChunk:
-    """One pass of a scoring request done: its reads' log-probabilities (float64 values in
-    the row's ``reads`` order). Counts are running totals: ``prompt_tokens`` the prefix (read
-    or taken from the cache, ``cached_tokens`` of them from the cache) plus every pass's
-    tokens run so far. The last chunk has ``done`` set."""
+    """One pass of a scoring request done: its reads' log-probabilities (float64, in the row's
+    ``reads`` order). Running totals: ``prompt_tokens`` the prefix (``cached_tokens`` of it from
+    the cache) plus every pass's tokens so far. The last chunk has ``done`` set."""
 
     pass_index: int
     log_probs: list[float]

@@ -1,10 +1,7 @@
-"""Per-request state the engine's step loop keeps while a request is in flight.
-
-A ``RequestState`` is created on the caller's event loop (in ``LLMEngine.generate``) and then
-owned by the step-loop thread. The only fields another thread touches afterwards are
-``abort_requested`` (a plain bool set by ``abort``; a GIL-atomic store) and the output queue,
-which the loop fills only through its ``Outbox`` (``loop.call_soon_threadsafe``).
-"""
+"""Per-request state the engine's step loop keeps while a request is in flight: built on the
+caller's event loop (``LLMEngine.generate``), then owned by the loop thread. Another thread only
+ever sets ``abort_requested`` (a plain bool, by ``abort``: a GIL-atomic store); the output queue
+is filled only through the ``Outbox``."""
 
 from __future__ import annotations
 
@@ -51,12 +48,10 @@ STREAM_END = StreamEnd()
 
 @dataclass(eq=False, kw_only=True)
 class InFlight:
-    """What every request the step loop holds has (its ``request`` is the subclass's): a
-    ``status``; its KV (``kv``: a slot or a cache, per backend) and ``num_computed``, the
-    tokens whose keys/values are in it, i.e. the position of the next token fed to the model
-    (``cached_tokens`` of them from the prefix cache); and the way out of the loop: items go
-    to the caller's own asyncio ``queue``, on the caller's event ``loop``. Another thread only
-    ever sets ``abort_requested`` (a GIL-atomic store)."""
+    """What every request in the loop has (``request`` is the subclass's): a ``status``; its
+    KV (``kv``: a slot or a cache, per backend) holding ``num_computed`` tokens, i.e. the
+    position of the next token fed (``cached_tokens`` of them from the prefix cache); and the
+    way out: the caller's asyncio ``queue`` on the caller's event ``loop``."""
 
     queue: asyncio.Queue[Any]
     loop: asyncio.AbstractEventLoop
@@ -86,8 +81,7 @@ class InFlight:
 
     @property
     def lookup_ids(self) -> list[int]:
-        """What the prefix cache is asked for: the prompt (a hit keeps its last token back,
-        whose logits give the first output token)."""
+        """Prefix-cache query: the prompt (a hit keeps the last token back, for its logits)."""
         return self.request.prompt_token_ids
 
     @property
@@ -101,15 +95,13 @@ class InFlight:
         return []
 
     def push(self, item: GenerationChunk | ScoringChunk | BaseException | StreamEnd) -> None:
-        """Hand an item to the caller's event loop (at the engine's next ``Outbox.flush``;
-        a request whose loop is gone is marked to abort then)."""
+        """Hand an item to the caller's event loop at the next ``Outbox.flush``."""
         self.outbox.put(self, item)
 
 
 @dataclass(eq=False, kw_only=True)
 class RequestState(InFlight):
-    """A generation request in flight: its sampler, detokenizer and stop matcher, and the
-    tokens so far (``history``)."""
+    """A generation in flight: sampler, detokenizer, stop matcher, tokens so far (``history``)."""
 
     request: GenerationRequest
     history: TokenHistory
@@ -161,14 +153,12 @@ class RequestState(InFlight):
 
 
 class RequestAborted(Exception):
-    """Raised inside a forward pass (between decoder layers) when its request was aborted, so
-    a long prompt chunk or scoring pass stops within one layer's work."""
+    """Raised between a forward's decoder layers once its requests are aborted (``backend``)."""
 
 
 @dataclass(eq=False, kw_only=True)
 class ScoringState(InFlight):
-    """A scoring request in flight: its prefix is read like a prompt (``num_computed``,
-    ``kv``, the prefix cache), then one pass per step runs on top of it (``next_pass``)."""
+    """A scoring request: its prefix is read like a prompt, then one pass a step (``next_pass``)."""
 
     request: ScoringRequest
     next_pass: int = 0
@@ -176,8 +166,7 @@ class ScoringState(InFlight):
 
     @property
     def lookup_ids(self) -> list[int]:
-        """A sentinel after the prefix: a hit may cover the whole prefix (nothing is sampled
-        from its last position, so none is kept back)."""
+        """The prefix and a sentinel: a hit may cover all of it (nothing is sampled from it)."""
         return [*self.request.prompt_token_ids, -1]
 
     def chunk(self, log_probs: list[float]) -> ScoringChunk:

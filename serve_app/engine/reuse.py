@@ -1,22 +1,20 @@
 """What a request reuses from its account's earlier requests, through the prefix cache.
 
-Three kinds of reuse, cheapest first, all within one cache partition (the request's
-``cache_partition``: its account's ``cache_salt``, so one account's prompts are never a hit for
-another's, and apart per LoRA adapter, whose keys and values are not the base model's):
+Three kinds, cheapest first, all within the request's cache partition (its account's, so one
+account's prompts never hit for another's; apart per LoRA adapter: ``protocol.cache_partition``):
 
-- **the answer**: the same greedy request again (equal prompt ids, equal sampling parameters)
-  is the answer given last time, replayed token by token through the output processor with no
-  forward pass. Greedy decoding is a function of the prompt and the parameters, so this is
-  the answer a forward pass would give; only answers that ran to their end are kept. With
-  token healing a keystroke along the suggestion is such a request too (``answer``);
-- **the KV** of the longest common token prefix with any stored prompt, loaded into the
-  request's slot so that only the rest of its prompt is read; a prompt equal to a stored one
-  reads nothing, its first token sampled from the stored last-position logits;
-- **the suggestion**: the ids of the answer that followed a stored prompt which this one
-  extends, as drafts (the user typing what was suggested).
+- **the answer**: the same greedy request again (equal prompt ids and sampling parameters) is
+  last time's answer, replayed through the output processor with no forward pass: greedy
+  decoding is a function of prompt and parameters, and only answers that ran to their end are
+  kept. With token healing, a keystroke along the suggestion is such a request too (``answer``);
+- **the KV** of the longest common prefix with a stored prompt, so only the rest is read; a
+  prompt equal to a stored one reads nothing, its first token sampled from the stored logits;
+- **the suggestion**: the answer ids that followed a stored prompt this one extends, as drafts
+  (the user typing what was suggested).
 
-Every ended request's prompt KV goes back into the cache, with its answer's ids, including a
-prompt read only in part (a client that cancels on each keystroke).
+Every ended request's prompt KV goes back with its answer's ids, a partly read prompt too: a
+client that cancels on every keystroke and asks again with one more character then reads only
+what is new, even if no request ever finished.
 """
 
 from __future__ import annotations
@@ -49,14 +47,12 @@ class PromptReuse:
         self.drafts = drafts
 
     def answer(self, state: State) -> list[int] | None:
-        """The stored whole answer to this greedy request, or None.
-
-        Stored for the same prompt and parameters, an answer is this request's if it also
-        spells this request's answer prefix, which extends the one it was given (the user
-        typed on along the suggestion: healed, the prompt stays the same). Each of its tokens
-        was the best among those its prefix allowed, and a longer prefix allows a subset of
-        them that still holds it, so greedy decoding picks it again. It must also end where
-        it ended: a stop string there must not begin in the part the client now typed."""
+        """The stored whole answer to this greedy request, or None. One stored for the same
+        prompt and parameters is this request's if it also spells its answer prefix, which
+        extends the one it was given (the user typed on along the suggestion; healed, the prompt
+        stays the same): each token was the best its prefix allowed, a longer prefix allows a
+        subset still holding it, so greedy picks it again. It must also end where it did: no
+        stop string may begin in the part now typed."""
         if not isinstance(state, RequestState) or not state.request.params.greedy:
             return None
         request = state.request
@@ -76,10 +72,9 @@ class PromptReuse:
         return answer
 
     def lookup(self, state: State) -> tuple[int, Any, torch.Tensor | None]:
-        """``(cached_len, kv, logits)``: a generation whose whole prompt was read before gets
-        its KV and last logits (nothing to read); otherwise the KV of the longest stored
-        prefix, less the last prompt token, and no logits. A generation that drafts also gets
-        what followed the prompt (``draft_corpus``)."""
+        """``(cached_len, kv, logits)``: a generation's whole prompt read before gives its KV and
+        last logits; otherwise the KV of the longest stored prefix (``PrefixCache.lookup``) and
+        no logits. A generation that drafts also gets what followed (``draft_corpus``)."""
         salt = state.request.cache_partition
         if isinstance(state, RequestState) and self.drafts(state):
             state.draft_corpus = self.cache.continuation(state.lookup_ids, salt)
@@ -90,12 +85,9 @@ class PromptReuse:
         return cached, kv, None
 
     def insert(self, state: State, logits: torch.Tensor | None = None) -> None:
-        """Keep the KV of the prompt read so far, and the ids of what followed it (and the
-        last position's ``logits``, when the prompt was just read whole).
-
-        Output tokens are kept as ids only (for drafts and replayed answers), not as KV: a
-        decode step computes a token's keys and values in other kernels than a prompt chunk,
-        and a prompt reusing them would answer differently from the same prompt read cold."""
+        """Keep the prompt's KV read so far, the ids that followed, and its last ``logits`` if just
+        read whole. Output stays ids, not KV: decode steps compute keys and values in other kernels
+        than prompt chunks, so a prompt reusing them would answer unlike one read cold."""
         kv = self.backend.computed_kv(state)
         if kv is None:
             return
@@ -111,19 +103,16 @@ class PromptReuse:
         )
 
     def keep(self, states: Sequence[State]) -> None:
-        """Ended requests' prompt KV, with their output's ids; a prompt read only in part
-        too, so a client that cancels on every keystroke and asks again with one more
-        character reads only what is new, even if no request ever finished. (Passes of a
-        scoring request write past its prefix; only the prefix is kept.)"""
+        """Store ended requests' prompt KV and output ids, a partly read prompt too (module doc).
+        Of a scoring request only the prefix is kept, not what its passes wrote past it."""
         for state in states:
             if state.prompt_computed > state.cached_tokens or state.following_ids:
                 self.insert(state)
 
 
 def _recipe(state: State) -> object | None:
-    """What the stored answer is the whole answer to: a greedy generation's parameters and
-    answer prefix, once it finished by itself (a stop, eos or its length; not a failure or an
-    abort)."""
+    """What the stored answer wholly answers: a greedy generation's parameters and answer
+    prefix, once it finished by itself (stop, eos or length; not a failure or an abort)."""
     if not isinstance(state, RequestState) or state.finish_reason is None:
         return None
     request = state.request

@@ -1,12 +1,9 @@
 """Turning one row of logits into one token, per request.
 
-Modelled on transformers' logits processors: each rule is a small callable that takes a 1-D
-float32 logits row and the request's token history and returns a new row. ``build_processors``
-keeps only the rules a request actually asks for, so neutral parameters cost nothing, and
-``Sampler`` applies them and then picks greedily or draws from the distribution.
-
-Processors never modify their input in place: the engine may keep the raw row (e.g. for
-logprobs), and a shared batch tensor must not change under another request.
+Modelled on transformers' logits processors: each rule maps a 1-D float32 logits row and the
+``TokenHistory`` to a new row; ``build_processors`` keeps those a request asks for, so neutral
+parameters cost nothing. Processors never modify their input in place: the engine may keep the
+raw row (e.g. for logprobs), and a shared batch tensor must not change under another request.
 """
 
 from __future__ import annotations
@@ -24,11 +21,8 @@ from serve_app.engine.protocol import SamplingParams
 
 @dataclass
 class TokenHistory:
-    """A request's prompt and generated tokens, with the counts penalties need kept up to date.
-
-    Penalties run every step, so recounting the whole output each time would make a long
-    generation quadratic; ``append`` updates the counts in O(1) instead.
-    """
+    """A request's prompt and output tokens; ``append`` keeps the penalties' counts in O(1)
+    (penalties run every step: recounting the output would make a long generation quadratic)."""
 
     prompt_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
@@ -55,11 +49,8 @@ def _index(ids: Sequence[int] | set[int], logits: torch.Tensor) -> torch.Tensor:
 
 
 class RepetitionPenalty:
-    """CTRL/HF rule over prompt and output tokens: divide positive logits, multiply negative.
-
-    Dividing a positive logit and multiplying a negative one both make the token less likely
-    when ``penalty > 1`` (a plain division would *raise* a negative logit).
-    """
+    """CTRL/HF rule over prompt and output tokens: divide positive logits, multiply negative
+    ones, so both get less likely when ``penalty > 1`` (dividing would *raise* a negative)."""
 
     def __init__(self, penalty: float) -> None:
         if not penalty > 0:
@@ -125,11 +116,8 @@ class TopK:
 
 class TopP:
     """Nucleus: keep the smallest set of most likely tokens whose probability sums to >= top_p.
-
-    A token is kept when the probability mass *before* it (in descending order) is still below
-    ``top_p``; the most likely token always passes, so at least one token survives and
-    ``top_p=0`` (allowed by the contract) keeps only the most likely token.
-    """
+    A token is kept while the mass *before* it (descending) is below ``top_p``; the most likely
+    always is, so one token survives and ``top_p=0`` (allowed by the contract) keeps just it."""
 
     def __init__(self, top_p: float) -> None:
         if not 0 <= top_p <= 1:
@@ -149,11 +137,9 @@ class TopP:
 
 
 def build_processors(params: SamplingParams) -> list[LogitsProcessor]:
-    """The processors a request needs, in transformers' order: penalties, then warpers.
-
-    Temperature, top-k and top-p only shape a distribution to sample from, so greedy requests
-    skip them (as transformers does); neutral values are left out altogether.
-    """
+    """The processors a request needs, in transformers' order: penalties, then the warpers
+    (temperature, top-k, top-p), which only shape a distribution to sample from, so greedy
+    requests skip them as transformers does; neutral values are left out."""
     processors: list[LogitsProcessor] = []
     if params.repetition_penalty != 1.0:
         processors.append(RepetitionPenalty(params.repetition_penalty))
@@ -175,11 +161,8 @@ def build_processors(params: SamplingParams) -> list[LogitsProcessor]:
 
 
 class Sampler:
-    """Picks one request's next token from its logits row.
-
-    Each sampler owns its ``torch.Generator``: seeded requests then reproduce exactly whatever
-    else shares the batch, and unseeded ones don't disturb torch's global RNG.
-    """
+    """Picks one request's next token from its logits row. It owns its ``torch.Generator``:
+    a seeded request reproduces whatever shares the batch, an unseeded one spares torch's RNG."""
 
     def __init__(self, params: SamplingParams, default_seed: int | None = None) -> None:
         """``default_seed``: the seed of a request that sends none (None: a fresh random one)."""
@@ -222,11 +205,8 @@ class Sampler:
 
 
 def _finite(logits: torch.Tensor) -> torch.Tensor:
-    """Clamp infinities to the largest finite floats before softmax.
-
-    A valid but extreme ``repetition_penalty`` (1e-300) divides positive logits to ``+inf``,
-    and softmax over ``+inf`` is NaN (multinomial then raises). Clamped, the overflowed tokens
-    share the mass; masked (``-inf``) tokens keep probability 0.
-    """
+    """Clamp infinities to the largest finite floats before softmax: a valid but extreme
+    ``repetition_penalty`` (1e-300) makes positive logits ``+inf``, whose softmax is NaN
+    (multinomial raises); clamped, they share the mass and ``-inf`` ones keep probability 0."""
     finfo = torch.finfo(logits.dtype)
     return torch.nan_to_num(logits, nan=finfo.min, posinf=finfo.max, neginf=finfo.min)

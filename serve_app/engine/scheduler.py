@@ -1,19 +1,16 @@
 """Who runs next: the waiting queue, admission to slots, and the requests' lifecycle lists.
 
-A request moves WAITING -> PREFILLING -> (joining) -> DECODING -> FINISHED/ABORTED:
+A request moves WAITING -> PREFILLING -> (joining) -> DECODING -> FINISHED/ABORTED.
+``enqueue`` (any thread) queues it, or refuses it with a 503 once ``max_waiting`` wait, so load
+balancers back off instead of queueing on; ``admit`` (the loop) gives slots first come first
+served while fewer than ``max_batch_size`` hold one. A request whose prompt is read joins the
+decode batch (the backend's ``rows``) at the next decode step (``take_joining``); a scoring
+request (prefill-only) goes to ``scoring``, one pass per step in its slot. ``reap_aborted``
+ends requests whose caller left, wherever they are; ``drop_done`` frees every ended request's
+slot in the same step.
 
-- ``enqueue`` (any thread) puts it in the waiting queue, or refuses it with a 503 when
-  ``max_waiting`` requests already wait, so load balancers back off instead of queueing on;
-- ``admit`` (the loop) gives waiting requests a slot, first come first served, while fewer than
-  ``max_batch_size`` hold one;
-- a request whose prompt is read joins the decode batch at the next decode step
-  (``take_joining``); the backend owns the decode rows (``backend.rows``). A scoring request
-  (prefill-only) goes to ``scoring`` instead, where it runs one pass per step in its slot;
-- ``reap_aborted`` ends requests whose caller left, wherever they are, and ``drop_done`` frees
-  the slots of every ended request in the same step.
-
-``_lock`` guards the two structures other threads touch (the waiting queue and the active
-set); the prefilling and joining lists belong to the loop thread alone.
+``_lock`` guards what other threads touch (the waiting queue, the active set); the other lists
+belong to the loop thread alone.
 """
 
 from __future__ import annotations
@@ -71,9 +68,8 @@ class Scheduler:
 
     @property
     def num_running(self) -> int:
-        """Requests holding a slot. Safe from any thread: it counts admitted requests that are
-        not finished (the active set less the waiting ones, under the lock), so it never dips
-        while the loop moves a request from prefill to the decode batch."""
+        """Requests holding a slot, from any thread: the active set less the waiting ones
+        (under the lock), so it never dips while the loop moves a request to the decode batch."""
         with self._lock:
             return len(self._active) - len(self._waiting)
 
@@ -98,10 +94,9 @@ class Scheduler:
                 self.prefilling.append(state)
 
     def prefilled(self, state: State) -> None:
-        """A prompt is read: the request joins the decode batch at the next decode step
-        (queued before it leaves the prefill list, so ``num_running`` never dips meanwhile),
-        or, if it ended at its first token, gives its slot back now. A scoring request keeps
-        its slot and runs its passes."""
+        """A prompt is read: the request joins the decode batch at the next decode step, or
+        gives its slot back now if its first token ended it; a scoring request keeps its slot
+        for its passes. Queued before it leaves the prefill list: ``num_running`` never dips."""
         if isinstance(state, ScoringState):
             self.scoring.append(state)
         elif not state.is_done:
@@ -119,9 +114,8 @@ class Scheduler:
         return joining
 
     def reap_aborted(self) -> list[State]:
-        """End aborted requests wherever they are and free their slots; returns them, for
-        the caller to count before it forgets them (so a caller that sees the slot free
-        also sees the abort counted)."""
+        """End aborted requests wherever they are and free their slots; returns them, to count
+        before forgetting them (so whoever sees the slot free also sees the abort counted)."""
         with self._lock:
             aborted = [s for s in self._waiting if s.abort_requested]
             for state in aborted:

@@ -1,18 +1,13 @@
 """The decode step's speculation: which tokens each row drafts, and what is kept of them.
 
-A row whose role speculates (``SpeculationConfig``) feeds draft tokens after its last one, and
-the step's forward checks them all at once (``runner/speculation.py`` says why the output is
-the same text as plain decoding). Drafts come from, in order:
-
-1. the suggestion this account was just offered (``draft_corpus``: what followed the prompt's
-   prefix-cache match), up to ``SUGGESTION_DRAFT_TOKENS``: a user typing it makes long drafts
-   likely right;
-2. prompt lookup over the request's own prompt and output (an edit's answer mostly copies its
-   region, an apply's its file);
-3. the draft model, for the roles that use it, where lookup found nothing.
-
-Drafting stops when more than ``max_batch`` rows decode: a wider step is bound by compute,
-and drafts then cost more than they save.
+A row whose role speculates (``SpeculationConfig``) feeds drafts after its last token, checked
+in the step's one forward (``runner/speculation.py``: why the text equals plain decoding's).
+Drafts come from, in order: the suggestion this account was just offered (``draft_corpus``,
+up to ``SUGGESTION_DRAFT_TOKENS``: a user typing it makes long drafts likely right); prompt
+lookup over the request's prompt and output (an edit's answer mostly copies its region, an
+apply's its file); the draft model, for roles that use it, where lookup found nothing. No
+drafts when more than ``max_batch`` rows decode: a wider step is bound by compute, and drafts
+then cost more than they save.
 """
 
 from __future__ import annotations
@@ -77,8 +72,7 @@ class Speculator:
         logits: torch.Tensor,
         output: OutputProcessor,
     ) -> None:
-        """Each row's tokens from the step's ``logits`` (``[sum(1 + len(draft)), V]``), handed
-        to ``output``; a row whose sampling fails fails alone."""
+        """Each row's tokens from the step's logits, to ``output``; a row that fails fails alone."""
         sizes = [1 + len(draft) for draft in drafts]
         picks = _greedy_picks(rows, logits, sizes)
         per_row = zip(rows, drafts, logits.split(sizes), picks, strict=True)
@@ -95,8 +89,7 @@ class Speculator:
             self.drafter.release()
 
     def _room(self, state: RequestState) -> int:
-        """The most tokens a draft may hold: never past max_tokens (one token comes from the
-        last position) or the context."""
+        """A draft's most tokens: within max_tokens (the last position adds one) and context."""
         params = state.request.params
         return min(
             params.max_tokens - state.num_output_tokens - 1,
@@ -179,10 +172,9 @@ class Speculator:
 def _greedy_picks(
     rows: list[RequestState], logits: torch.Tensor, sizes: list[int]
 ) -> list[list[int] | None]:
-    """Per row, the argmax of each of its positions where its sampler is plain greedy (no
-    penalty or constraint changes the logits), else None: one argmax over the step's logits
-    and one read back, not one per row (on a GPU each read waits for the device: ~40 us a
-    row under a profiler, where a 64-row step of the 0.5B takes ~10 ms on an H200)."""
+    """Per row whose sampler is plain greedy (no penalty or constraint), each position's argmax,
+    else None: one argmax and read back per step, not per row, as on a GPU each read waits for
+    the device (per row, a large share of a wide step's time)."""
     if not any(state.sampler.plain_greedy for state in rows):
         return [None] * len(rows)
     flat = logits.argmax(dim=-1).tolist()

@@ -1,8 +1,5 @@
-"""The engine's counters, fed from one place, and the snapshot metrics read (``EngineStats``).
-
-The step loop is the only writer of ``EngineCounters`` (one thread), so plain integers do;
-``EngineStats`` is a copy taken by whoever reports metrics, on any thread.
-"""
+"""The engine's counters and the snapshot metrics read (``EngineStats``, a copy taken on any
+thread)."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ from dataclasses import dataclass
 
 @dataclass
 class EngineCounters:
-    """Totals since start, written by the step loop only."""
+    """Totals since start; the step loop is their one writer (one thread), so plain ints do."""
 
     steps: int = 0
     decode_steps: int = 0

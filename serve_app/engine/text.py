@@ -1,11 +1,8 @@
 """Streaming text out of a token stream: whole characters only, and never a stop sequence.
 
-``IncrementalDetokenizer`` turns token ids into text as they arrive. With byte-level BPE a
-token can hold half of a UTF-8 character, so it decodes a short window of recent tokens and
-emits only the text that is complete (the prefix-offset/read-offset technique of vLLM and TGI).
-
-``StopMatcher`` sits after it: it cuts the text at the first stop sequence and holds back any
-tail that might still turn into one, so a stop split across two chunks never reaches a client.
+``IncrementalDetokenizer`` turns token ids into text as they arrive, only whole characters (a
+byte-level BPE token can hold half of one); ``StopMatcher`` cuts it at the first stop sequence,
+holding back any tail that might become one, so a stop split across chunks never reaches a client.
 """
 
 from __future__ import annotations
@@ -19,17 +16,14 @@ REPLACEMENT_CHAR = "\ufffd"
 class IncrementalDetokenizer:
     """Decode a growing list of token ids into text, emitting only completed characters.
 
-    Two offsets into the ids delimit the window: ``ids[prefix_offset:read_offset]`` is text
-    already emitted (decoded again only as context, so tokenizers that render a token
-    differently after another one stay right), and ``ids[read_offset:]`` is not yet emitted.
-    Each step decodes just that window, so the cost per token does not grow with the output.
-    While the window's text ends in U+FFFD a character is still incomplete, so it waits.
+    vLLM's and TGI's prefix-offset/read-offset window: ``ids[prefix_offset:read_offset]`` was
+    emitted and is decoded again only as context (so tokenizers that render a token differently
+    after another stay right), ``ids[read_offset:]`` not yet. Decoding just that window keeps the
+    cost per token flat; while its text ends in U+FFFD a character is incomplete, so it waits.
 
-    ``prompt_ids`` seeds the context with the prompt's last ``context_tokens`` tokens (none of
-    it is emitted); ``max_pending`` bounds how long a run of invalid bytes is held back.
-    ``hidden``: how many characters at the start of the output are not emitted (an answer
-    prefix the client already has: ``GenerationRequest.answer_prefix``).
-    """
+    ``prompt_ids``: its last ``context_tokens`` ids seed the context (never emitted);
+    ``max_pending`` bounds how long invalid bytes are held back; ``hidden``: leading characters
+    not emitted (``GenerationRequest.answer_prefix``, which the client already has)."""
 
     def __init__(
         self,
@@ -79,13 +73,10 @@ class IncrementalDetokenizer:
         return self._advance(text, len(self.ids)) if len(text) > len(self._prefix_text) else ""
 
     def _release_invalid_bytes(self) -> str:
-        """Emit up to the last token boundary that no later byte can change.
-
-        A text that keeps ending in U+FFFD over many tokens is a run of invalid bytes (a
-        character needs at most four), which would otherwise grow the window without bound.
-        A boundary is final when decoding both sides apart gives the same text as together:
-        then the byte after it does not continue a character started before it.
-        """
+        """Emit up to the last token boundary that no later byte can change: text that keeps
+        ending in U+FFFD over many tokens is a run of invalid bytes (a character needs at most
+        four) that would grow the window without bound. A boundary is final when both sides
+        decoded apart give the text decoded together: its next byte continues no character."""
         whole = self._decode(self.ids[self.prefix_offset :])
         for split in range(len(self.ids) - 1, self.read_offset, -1):
             head = self._decode(self.ids[self.prefix_offset : split])
@@ -107,12 +98,9 @@ class IncrementalDetokenizer:
 
 
 class StopMatcher:
-    """Cut streamed text at the first stop sequence, across chunk boundaries.
-
-    "First" means the occurrence that is complete earliest in the text (ties go to the one
-    starting earliest), which is the only rule a stream can apply without seeing the future;
-    it makes the output independent of how the text is split into chunks.
-    """
+    """Cut streamed text at the first stop sequence, across chunk boundaries. "First": the
+    occurrence completed earliest (ties: the earliest start), the only rule a stream can apply
+    without seeing the future; the output is then independent of chunking."""
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = tuple(dict.fromkeys(s for s in stops if s))
@@ -123,11 +111,8 @@ class StopMatcher:
         self.stopped = False
 
     def feed(self, text: str) -> tuple[str, bool]:
-        """Add text; return (text safe to emit now, whether a stop sequence was hit).
-
-        After a hit, the text from the stop on is dropped and every later call returns
-        ``("", True)``.
-        """
+        """Add text; return (text safe to emit now, whether a stop sequence was hit). After a
+        hit, the text from the stop on is dropped and every later call returns ``("", True)``."""
         if self.stopped:
             return "", True
         pending = self._pending + text

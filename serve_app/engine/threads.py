@@ -1,11 +1,10 @@
 """torch's intra-op threads, per replica and per phase of an engine step.
 
-Reading a prompt multiplies hundreds of rows by every weight: it is bound by compute and a
-second thread makes it ~1.4-1.8x faster on a 2-core CPU. A decode step multiplies a few rows:
-it is bound by reading the weights, and waking a second thread for each of its small ops costs
-more than the thread saves (OMP_WAIT_POLICY=PASSIVE, as configs/local.yaml runs, makes every
-wake-up a futex call). So the engine's loop may read prompts on more threads than it decodes
-on (``EngineConfig.prompt_threads``).
+Reading a prompt multiplies hundreds of rows by every weight: it is bound by compute and gains
+from a second thread. A decode step multiplies a few rows: it is bound by reading the weights,
+and waking a second thread for each small op costs more than the thread saves
+(OMP_WAIT_POLICY=PASSIVE, as configs/local.yaml runs, makes every wake-up a futex call). So the
+loop may read prompts on more threads than it decodes on (``EngineConfig.prompt_threads``).
 """
 
 from __future__ import annotations
@@ -17,9 +16,8 @@ import torch
 
 
 class PhaseThreads:
-    """The step loop's thread counts: ``decode`` (torch's, as the replica was started) for
-    decode steps, ``prompts`` for reading prompts. Set from the loop's own thread: torch's
-    OpenMP count belongs to the thread that sets it."""
+    """The loop's thread counts, ``decode`` (torch's at start) and ``prompts``; set from the
+    loop's own thread, as torch's OpenMP count belongs to the thread that sets it."""
 
     def __init__(self, prompts: int | None) -> None:
         self.decode = torch.get_num_threads()

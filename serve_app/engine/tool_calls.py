@@ -1,19 +1,15 @@
-"""Tool calls that always parse: Qwen2.5's ``<tool_call>`` blocks, decoded under a grammar of
-the request's functions.
+"""Tool calls that always parse: Qwen2.5's ``<tool_call>`` blocks, under a grammar (below).
 
-The embedded models' chat template (``chat_template.jinja``) tells the model to answer a call
-as ``<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>``,
-the two markers single tokens of its vocabulary. ``ToolCallConstraint`` lets the model write
-freely (``tool_choice: auto``) until it emits the opening marker, or makes that marker its
-first token (``required``, or a named function); from there each token must keep the block a
-prefix of one this grammar admits:
-
-    \\n{"name": "<one of the functions>", "arguments": <that function's parameters>}\\n
-
-then the closing marker, then the end of the answer or, with ``parallel`` calls, another
-block. The arguments go through the same JSON-schema machinery as ``response_format``
-(``serve_app.grammar``, with its caps), so every call the service returns is JSON that
-names a function of the request and fits its schema, within what that machinery enforces.
+The embedded models' chat template (``chat_template.jinja``) has the model answer a call as
+``<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>``,
+both markers single tokens of its vocabulary. ``ToolCallConstraint`` lets the model write
+freely (``tool_choice: auto``) until it emits the opening marker, or forces that marker first
+(``required``, or a named function); from there each token must keep the block a prefix of one
+whose name is one of the request's functions and whose arguments fit that function's
+parameters, then the closing marker, then the end of the answer or, with ``parallel`` calls,
+another block. The arguments go through ``response_format``'s JSON-schema machinery
+(``serve_app.grammar``, with its caps), so every call returned is JSON that names a function of
+the request and fits its schema, within what that machinery enforces.
 """
 
 from __future__ import annotations
@@ -48,9 +44,8 @@ def tool_call_tokens(tokenizer: Any) -> tuple[int, int] | None:
 
 
 class CallValidator(ByteChecker):
-    """Whether bytes are a prefix of one call's body (between the markers); a ``JsonValidator``
-    to the token selection of ``JsonConstraint``: ``feed``, ``copy``, ``complete``,
-    ``distance``."""
+    """Whether bytes are a prefix of one call's body (between the markers); to ``JsonConstraint``
+    a ``JsonValidator`` (``feed``, ``copy``, ``complete``, ``distance``)."""
 
     PREFIX = b'\n{"name": "'
     MIDDLE = b'", "arguments": '
@@ -130,8 +125,8 @@ class CallValidator(ByteChecker):
 
 
 class ToolCallConstraint:
-    """A ``LogitsProcessor`` for one request's tool calls (module docstring). One instance per
-    request: it holds where the answer is (text, a call's body, between calls)."""
+    """One request's tool-call ``LogitsProcessor`` (module docstring); it tracks where its answer
+    is (text, a call's body, between calls), so one instance per request."""
 
     def __init__(
         self,

@@ -1,11 +1,9 @@
 """Tree rows: tokens run on top of a cached prefix, each attending to its own ancestors only.
 
 A scoring request (``protocol.ScoringRequest``) reads next-token probabilities at chosen
-positions of such rows: the engine runs a row's tokens in one forward pass on top of the
-request's prefix KV, with an attention mask that lets each token see the prefix and its own
-ancestors in the row (``tree_mask``), so sibling branches share a position without seeing each
-other. Several rows ``pack`` into one. The option tries of decision questions are built as
-rows (``scoring.trie.make_row``); the engine knows nothing of questions.
+positions of such rows, run in one forward on top of the request's prefix KV; the mask
+(``tree_mask``) lets sibling branches share a position without seeing each other. Decision
+questions' option tries become rows in ``scoring.trie.make_row``: the engine knows no questions.
 """
 
 from __future__ import annotations
@@ -32,10 +30,8 @@ class Row:
 
 
 def tree_mask(rows: list[Row], offset: int, width: int) -> Any:
-    """[batch, 1, width, offset + width] bool mask: True where a token may attend.
-
-    Padding attends to the prefix only, so no attention row is empty (and it is never read).
-    """
+    """[batch, 1, width, offset + width] bool mask: True where a token may attend. Padding
+    attends to the prefix only, so no attention row is empty (and it is never read)."""
     import torch
 
     mask = torch.zeros((len(rows), 1, width, offset + width), dtype=torch.bool)
@@ -52,11 +48,8 @@ def tree_mask(rows: list[Row], offset: int, width: int) -> Any:
 
 
 def pack(rows: list[Row]) -> Row:
-    """Several rows as one: each keeps its own ancestors, none sees another's tokens.
-
-    One packed row on top of a batch-1 prefix needs no copy of the prefix KV per question
-    (a batch of B rows expands it B times) and no padding.
-    """
+    """Several rows as one, none seeing another's tokens: on a batch-1 prefix it needs no
+    padding and no copy of the prefix KV per question (a batch of B rows expands it B times)."""
     tokens: list[int] = []
     parents: list[int] = []
     depths: list[int] = []

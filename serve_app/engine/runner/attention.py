@@ -1,13 +1,9 @@
-"""The runner's attention kernels, and why each pass takes the one it does.
+"""The runner's attention kernels; each one's docstring says why a pass takes it.
 
-A prompt chunk on the CPU attends in aligned blocks (``aligned_prefill_attention``), so a
-position's numbers do not depend on how the prompt was cut; a CPU decode step attends one query
-at a time over exactly its columns (``exact_attention``, in C where ``native`` builds), so a
-token's numbers do not depend on what shares its batch; elsewhere a few queries per row go
-through two batched matmuls (``small_attention``), many through torch's SDPA. A prompt chunk
-off the CPU attends row by row in the model's dtype under a lower-right causal mask
-(``causal_prompt_attention``), which torch runs on its flash kernel on a GPU. ``rope`` is HF's
-rotate-half rotary embedding.
+On CPU: prompt chunks ``aligned_prefill_attention``, decode steps ``exact_attention`` (in C where
+``native`` builds). Off it: prompt chunks ``causal_prompt_attention`` (torch's flash kernel on a
+GPU). Other passes: a few queries per row ``small_attention``, many torch's SDPA. ``rope`` is
+HF's rotate-half rotary embedding.
 """
 
 from __future__ import annotations
@@ -35,16 +31,12 @@ def aligned_prefill_attention(
     """Attention of a prompt chunk's queries ``q`` ``[1, heads, span, D]`` (positions
     ``start..``) whose numbers do not depend on where the chunk starts or ends.
 
-    torch's CPU attention gives a query the same bits whatever other queries share the call,
-    but not whatever the key width (the reductions' blocking follows it), nor for calls of
-    1-3 queries (another path). So a prompt read cold in 256-token chunks and the same prompt
-    read after a prefix-cache hit (a chunk starting anywhere) disagreed in the last bits,
-    which int8 rounding and 24 layers grew into logits 1.8 apart and, now and then, another
-    greedy answer. Here every query at position ``p`` attends over the width
-    ``ceil((p + 1) / 64) * 64`` (the masked columns past ``p`` weigh exactly 0) in a call of
-    at least 8 queries (the last one repeated), so a position's keys, values and logits are
-    the same however the prompt was cut into chunks and cache hits.
-    """
+    torch's CPU attention gives a query the same bits whatever queries share the call, but not
+    whatever the key width (its reductions' blocking follows it), nor in calls of 1-3 queries
+    (another path): a prompt read cold and after a prefix-cache hit disagreed in the last bits,
+    which int8 rounding over 24 layers grew into far-apart logits, now and then another greedy
+    answer. So a query at position ``p`` attends over width ``ceil((p + 1) / 64) * 64`` (masked
+    columns weigh exactly 0) in a call of at least 8 queries (the last repeated)."""
     keys, values = cache.keys[layer], cache.values[layer]
     span = q.shape[2]
     out = []
@@ -80,15 +72,14 @@ def causal_prompt_attention(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """Attention of prompt chunks off the CPU: row ``b`` of ``q`` ``[rows, heads, span, D]``
-    holds ``rows[b] = (start, length)``'s queries (positions ``start..``, padded to ``span``),
-    each attending over the columns up to its own of ``keys``/``values`` ``[rows, kv_heads,
-    width, D]``, the prefix cache's included. fp32 in and out, attention in ``dtype``.
+    holds ``rows[b] = (start, length)``'s queries (positions ``start..``, padded to ``span``;
+    a padded query's output is zeros), each attending over the columns up to its own of
+    ``keys``/``values`` ``[rows, kv_heads, width, D]``. fp32 in and out, attention in ``dtype``.
 
-    Why not one padded call with ``attn_mask`` (what decode steps do): torch's flash kernel
-    takes no arbitrary mask and no fp32, and an 8k prompt's first token grew 15.7x from a 1k
-    one's on the 0.5B (bench.gpu, an H100), where the scores' work grows 64x and the linears'
-    8x. One call per row in bf16 under ``causal_lower_right`` (the row's last query sees every
-    column) is what torch runs on its flash kernel. A padded query's output is zeros."""
+    Not one padded call with ``attn_mask`` (as decode steps): torch's flash kernel takes no
+    arbitrary mask and no fp32, and without it a long prompt's first token slowed far more than
+    its linears' work grew (``bench.gpu``). One call per row in bf16 under ``causal_lower_right``
+    (the row's last query sees every column) runs on the flash kernel."""
     out = q.new_zeros(q.shape)
     for b, (start, length) in enumerate(rows):
         width = start + length
@@ -110,15 +101,14 @@ def exact_attention(
     ends: list[list[int]],
     native: Native | None,
 ) -> torch.Tensor:
-    """Attention of each query over exactly the columns it may read: row ``b``'s query ``j``
-    over columns ``< ends[b][j]``, one query at a time. ``q`` is ``[rows, heads, span, D]``.
+    """Attention of each query over exactly the columns it may read, one at a time: row ``b``'s
+    query ``j`` of ``q`` ``[rows, heads, span, D]`` over columns ``< ends[b][j]``.
 
-    Why not one padded pass (``small_attention``): the kernels sum a padded row in another
-    order than the same row alone, and the 1-ulp difference crosses the decode weights' next
-    activation rounding often enough to change greedy tokens (q4 rounds per 32 inputs). Here a
-    token's numbers are the same alone, next to other requests, or verified among drafts.
-    ``native``: the C kernel (``kernels/attention.c``, ~3x less time than torch's matmuls at
-    550 columns of the 1.5B), else torch, a few small ops per query and layer."""
+    Not one padded pass (``small_attention``): kernels sum a padded row in another order than the
+    row alone, and the 1-ulp difference crosses the decode weights' next activation rounding
+    often enough to change greedy tokens; here a token's numbers are the same alone, beside other
+    requests, or verified among drafts. ``native``: the C kernel (``kernels/attention.c``, faster
+    than torch's matmuls), else torch, a few small ops per query and layer."""
     rows, heads, span, dim = q.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads  # query head h reads kv head h // group, as HF's repeat_kv
@@ -157,11 +147,9 @@ def native_attention(
 def small_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, blocked: torch.Tensor
 ) -> torch.Tensor:
-    """Attention for a few queries per row as two batched matmuls over the grouped heads.
-
-    torch's CPU flash kernel is built for many queries: for decode-sized ones it measured ~2x
-    slower than this (8 rows x 600 columns). ``blocked`` is ``[B, 1, 1, T, W]``, True = masked.
-    """
+    """Attention for a few queries per row as two batched matmuls over the grouped heads
+    (torch's CPU flash kernel, built for many queries, is slower for decode-sized ones).
+    ``blocked`` is ``[B, 1, 1, T, W]``, True = masked."""
     rows, heads, span, dim = q.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads  # query head h reads kv head h // group, as HF's repeat_kv

@@ -1,13 +1,12 @@
 """The engine's model backend over ``Qwen2Runner``: slot assignment and the batched forward.
 
-One of the two ``engine.backend.ModelBackend`` implementations (the other is
-``hf_backend.HFBackend``); a request's ``kv`` field holds its slot here.
-
-Decoding requests sit in slots ``0 .. len(rows) - 1`` in ``rows`` order, so one decode step
-reads them in place; prefilling requests take free slots from the top. Joining moves a request
-down to the next decode slot (a copy of its prompt's KV, the same cost as the prefix-cache
-insert); a leaving row is replaced by the last decode row. One spare slot past ``max_batch``
-makes every move a plain copy, even when the destination is a prefilling request's slot.
+One of the two ``engine.backend.ModelBackend`` implementations (with ``hf_backend.HFBackend``);
+a request's ``kv`` field holds its slot here. Decoding requests sit in slots
+``0 .. len(rows) - 1`` in ``rows`` order, so a decode step reads them in place; prefilling
+requests take free slots from the top. Joining moves a request down to the next decode slot (a
+copy of its prompt's KV, as cheap as the prefix-cache insert); a leaving row is replaced by the
+last decode row. A spare slot past ``max_batch`` makes every move a plain copy, even into a
+prefilling request's slot.
 """
 
 from __future__ import annotations
@@ -32,10 +31,8 @@ class RunnerBackend:
 
     def __init__(self, runner: Qwen2Runner, max_batch: int, max_columns: int) -> None:
         self.runner = runner
-        # On CPU one request's chunk per forward: its aligned attention keeps a position's
-        # numbers independent of how the prompt was cut (``attention.aligned_prefill_attention``).
-        # On a GPU a forward per request is launch-bound (64 prompts of 128 tokens: 27 ms
-        # each on an H200), so every prefilling request's chunk goes in one.
+        # On CPU one request's chunk per forward, for ``attention.aligned_prefill_attention``;
+        # on a GPU a forward per request is launch-bound: every prefilling chunk goes in one.
         self.prompt_batch = 1 if runner.device.type == "cpu" else max_batch
         self.spare = max_batch
         self.cache = runner.new_cache(max_batch + 1, MIN_CAPACITY, max_columns)

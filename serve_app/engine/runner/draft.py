@@ -1,23 +1,15 @@
 """Draft-model speculation: a smaller model of the same tokenizer proposes the next tokens.
 
-``DraftModel.propose`` gives each drafting row up to k greedy tokens of the draft model; the
-engine checks them in the target's one forward of k + 1 positions and keeps the verified
-prefix (``LLMEngine._verify``, the same rule as prompt-lookup drafts). A greedy draft is a
-deterministic function of the tokens so far, so the rule keeps the output exact: greedy
-requests decode token for token as the target alone would, sampled ones keep the target's
-distribution (``speculation.py`` has the argument).
-
-The draft's KV follows the target's tokens, not its slots: each row has a draft slot holding
-the KV of the tokens it has read. A step first catches a row up on what is new since then
-(the whole prompt on its first step, the tokens the target accepted and sampled after), from
-the longest common prefix of what it read and the row's tokens now, so rejected drafts are
-simply overwritten; then one batched forward per drafted position. A slot belongs to one
-request from its first draft to its end; after that its KV may serve the next request of the
-same account (prefix-cache salt) whose tokens share a prefix with it, as a keystroke's request
-follows the last one's, and never another account's.
-
-k adapts per request, as transformers' assisted generation does: one more after a step whose
-drafts were all accepted, one fewer after a step that rejected one.
+``DraftModel.propose`` gives each drafting row up to k greedy draft tokens, checked in one target
+forward of k + 1 positions as prompt-lookup drafts are (``LLMEngine._verify``; a greedy draft is
+a deterministic function of the tokens so far, so ``speculation``'s exactness argument holds).
+The draft's KV follows the target's tokens, not its slots: a step first catches each row's draft
+slot up from the longest common prefix of what it read and the row's tokens now (rejected drafts
+are simply overwritten), then runs one batched forward per drafted position. A slot belongs to
+one request until its end; then its KV may serve the next request of the same account
+(prefix-cache salt) sharing a prefix with it, as a keystroke's request follows the last one's,
+never another account's. k adapts per request as in transformers' assisted generation: one more
+after a step whose drafts were all accepted, one fewer after a step that rejected one.
 """
 
 from __future__ import annotations
@@ -63,9 +55,9 @@ class DraftModel:
         return len(self.slots)
 
     def reads(self, tokens: list[int]) -> bool:
-        """Whether every token is in the draft's vocabulary: a target may have more rows
-        (padding the draft never saw; random weights even sample them), and such a row
-        drafts nothing rather than index past the draft's embedding."""
+        """Whether every token is in the draft's vocabulary: a target may have more rows (padding
+        the draft never saw; random weights sample them), and a row drafts nothing rather than
+        index past the draft's embedding."""
         return max(tokens) < self.runner.vocab_size
 
     def propose(
@@ -81,8 +73,7 @@ class DraftModel:
         ]
         lengths = [min(row.k, limit) for row, (*_, limit) in zip(rows, requests, strict=True)]
         drafts: list[list[int]] = [[] for _ in rows]
-        # Every row takes every step (one batched forward per position), so none may write
-        # past the cache's last column, whatever its own length.
+        # Every row takes every step, so none may write past the cache's last column.
         room = min(self.cache.max_capacity - len(tokens) + 1 for _, _, tokens, _ in requests)
         steps = min(max(lengths, default=0), room)
         if steps <= 0:
@@ -139,10 +130,9 @@ class DraftModel:
         return next((row for row in self.slots if row is not None and row.key == key), None)
 
     def _place(self, index: int, key: int, salt: str, tokens: list[int]) -> DraftRow:
-        """``key``'s row, moved into slot ``index`` (batched forwards read slots 0..B-1). A
-        request without one claims the ended row of its own salt that shares the longest
-        prefix with its tokens (a keystroke's request after the last one's), else a free or
-        ended slot, emptied: a row's KV is only ever read by requests of its salt."""
+        """``key``'s row, moved into slot ``index`` (batched forwards read slots 0..B-1); a new
+        request claims its salt's ended row sharing the longest prefix with its tokens, else a
+        free or ended slot, emptied: a row's KV is only ever read by requests of its salt."""
         row = self._row(key)
         if row is not None and row.salt != salt:  # an ended request's id() given to another
             row.key, row = None, None

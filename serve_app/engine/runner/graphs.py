@@ -1,35 +1,25 @@
 """Decode steps on a CUDA GPU replayed from captured CUDA graphs.
 
-Why: on a GPU the eager decode step is bound by kernel launches, not by the GPU. Measured on
-an H200 (``bench.gpu``, random weights of the published shapes): one stream decoded at 57-65
-tok/s for the 0.5B, 1.5B and 7B alike, ~0.6 ms per layer whatever its size. A graph launches
-a whole step's kernels at once (vLLM and SGLang capture theirs the same way).
+Why: on a GPU the eager decode step is bound by kernel launches: one stream decodes about as
+fast on the 0.5B, 1.5B and 7B, a fixed cost per layer whatever its size (``bench.gpu``). A graph
+launches a whole step's kernels at once (as vLLM and SGLang do). It replays fixed shapes at fixed
+addresses, so a captured step is static:
 
-A graph replays fixed shapes at fixed addresses, so a captured step is static:
+- every row feeds ``span`` tokens (1, or 1 + k verifying k drafts); a shorter row is padded with
+  token 0, writing its slot's columns past its end, which no query reads before a later step
+  overwrites them (as a rejected draft's);
+- rows are padded up to a bucket (``BUCKETS``): one graph per (bucket, span). A padding row feeds
+  token 0 from position 0 into the cache's last slot, the spare both slot caches
+  (``RunnerBackend``, ``DraftModel``) keep free between steps. Padding's logits are dropped;
+- attention reads every column of the allocation (``SlotCache.capacity``), masked past each
+  row's position: masked columns weigh exactly 0, and the reads cost less than the launches;
+- inputs are copied in before a replay and logits out after it (the next replay overwrites them).
 
-- every row feeds ``span`` tokens: one for a plain step, 1 + k where speculation verifies k
-  drafts. A row with fewer is padded with token 0 at the positions after its own; those write
-  its slot's columns past its end, which no query reads before a later step overwrites them
-  (the same as a rejected draft's), and their logits are dropped;
-- rows are padded up to a bucket (``BUCKETS``): one graph per (bucket, span), not per batch
-  size. A padding row feeds token 0 from position 0; it writes its keys/values into the
-  cache's last slot, the spare that both slot caches (``RunnerBackend``, ``DraftModel``) keep
-  free between steps, and its logits are dropped;
-- attention reads every column of the cache's current allocation (``SlotCache.capacity``),
-  masked past each row's position, instead of the widest row's columns: the masked columns
-  weigh exactly 0, and on a GPU the extra reads cost less than the launches saved;
-- the inputs (token ids, positions, write slots) are copied into the graph's own tensors
-  before a replay, and the logits copied out after it (a later replay overwrites them).
-
-A graph holds the cache's tensors by address, so the cache keeps the graphs captured over
-its tensors (``SlotCache.graphs``, with their memory pool ``SlotCache.graph_pool``) and drops
-them when it grows or shrinks; they are captured again on first use, a few eager steps each,
-into a new pool. A step of more than ``MAX_TOKENS``
-tokens once padded runs eagerly: its logits would hold graph memory for little gain (with
-that many tokens the kernels, not their launches, take the time).
-
-Off a GPU (``capture=False``) the same static step runs eagerly: the tests check it against
-the eager forward on CPU, where a graph cannot be captured.
+A graph holds the cache's tensors by address, so the cache keeps its graphs and their pool
+(``SlotCache.graphs``, ``graph_pool``) and drops them when it grows or shrinks; they are
+captured again on first use, into a new pool. A step of more than ``MAX_TOKENS`` padded tokens
+runs eagerly: its logits would hold graph memory, and its kernels, not their launches, take the
+time. Off a GPU (``capture=False``) the static step runs eagerly: tests check it on CPU.
 """
 
 from __future__ import annotations
@@ -67,8 +57,8 @@ class StaticDecoder(Protocol):
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # The most tokens (rows x span, padded) a captured step feeds.
 MAX_TOKENS = 256
-# Eager runs of a step before its capture: the first run allocates (cuBLAS workspaces, the
-# caching allocator's blocks), which a capture must not.
+# Eager runs before a capture: the first allocates (cuBLAS workspaces, allocator blocks), which
+# a capture must not.
 WARMUP_RUNS = 2
 
 
@@ -83,9 +73,8 @@ class _Graph:
 
 
 class DecodeGraphs:
-    """How one runner captures and replays its decode steps. The graphs live in the caches
-    (``SlotCache.graphs``), with one memory pool per cache allocation (``graph_pool``): steps
-    replay one at a time, so their intermediates can share it."""
+    """How one runner captures and replays its decode steps (kept in the caches: see the module
+    doc); one pool per allocation, since steps replay one at a time and can share it."""
 
     def __init__(self, capture: bool = True) -> None:
         self.capture = capture
@@ -105,9 +94,8 @@ class DecodeGraphs:
         tokens: Sequence[Sequence[int]],
         starts: Sequence[int],
     ) -> torch.Tensor | None:
-        """``Qwen2Runner.forward``'s decode logits (``[sum(len(t)), V]``, rows in order) for
-        feeding ``tokens[b]`` at ``starts[b]..`` of slot ``b``, or None when the step fits no
-        graph (the caller runs it eagerly)."""
+        """``Qwen2Runner.forward``'s decode logits for ``tokens[b]`` at ``starts[b]..`` of slot
+        ``b``, or None when the step fits no graph (the caller runs it eagerly)."""
         rows, span = len(tokens), max(len(t) for t in tokens)
         size = self.bucket(rows, span, cache.slots)
         if size is None or max(starts) + span > cache.max_capacity:
@@ -169,9 +157,8 @@ class DecodeGraphs:
     def _capture(
         step: Callable[[], torch.Tensor], pool: tuple[int, int]
     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Warm ``step`` up on a side stream, then capture it (torch's recipe). The warm-up
-        runs write only padding (token 0 from position 0 into the spare slot): the inputs
-        are set after the capture, before the replay."""
+        """Warm ``step`` up on a side stream, then capture it (torch's recipe). The warm-up runs
+        write only padding (token 0 at position 0 into the spare): inputs are set at replay."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -179,8 +166,7 @@ class DecodeGraphs:
                 step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        # thread_local: only this thread's CUDA calls matter to the capture (the engine steps
-        # in its own thread).
+        # thread_local: only this thread's CUDA calls matter (the engine steps in its own thread).
         with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             logits = step()
         return graph, logits

@@ -1,17 +1,14 @@
 """The runner's KV cache: one static slot per batch row, allocated once and reused.
 
 Per layer, keys and values are ``[slots, kv_heads, capacity, head_dim]``. A request owns one
-slot from admission to its end; its position ``p`` lives in column ``p``, so nothing is padded
-or shifted as requests come and go, and a decode step reads slots ``0 .. rows - 1`` in place
-(the engine keeps decoding requests in the lowest slots: ``move`` compacts them).
-
-Capacity grows by doubling (a copy of the used columns) up to the context length, and drops
-back when the engine is idle, so a replica holds memory for the longest prompt in flight, not
-``slots * context_length``.
+slot from admission to its end, position ``p`` in column ``p``: nothing is padded or shifted as
+requests come and go, and a decode step reads slots ``0 .. rows - 1`` in place (``move`` keeps
+decoding requests in the lowest slots). Capacity grows by doubling up to the
+context length and drops back when the engine is idle, so a replica holds memory for the
+longest prompt in flight, not ``slots * context_length``.
 
 Prefix-cache entries are HF-layout tuples (per layer ``[1, kv_heads, n, head_dim]``): ``load``
-copies one into a slot (a hit costs a copy, not a recompute), ``read`` gives views of a slot for
-``PrefixCache.insert`` to copy out.
+copies one into a slot (a hit costs a copy, not a recompute); ``read`` gives views to copy out.
 """
 
 from __future__ import annotations
@@ -23,9 +20,8 @@ import torch
 from serve_app.engine.prefix_cache import KV
 from serve_app.engine.runner.pages import return_freed_memory
 
-# Positions per slot a cache starts with and shrinks back to when idle: 64 x 9 slots is 14 MB
-# for the 0.5B (256 held 57 MB per replica for nothing between requests); growing by doubling
-# copies only the used columns, little next to reading the prompt that needs them.
+# Positions per slot a cache starts with and shrinks back to when idle: small (256 held tens of MB
+# idle per replica), as doubling copies only used columns, little next to reading the prompt.
 MIN_CAPACITY = 64
 
 
@@ -49,12 +45,10 @@ class SlotCache:
         self.max_capacity = max_capacity
         self.initial_capacity = max(1, min(capacity, max_capacity))
         self.capacity = 0
-        # Decode steps captured over this allocation's tensors (``graphs.DecodeGraphs``), by
-        # (rows, span): a graph holds tensors by address, so it goes with them.
+        # Decode graphs captured over this allocation's tensors, by (rows, span), and their
+        # pool: both go with the tensors (see ``graphs``). A pool whose graphs were all freed
+        # cannot be captured into again (torch's allocator asserts, seen after a cache grew).
         self.graphs: dict[tuple[int, int], Any] = {}
-        # The memory pool those graphs share, made at the first capture. It goes with them:
-        # once every graph of a pool is freed, torch's allocator cannot capture into it again
-        # (an internal assert, measured on an H100 after a cache grew).
         self.graph_pool: Any = None
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
@@ -94,9 +88,8 @@ class SlotCache:
         self._allocate(min(capacity, self.max_capacity), keep=self.capacity)
 
     def shrink(self) -> None:
-        """Back to the initial capacity, and the freed heap back to the OS (call only when no
-        slot holds anything: the engine is idle). The trim takes ~3 ms after a request,
-        ~0.1 ms when there is nothing to return."""
+        """Back to the initial capacity, and the freed heap back to the OS (a cheap trim; call
+        only when no slot holds anything: the engine is idle)."""
         if self.capacity != self.initial_capacity:
             self._allocate(self.initial_capacity, keep=0)
         return_freed_memory()

@@ -10,12 +10,12 @@ import torch
 
 @dataclass
 class PassLayout:
-    """What a pass feeds and where it goes: the flattened token ids ``tokens`` ``[N]``; row
-    ``b`` is slot ``slot0 + b`` (or ``read_slots[b]``); token ``i`` is query ``step_of[i]``
-    of row ``row_of[i]``, stored at (slot ``slot_of[i]``, column ``columns[i]``) and rotated
-    as ``positions[i]`` (the same column, except in a tree, where siblings share a position;
-    its row's slot, except a padding row of ``static_decode``, which writes the spare).
-    ``mask`` ``[rows, 1, span, width]``: True where a query may attend."""
+    """What a pass feeds and where it goes: flattened token ids ``tokens`` ``[N]``; row ``b`` is
+    slot ``slot0 + b`` (or ``read_slots[b]``); token ``i`` is query ``step_of[i]`` of row
+    ``row_of[i]``, stored at (slot ``slot_of[i]``: its row's, except ``static_decode``'s padding
+    rows, which write the spare; column ``columns[i]``), rotated as ``positions[i]`` (its
+    column, except in a tree, where siblings share a position). ``mask`` ``[rows, 1, span,
+    width]``: True where a query may attend."""
 
     tokens: torch.Tensor
     slot0: int
@@ -26,15 +26,13 @@ class PassLayout:
     positions: torch.Tensor
     mask: torch.Tensor
     decode: bool  # few queries per row: attention as two matmuls (``small_attention``)
-    # A prompt chunk (one row, not a tree): where it starts; its attention is
-    # ``aligned_prefill_attention``.
+    # A CPU prompt chunk (one row, not a tree): its start, for ``aligned_prefill_attention``.
     prefill_start: int | None = None
-    # Row ``b``'s slot where rows are not slots ``slot0..`` in order (prompt chunks of several
-    # requests); None: slot ``slot0 + b``.
+    # Row ``b``'s slot where rows are not slots ``slot0..`` in order (several requests' chunks).
     read_slots: torch.Tensor | None = None
     # Prompt chunks off the CPU: row ``b``'s (start, length), for ``causal_prompt_attention``.
     prompt_rows: list[tuple[int, int]] | None = None
-    # CPU decode steps: row ``b``'s query ``j`` reads columns ``< query_ends[b][j]``, exactly
+    # CPU decode steps: row ``b``'s query ``j`` reads exactly columns ``< query_ends[b][j]``
     # (``exact_attention``); None: attention over the padded mask.
     query_ends: list[list[int]] | None = None
 
@@ -94,9 +92,8 @@ class PassLayout:
             positions=positions,
             mask=torch.arange(width, device=device).view(1, 1, 1, width) <= ends,
             decode=decode,
-            # Off the CPU one attention call per chunk: the aligned blocks are there for the
-            # CPU kernels' bits, and on a GPU each block is a launch per layer (a 128-token
-            # prompt took ~27 ms on an H200 through two blocks per layer).
+            # Off the CPU one attention call per chunk: the aligned blocks are for the CPU
+            # kernels' bits, and on a GPU each block is a launch per layer (slow prompts).
             prefill_start=None if decode or rows > 1 or device.type != "cpu" else starts[0],
             read_slots=read_slots,
             prompt_rows=(
@@ -120,10 +117,8 @@ class PassLayout:
         span: int,
         width: int,
     ) -> PassLayout:
-        """``Qwen2Runner.static_decode``'s layout: ``span`` tokens per row, token ``i`` at
-        ``positions[i]`` written into slot ``slots[i]``, attending over the columns
-        ``<= positions[i]`` of its row's slot out of ``width``. Built from tensors only (no
-        host values), so a CUDA graph can capture it."""
+        """``Qwen2Runner.static_decode``'s layout (see there), built from tensors only (no host
+        values) so a CUDA graph can capture it; ``width``: the columns attended over."""
         rows = tokens.shape[0] // span
         device = tokens.device
         columns = torch.arange(width, device=device).view(1, 1, 1, width)

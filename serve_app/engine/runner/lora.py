@@ -1,17 +1,14 @@
 """LoRA adapters applied per request in the runner: one base model, several adapters.
 
-What vLLM's and Ray Serve LLM's multi-LoRA serving do: a request names an adapter, and only its
-own tokens get ``x @ A @ B`` added to the base linears' output, so requests with different
-adapters, or none, share one batch and one copy of the weights. An adapter of the 0.5B (r=16,
-every linear of 8 blocks) is ~12 MB in fp32; a merged copy of the model would be ~0.5 GB of
-int8 weights more, and a second engine.
+As in vLLM's and Ray Serve LLM's multi-LoRA serving, a request names an adapter and only its own
+tokens get ``x @ A @ B`` added to the base linears' output: requests with different adapters, or
+none, share one batch and one copy of the weights (not a merged copy and a second engine).
 
-The adapter is a peft folder (``adapter_config.json`` and ``adapter_model.safetensors``, what
-``save_pretrained`` writes, e.g. ``serve_app.training.train``'s). Its weights are fused the
-way the runner fuses its linears: q/k/v's A matrices side by side and their B matrices block
-diagonal, likewise gate/up, so each fused linear adds one delta. Everything is checked against
-the base model when the engine starts (``AdapterError`` names the file): a malformed folder, or
-one built for another model, never reaches a request.
+The adapter is a peft folder (``save_pretrained``'s ``adapter_config.json`` and
+``adapter_model.safetensors``), fused as the runner fuses its linears: q/k/v's A matrices side by
+side and B matrices block diagonal, likewise gate/up, so each fused linear adds one delta. All is
+checked against the base model at engine start (``AdapterError`` names the file): a malformed
+folder, or one for another model, never reaches a request.
 """
 
 from __future__ import annotations

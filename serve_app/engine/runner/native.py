@@ -1,16 +1,13 @@
 """The runner's C kernels (``kernels/*.c``): built once per machine, loaded through ctypes.
 
-Why C at all: a CPU decode step is bound by bytes of weights read and by per-call overhead,
-and torch's CPU kernels for few rows leave both on the table (``weights_q4``, the decode
-attention in ``kernels/attention.c``). llama.cpp is hand-written kernels for the same reason.
-
-The sources are compiled with the system C compiler (``$CC``, else ``cc``: what a package with
-a C extension needs at install) into one shared library in the user's cache, named by a digest
-of the sources and the compiler, under a file lock so replicas starting together build it
-once (~1 s). Every path is chosen at run time from the CPU (``isa``), never by compile flags,
-so the library runs on any x86-64 CPU it was built on. ctypes releases the GIL for a call.
-Without a compiler, or on a CPU without AVX2/FMA/F16C, ``load`` raises ``KernelUnavailable``
-with the reason and the runner keeps torch's kernels.
+Why C: a CPU decode step is bound by bytes of weights read and per-call overhead, which torch's
+CPU kernels for few rows leave on the table (``weights_q4``, ``kernels/attention.c``), as
+llama.cpp's hand-written kernels show. The system C compiler (``$CC``, else ``cc``: what a
+package with a C extension needs) builds one shared library in the user's cache, named by a
+digest of sources and compiler, under a file lock so replicas starting together build it once.
+Paths are chosen at run time from the CPU (``isa``), never by compile flags, so the library runs
+on any x86-64 CPU it was built on. ctypes releases the GIL for a call. Without a compiler or
+AVX2/FMA/F16C, ``load`` raises ``KernelUnavailable`` and the runner keeps torch's kernels.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""What the runner asks of the kernel and the C heap about its memory: one place for the
-``madvise`` and ``malloc_trim`` calls, each a no-op where the call is missing (not Linux, not
-glibc, older kernels).
-
-- ``page_out``: pages of the mapped model file a replica has read and will not read again go
-  back (a first start reads every dense weight to quantize it).
-- ``return_freed_memory``: the heap's free pages go back to the OS.
-
-Tried and left out: 2 MB pages for fbgemm's packed weights (``MADV_HUGEPAGE`` +
-``MADV_COLLAPSE`` on what packing allocated). The packs live mostly in the heap; collapsed
-there, one-row decode steps were 2-5% faster and 8-row steps no faster (one process, 0.5B,
-plain and collapsed packs interleaved, three runs), and prompt chunks a few percent slower:
-the mark spreads to where the heap grows, and faulting huge pages in for a chunk's
-temporaries waits on compaction (as ``glibc.malloc.hugetlb=1`` did for all of them).
+"""The runner's ``madvise`` and ``malloc_trim`` calls, no-ops where missing (not Linux, not
+glibc, older kernels). Tried and left out: 2 MB pages for fbgemm's packed weights
+(``MADV_HUGEPAGE`` + ``MADV_COLLAPSE``). The packs live mostly in the heap; collapsed there,
+one-row decode steps gained little, 8-row steps nothing, and prompt chunks lost a little: the
+mark spreads to where the heap grows, and faulting huge pages in for a chunk's temporaries
+waits on compaction (as ``glibc.malloc.hugetlb=1`` did for all of them).
 """
 
 from __future__ import annotations
@@ -30,14 +22,11 @@ MADV_PAGEOUT = 21  # Linux 5.4+
 
 
 def page_out(tensors: Iterable[torch.Tensor]) -> None:
-    """Ask the kernel to reclaim the resident pages of ``tensors`` (``MADV_PAGEOUT``).
-
-    For the model file's mapped weights this takes the pages a replica faulted in out of its
-    memory (the 1.5B's 7 GB stayed in a first start's RSS and PSS until memory ran short); a
-    later read faults them back from the file. It never loses data: written (anonymous)
-    pages need swap to be paged out and stay where there is none, and pages another process
-    maps are skipped.
-    """
+    """Ask the kernel to reclaim the resident pages of ``tensors`` (``MADV_PAGEOUT``): for the
+    mapped model file, what a first start read to quantize and will not read again (the
+    1.5B's dense weights otherwise stayed in RSS and PSS until memory ran short); a later read
+    faults them back. It never loses data: written (anonymous) pages need swap to be paged
+    out and stay where there is none, and pages another process maps are skipped."""
     madvise = _madvise()
     if madvise is None:
         return
@@ -52,13 +41,12 @@ def return_freed_memory() -> None:
     """Hand the heap's free pages back to the OS (glibc's ``malloc_trim``).
 
     glibc serves blocks below its mmap threshold from the heap, and the threshold rises to the
-    largest mmapped block freed: after a grown cache is dropped (9 MB per layer at 2,048
-    positions on the 0.5B) the next growth comes from the heap and stays resident when freed,
-    ~0.5-0.7 GB in a FIM replica after long prompts. Fixing the threshold low
-    (``MALLOC_MMAP_THRESHOLD_``) avoided that but made every large temporary of a prompt chunk
-    a fresh mapping: a 1,500-token prompt took 15.7 s instead of 10.7 s. So the heap keeps its
-    adaptive threshold and is trimmed whenever the engine goes idle (a short FIM request left
-    ~40 MB of freed temporaries in the heap).
+    largest mmapped block freed: after a grown cache is dropped the next growth comes from the
+    heap and stays resident when freed (hundreds of MB in a FIM replica after long prompts).
+    A fixed low threshold (``MALLOC_MMAP_THRESHOLD_``) avoided that but made every large
+    temporary of a prompt chunk a fresh mapping, slowing prompts markedly. So the heap keeps
+    its adaptive threshold and is trimmed whenever the engine goes idle (even a short request
+    leaves freed temporaries there).
     """
     trim = _libc_function("malloc_trim")
     if trim is not None:

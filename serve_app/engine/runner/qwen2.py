@@ -1,22 +1,17 @@
 """A plain-torch forward for Qwen2-architecture models over the runner's slot KV cache.
 
-One ``forward`` serves prefill chunks, decode steps and speculative verification alike: it
-takes a ragged batch (row ``b`` feeds ``len(tokens[b])`` tokens starting at position
-``starts[b]`` into KV slot ``slot0 + b``), runs every linear over the flattened tokens (no
-padding compute), and pads only inside attention, where ``scaled_dot_product_attention`` reads
-the slots' keys/values in place. Query ``j`` of row ``b`` sees cache columns
-``<= starts[b] + j``: causal within the new tokens, and blind to stale columns past a row's end
-(left there by rejected drafts, overwritten later). ``forward_tree`` is the decision scorer's
-pass over the same layer loop: an option trie on top of a slot's prefix, with explicit
-positions and a tree mask.
+One ``forward`` serves prefill chunks, decode steps and speculative verification: a ragged batch
+(row ``b`` feeds ``len(tokens[b])`` tokens from position ``starts[b]`` into KV slot
+``slot0 + b``), every linear over the flattened tokens (no padding compute), padding only inside
+attention, which reads the slots' keys/values in place. Query ``j`` of row ``b`` sees cache
+columns ``<= starts[b] + j``: causal within the new tokens, and blind to stale columns past a
+row's end (rejected drafts', overwritten later). ``forward_tree``, the decision scorer's pass,
+runs the same layers over an option trie with explicit positions and a tree mask.
 
 The HF module stays the source of truth: embeddings, norms' weights and the rotary embedding
-(whatever its ``rope_type``) are read from it; only the linears get their own int4 copies.
-
-The runner runs where the HF module's weights are (``RUNNER_DEVICES``): every tensor a pass
-makes (token ids, positions, masks, the KV cache) is made on ``Qwen2Runner.device``. On CPU
-that is the tuned path above; on a CUDA GPU the same forward runs on dense weights in the
-model's dtype (``prepare.decode_weights``: int4/int8 are CPU kernels).
+(whatever its ``rope_type``) are read from it; only the linears get quantized copies. Passes run
+where the weights are (``RUNNER_DEVICES``, ``Qwen2Runner.device``); on a CUDA GPU on dense weights
+in the model's dtype (``prepare.decode_weights``: the quantized kernels are CPU kernels).
 """
 
 from __future__ import annotations
@@ -45,9 +40,8 @@ from serve_app.engine.runner.prepared import FirstEntry, PreparedWeights
 
 logger = logging.getLogger(__name__)
 
-# Position-0 entries kept (``Qwen2Runner.first_token``): ~30 KB each on the 0.5B, 60 KB on the
-# 1.5B. This service's prompt builders all start with a special token (saved at preparation);
-# the bound is for a model whose prompt format starts with ordinary text.
+# Position-0 entries kept (``Qwen2Runner.first_token``; ~30 KB each on the 0.5B): this service's
+# prompts start with a special token (saved at preparation), the bound is for ones that don't.
 FIRST_TOKENS_KEPT = 256
 # Where the forward runs: torch's CPU, or a CUDA GPU (the HF model elsewhere, e.g. mps).
 RUNNER_DEVICES = ("cpu", "cuda")
@@ -71,9 +65,8 @@ def unsupported_reason(model: Any) -> str | None:
 
 
 def norm_weight(weight: torch.Tensor) -> torch.Tensor:
-    """An RMSNorm weight as the runner holds it: off the CPU in fp32, the activations' dtype,
-    since torch's fused rms_norm refuses a bf16 weight on fp32 input and falls back to
-    separate kernels (same numbers: the weight is promoted either way). On CPU as it is."""
+    """An RMSNorm weight as the runner holds it: as is on CPU, else in fp32 (the activations'):
+    torch's fused rms_norm refuses a bf16 weight on fp32 input (separate kernels, same numbers)."""
     weight = weight.detach()
     return weight if weight.device.type == "cpu" else weight.float()
 
@@ -98,10 +91,9 @@ class Qwen2Runner:
         # The runner's C kernels (``native``) where its weights use them: decode attention too.
         self.native = weights.native
         self.small_prefill_tokens = small_prefill_tokens
-        # LoRA adapters a request may name (``lora``), by name.
-        self.adapters: dict[str, LoraAdapter] = dict(adapters or {})
-        # Position 0's entries by (adapter name, token id): an adapter changes its KV too.
-        # Seeded with the prepared ones, then an LRU of what requests start with.
+        self.adapters: dict[str, LoraAdapter] = dict(adapters or {})  # ``lora``, by name
+        # Position 0's entries by (adapter name, token id), as an adapter changes its KV too:
+        # the prepared ones, then an LRU of what requests start with.
         self.first_tokens: OrderedDict[tuple[str, int], FirstEntry] = OrderedDict(
             weights.first_tokens
         )
@@ -167,27 +159,22 @@ class Qwen2Runner:
         slots: Sequence[int] | None = None,
         adapters: Sequence[str] | None = None,
     ) -> torch.Tensor:
-        """Feed ``tokens[b]`` at ``starts[b]..`` of slot ``slot0 + b`` (of ``slots[b]`` where
-        given: prompt chunks of requests in any slots); write their KV. ``adapters[b]``: the
-        LoRA adapter row ``b`` runs with, by name ("": the base model's weights alone).
+        """Feed ``tokens[b]`` at ``starts[b]..`` of slot ``slot0 + b`` (``slots[b]`` where given:
+        prompt chunks of requests in any slots) and write their KV. ``adapters[b]``: row ``b``'s
+        LoRA adapter by name ("": none). ``check``: called before every layer (it raises to stop
+        the pass, e.g. on cancellation).
 
-        ``decode``: a decode or speculative-verify step: q4, int4 or int8 weights where the runner
-        has them (q4: the decoder layers only), and fp32 logits ``[sum(len(t)), V]`` for every
-        token, rows concatenated in order.
+        ``decode`` (a decode or verify step): on the decode weights (q4 for the decoder layers
+        only, int8 or int4), fp32 logits ``[sum(len(t)), V]`` for every token, rows in order. A
+        token's numbers never depend on the batch or on how many drafts are verified with it:
+        the weights do not depend on the row count, quantized linears work per row (int4: bf16;
+        int8: a scale per row; q4: per 32 inputs), and on CPU each query attends alone.
         Otherwise a prefill chunk: logits ``[B, V]`` of each row's last token, on dense weights,
-        except a chunk of at most ``small_prefill_tokens`` tokens that does not start the
-        prompt: it reads every weight for a few rows, which costs a decode step's time on
-        dense weights (memory-bound), so it runs on the decode weights (2-3x less on int8).
-        With ``quantized_prompts`` every chunk runs on the decode weights except position 0
-        (``first_token``); a chunk that starts a prompt is then one row.
-        A decode step's weights never depend on its row count, and every quantized linear
-        works per row (int4: bf16 activations; int8: one activation scale per row; q4: one per
-        32 inputs of a row), and on CPU each query attends alone (``exact_attention``), so a
-        token's numbers do not depend on what else shares the batch or on how many drafts are
-        verified with it.
-        Logits always come from the decode head where there is one: every sampled token, the
+        except a chunk past position 0 of at most ``small_prefill_tokens`` tokens (memory-bound
+        like a decode step, so faster on the decode weights); with ``quantized_prompts`` all run
+        on them but position 0 (``first_token``), and a chunk that starts a prompt is one row.
+        Logits always come from the decode head where there is one, so every sampled token, the
         first included, is read through the same head (it feeds no KV).
-        ``check``: called before every layer (it raises to stop the pass, e.g. on cancellation).
         """
         names = list(adapters) if adapters is not None else [""] * len(tokens)
         if not decode and self.quantized_prompts and 0 in starts:
@@ -225,12 +212,11 @@ class Qwen2Runner:
         slots: torch.Tensor,
         span: int,
     ) -> torch.Tensor:
-        """A decode step of fixed shape for ``DecodeGraphs``: row ``b`` feeds the ``span``
-        tokens ``tokens[b * span:][:span]`` at ``positions`` (likewise), in slot ``b``, their
-        keys/values written into slot ``slots[i]`` (the spare for a padding row), each
-        attending over the columns up to its position of the cache's whole allocation.
-        Logits ``[rows * span, V]``. ``cache`` must already hold ``max(positions) + 1``
-        columns."""
+        """A fixed-shape decode step for ``DecodeGraphs``: row ``b`` (slot ``b``) feeds the
+        ``span`` tokens ``tokens[b * span:][:span]`` at ``positions`` (likewise), their KV
+        written into ``slots[i]`` (the spare for a padding row), each attending over the
+        allocation's columns up to its position. Logits ``[rows * span, V]``; ``cache`` must
+        already hold ``max(positions) + 1`` columns."""
         batch = PassLayout.static_decode(tokens, positions, slots, span, cache.capacity)
         x = self._layers(cache, batch, True, None, True)
         return self.lm_head(self._norm(x, self.final_norm), True, decode=True)
@@ -244,13 +230,11 @@ class Qwen2Runner:
     ) -> torch.Tensor:
         """Write position 0's keys/values for ``token`` into ``slot``; its hidden state ``[1, H]``.
 
-        Qwen's first position carries activations 10-30x the others' in a few channels (the
-        attention sink every later token reads), and int8 with one scale per row flattens the
-        rest of that row: whole prompts on int8 failed two behaviour tests, with position 0
-        on dense weights none. Position 0 sees only itself, so its keys/values depend on the
-        token id alone: they are computed once on dense weights and kept (LRU,
-        ``FIRST_TOKENS_KEPT``).
-        """
+        Qwen's first position (the attention sink every later token reads) carries activations
+        many times the others' in a few channels, and int8's one scale per row flattens the rest
+        of that row: whole prompts on int8 failed behaviour tests that pass with position 0 on
+        dense weights. Position 0 sees only itself, so its KV depends on the token id alone:
+        computed once on dense weights and kept (LRU, ``FIRST_TOKENS_KEPT``)."""
         key = (adapter, token)
         entry = self.first_tokens.get(key)
         if entry is None:
@@ -277,14 +261,12 @@ class Qwen2Runner:
         mask: torch.Tensor,
         check: Callable[[], None] | None = None,
     ) -> torch.Tensor:
-        """Final-normed hidden states ``[N, hidden]`` of ``tokens`` laid out as a tree.
-
-        For scoring (the prompt weights: dense, or the decode weights with
-        ``quantized_prompts``): token ``i`` is written at column ``start + i`` of ``slot``
-        (on top of the prefix held in columns ``< start``), rotated as position
-        ``positions[i]``, and attends where ``mask[i]`` (``[N, start + N]`` bool) is True, so
-        sibling branches of an option trie share a position without seeing each other. The
-        caller applies the LM head only where it reads (``lm_head(h, quantized_prompts)``).
+        """Final-normed hidden states ``[N, hidden]`` of ``tokens`` laid out as a tree, for
+        scoring on the prompt weights (dense, or the decode weights with ``quantized_prompts``):
+        token ``i`` is written at column ``start + i`` of ``slot`` (over the prefix in columns
+        ``< start``), rotated as position ``positions[i]``, attending where ``mask[i]``
+        (``[N, start + N]`` bool): an option trie's sibling branches share a position without
+        seeing each other. The caller applies ``lm_head(h, quantized_prompts)`` where it reads.
         """
         batch = PassLayout.tree(slot, start, tokens, positions, mask, self.device)
         x = self._layers(cache, batch, self.quantized_prompts, check)
@@ -300,10 +282,9 @@ class Qwen2Runner:
         lora: LoraBatch | None = None,
     ) -> torch.Tensor:
         """The decoder layers over the batch's flattened tokens ``[N]``: hidden states
-        ``[N, hidden]`` before the final norm; each token's KV is written at (its row's slot,
-        its column). ``quantized``: int4/int8 linears where the runner has them; ``decode``: a
-        decode step's rows (the q4 linears where the runner has them); ``lora``: the adapters'
-        deltas added to the linears' outputs, for the tokens of the rows that named them."""
+        ``[N, hidden]`` before the final norm, each token's KV written at (its slot, its column).
+        ``quantized``: int4/int8 linears where present; ``decode``: a decode step's rows (q4
+        linears where present); ``lora``: the adapters' deltas for the rows that named them."""
 
         def linear(fused: str, x: torch.Tensor) -> torch.Tensor:
             y = getattr(layer, fused)(x, quantized, decode)

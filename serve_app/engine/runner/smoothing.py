@@ -1,17 +1,15 @@
 """Smoothing before int8: each linear's input channels rescaled so int8 rows lose less.
 
-fbgemm rounds each activation row to 7 bits on one scale (``weights.int8_linear``), so the
-row's largest channels set the step for all of them. Qwen's linears see a few channels tens
-of times larger than the rest in every token, and the rest land on a handful of levels. The
-usual fix (SmoothQuant, Xiao et al. 2023) moves part of that range into the weights, which
-int8 rounds per output row and barely notice: ``x @ W.T == (x / s) @ (W * s).T`` with, per
-input channel j, ``s_j = peak|x_j| ** ALPHA / peak|W_:j| ** (1 - ALPHA)``. The weights are
-quantized as ``W * s`` once, and a call multiplies its rows by ``1 / s`` (one multiply).
-
-The activation peaks come from reading ``data/calibration.txt`` once on the dense weights
-when the int8 weights are made (it is part of their file's format: changing the text needs
-a new file version). ALPHA 0.5 won back most of what int8 prompts lost on FIM first lines
-(``bench.fim_quality``; the figures: docs/benchmarks.md, "Figures behind the defaults").
+fbgemm rounds each activation row to 7 bits on one scale (``weights.int8_linear``), and Qwen's
+linears see a few channels tens of times larger than the rest in every token, so the rest land
+on a handful of levels. SmoothQuant (Xiao et al. 2023) moves part of that range into the
+weights, which int8 rounds per output row and barely notice: ``x @ W.T == (x / s) @ (W * s).T``
+with, per input channel j, ``s_j = peak|x_j| ** ALPHA / peak|W_:j| ** (1 - ALPHA)``; the
+weights are quantized as ``W * s`` once, and a call multiplies its rows by ``1 / s``. The peaks
+come from reading ``data/calibration.txt`` on the dense weights when the int8 weights are made
+(the text is part of their file's format: changing it needs a new version). ALPHA 0.5 won back
+most of what int8 prompts lost on FIM first lines (``bench.fim_quality``; docs/benchmarks.md,
+"Figures behind the defaults").
 """
 
 from __future__ import annotations

@@ -1,24 +1,19 @@
 """Prompt-lookup (n-gram) drafting for speculative decoding.
 
-The draft for a request is what followed the most recent earlier occurrence of its last n
-tokens (n from ``max_ngram`` down to ``min_ngram``) in its prompt + output that has k tokens
-after it (else the earliest occurrence, whose continuation is the longest). The engine also
-searches another ``source``: what followed the prompt's prefix-cache match, i.e. the
-completion this account was just offered, so a user typing that suggestion gets the rest of
-it checked in one forward instead of decoded token by token. An edit's answer
-mostly copies the region it rewrites, a chat answer often quotes its context, so these drafts
-are often right, and checking k of them costs one forward of k + 1 rows, about as much as one
-step while decode is bound by reading the weights.
+The draft is what followed the latest earlier occurrence of the request's last n tokens (n from
+``max_ngram`` down to ``min_ngram``) in its prompt + output with k tokens after it (else the
+earliest: the longest continuation), or in another ``source``: what followed the prompt's
+prefix-cache match, the completion this account was just offered, so a user typing it gets the
+rest checked in one forward, not decoded token by token. Edits mostly copy the region they
+rewrite and chat answers quote their context, so drafts are often right, and checking k costs
+one forward of k + 1 rows, about one step while decode is bound by reading the weights.
 
-Exactness: the engine samples each verified position with the request's own sampler and
-history, exactly as plain decoding would, and keeps a draft token only when the sampled token
-equals it; the first mismatch ends the step with the sampled token. For greedy requests that
-is plain decoding, token for token. For sampled requests it is the standard rejection rule for
-a deterministic draft: the draft token ``t`` is accepted with probability ``p(t)``, and a
-rejection yields a token drawn from ``p`` restricted to tokens other than ``t``, renormalised
-(a draw from ``p`` conditioned on not being ``t``), so every emitted token has distribution
-``p``. It even consumes the request's generator exactly as plain decoding does, so seeded
-requests give the same text with and without speculation.
+Exactness: each verified position is sampled with the request's own sampler and history, as
+plain decoding would, keeping a draft token only when the sampled one equals it (the first
+mismatch ends the step with the sampled token): for greedy requests plain decoding, for sampled
+ones the standard rejection rule for a deterministic draft (``t`` kept with probability
+``p(t)``, else a draw from ``p`` conditioned on not ``t``), so every token has distribution
+``p``. It even consumes the generator as plain decoding does: seeded requests give the same text.
 """
 
 from __future__ import annotations

@@ -1,43 +1,28 @@
 """The runner's linear layers: dense or int8 for prefill chunks, q4, int8 or int4 for decode.
 
-Why two forms of the same matrix: a decode step multiplies a few rows by every weight, so it is
-bound by the bytes of weights read; int4 reads 1/8 of fp32. A prefill chunk multiplies hundreds
-of rows, so it is bound by compute, where torch's int4 CPU kernel is slower than a dense GEMM.
-Measured on this AVX2 box, one thread, Qwen2.5-0.5B shapes (git history): the 24 layers'
-linears cost ~100 ms per decode step in fp32 and ~60 ms in int4; a 256-row chunk costs 2.6 s
-in fp32 and 10 s through the int4 kernel.
+Two forms of one matrix: a decode step multiplies a few rows by every weight (bound by the bytes
+read), a prefill chunk hundreds (bound by compute, where torch's int4 CPU kernel is slower than
+a dense GEMM; figures: git history).
 
-int4 goes through ``torch.ops.aten._weight_int4pack_mm_for_cpu``: asymmetric 4-bit with one
-(scale, zero) pair per 32 input weights, ``w = (q - 8) * scale + zero``. The kernel takes bf16
-activations (fp32 activations hit a scalar path, ~8x slower than fp32 GEMM), so inputs are cast
-to bf16 and outputs back to fp32.
+int4 (``torch.ops.aten._weight_int4pack_mm_for_cpu``): asymmetric, one (scale, zero) pair per 32
+inputs, ``w = (q - 8) * scale + zero``; activations cast to bf16 (fp32 hits a far slower path).
 
-int8 goes through fbgemm's dynamic linear (``torch.ops.quantized.linear_dynamic``): symmetric
-int8 weights per output channel, activations quantized per call with one scale and zero point
-for the whole call. Left alone that makes a row's result depend on the other rows of the call
-(a row with large activations coarsens every other row's) and so on what else is batched. So
-each row is divided by its own largest magnitude first and multiplied back after, and one
-constant input row (+1 and -1 in its first two columns, its output dropped) pins the call's
-range to [-1, 1] whatever the rows: every row gets the full int8 range on its own scale
-(per-token quantization), and its result is the same alone or in any batch. A row, not two
-columns: fbgemm pads K to its blocks, and K + 2 made the 1.5B's packs 1.86 GB instead of 1.49
-GB per replica (the 0.5B's: no difference), for the same numbers and step time.
+int8 (fbgemm's ``torch.ops.quantized.linear_dynamic``): symmetric weights per output channel,
+activations on one scale and zero point per call, so a row's result would depend on what else
+is batched (large activations coarsen the other rows). So each row is divided by its own largest
+magnitude and multiplied back after, and one constant input row (+1 and -1 in its first two
+columns, output dropped) pins the call's range to [-1, 1]: per-token quantization, the same
+alone or in any batch. A row, not two columns: fbgemm pads K to its blocks (K + 2: the 1.5B's
+packs a quarter larger). On AVX2 fbgemm suits the ISA (VPMADDUBSW) where torch's int4 kernel
+converts to bf16 in software, so int8 decodes faster than int4 (both beat fp32); on AVX512-BF16
+with VNNI they step alike and int8 follows fp32 far more closely (``prepare`` has the figures),
+so int4 is only the fallback where torch has no int8 engine. fbgemm's packs are opaque and
+private to the process: the int8 values are saved once (``prepare``) and packed by each replica.
 
-On AVX2 fbgemm's kernel is made for this ISA (VPMADDUBSW), where torch's int4 kernel converts
-to bf16 in software: measured on this box, one thread, the 0.5B's decode linears take ~32 ms per
-step in int8, ~80 ms in int4 and ~125 ms in fp32 (git history). On AVX512-BF16 with VNNI the
-two kernels step about as fast, and int8 follows fp32 far more closely (``prepare`` has the
-figures), so int4 is only the fallback where torch has no int8 engine. fbgemm's packed form is
-opaque and private to the process, so the int8 values are saved once (``prepare``) and packed
-by each replica at start.
-
-q4 (``weights_q4``, the runner's own C kernel) reads 5 bits per weight where int8 reads 8,
-and multiplies as integers like fbgemm: where it builds it takes the decode steps, int8 keeping
-prompts (decode: 1.6-1.9x int8's tok/s, ``prepare`` has the figures).
-
-Dense weights are the HF module's own tensors (no copy) unless the CPU computes bf16 natively
-(AVX512-BF16 or AMX), where a bf16 copy reads prompts ~2x faster (AVX512-BF16 with VNNI, one
-thread, 1,024 tokens: 5.1 s against 9.9 s in fp32).
+q4 (``weights_q4``, the runner's own C kernel: 5 bits per weight, integer multiplies) takes the
+decode steps where it builds (faster than int8), int8 keeping prompts. Dense weights are the HF
+module's own tensors (no copy) unless the CPU computes bf16 natively (AVX512-BF16 or AMX), where
+a bf16 copy reads prompts much faster than fp32.
 """
 
 from __future__ import annotations
@@ -63,10 +48,8 @@ def int4_supported(out_features: int, in_features: int) -> bool:
 
 
 def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(packed, scales_and_zeros)`` for ``weight`` ``[N, K]`` (min/max affine per group).
-
-    ``scales_and_zeros`` is ``[K / group, N, 2]`` bf16, the layout the kernel expects.
-    """
+    """``(packed, scales_and_zeros)`` for ``weight`` ``[N, K]`` (min/max affine per group);
+    ``scales_and_zeros`` is ``[K / group, N, 2]`` bf16, the layout the kernel expects."""
     n, k = weight.shape
     groups = weight.detach().float().reshape(n, k // INT4_GROUP, INT4_GROUP)
     low = groups.amin(-1, keepdim=True)
@@ -121,25 +104,17 @@ def int8_linear(
     precise: bool = False,
     smooth: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``(x * smooth) @ W.T + bias`` through fbgemm with per-row activation scales (see the
-    module doc): the result of a row does not depend on the other rows.
-
-    ``precise``: a second pass over what the first pass's activation rounding dropped, so the
-    activations carry ~14 bits instead of 7 (the weights stay int8). Both go in one kernel call,
-    the remainders as more rows: the weights are read once, so a decode step's row costs ~1.2x
-    one rounding (0.30 against 0.25 ms at 4,864 x 896, one AVX2 core), a prompt chunk 2x.
-    7 bits are coarse for the MLP's down projection, whose input rows peak at 20-57x their RMS
-    on the 0.5B: a typical element lands on one of a few levels, and a perturbation in the
-    eighth digit (attention summed in another order because other questions share the pass, a
-    prefix read in two chunks instead of one) flips enough roundings to move a decision's
-    ``noul`` from 0.45 to 0.70. With the second call the same questions agree within 0.002
-    (0.0013-0.0018 over six requests on the 0.5B).
-
-    fbgemm's input (the scaled rows, the remainders, the pin row) is written into one buffer
-    in place, without ``torch.cat``'s copies: the same bits, and fewer temporaries (1.6x on
-    prompts where a process's main thread runs the runner, whose malloc arena trimmed and
-    regrew around them; unchanged in the engine's own thread: git history).
-    """
+    """``(x * smooth) @ W.T + bias`` through fbgemm with per-row activation scales (module doc):
+    a row's result does not depend on the other rows. ``precise``: a second pass over what the
+    first pass's rounding dropped (~14-bit activations instead of 7, weights still int8), as
+    more rows of the same call so the weights are read once (a decode row costs little more, a
+    prompt chunk twice). 7 bits are coarse for the MLP's down projection, whose input rows peak
+    at tens of times their RMS: an eighth-digit change (attention summed in another order beside
+    other questions, a prefix read in two chunks) flips enough roundings to move a decision's
+    ``noul`` far; ``precise`` holds it to a few thousandths. fbgemm's input (scaled rows,
+    remainders, pin row) is written in place into one buffer, not ``torch.cat``'d: the same
+    bits, fewer temporaries (faster prompts where a process's main thread runs the runner, its
+    malloc arena trimming and regrowing around them)."""
     rows, width = x.shape
     count = 2 * rows if precise else rows
     pinned = torch.empty(count + 1, width)
@@ -148,8 +123,7 @@ def int8_linear(
         scaled.copy_(x)
     else:
         torch.mul(x, smooth, out=scaled)
-    # abs().amax(), not vector_norm(inf): the same values, 12x faster on a 256-row prompt chunk
-    # (0.8 -> 0.06 ms at 896 columns, 4.0 -> 0.35 ms at 4,864), ~7% of reading a prompt.
+    # abs().amax(), not vector_norm(inf): the same values, far faster on prompt chunks.
     peak = scaled.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30)
     scaled.div_(peak)
     if precise:
@@ -179,15 +153,14 @@ def dequantize_int4_reference(weight: torch.Tensor) -> torch.Tensor:
 
 
 class Linear:
-    """``y = x @ W.T + b``, where ``W`` may be several matrices stacked on the output axis.
+    """``y = x @ W.T + b``, ``W`` maybe several matrices stacked on the output axis (q/k/v and
+    gate/up: one kernel call per decode step).
 
-    ``parts`` are the dense ``(weight, bias)`` pieces, often the HF parameters themselves (no
-    copy); ``q4`` is the runner's own 4-bit kernel and its pack (``weights_q4``), for decode
-    steps only; ``int4`` is ``(packed, scales_and_zeros)`` and ``int8`` fbgemm's packed form
-    (``quantize_int8``) of the stacked matrix, times ``1 / smooth`` per input column where
-    ``smooth`` is given (``smoothing.py``: the int8 call then multiplies its input by it);
-    both add ``quantized_bias``, the stacked bias. q/k/v and gate/up are stacked so a decode
-    step makes one kernel call.
+    ``parts``: the dense ``(weight, bias)`` pieces, often the HF parameters (no copy); ``q4``:
+    the C kernel and its pack (``weights_q4``), decode steps only; ``int4``: ``(packed,
+    scales_and_zeros)``; ``int8``: fbgemm's pack (``quantize_int8``) of the stacked matrix
+    times ``1 / smooth`` per input column where ``smooth`` is given (``smoothing``: the int8
+    call then multiplies its input by it). The quantized forms add ``quantized_bias``.
     """
 
     def __init__(

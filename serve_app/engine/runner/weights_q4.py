@@ -1,14 +1,11 @@
 """The runner's own 4-bit kernel (``kernels/q4.c``): decode-step linears at llama.cpp's speed.
 
-Why a kernel of our own: a decode step reads every weight once for a few rows, so its time is
-the bytes of weights read. torch's CPU kernels for that read 8 bits per weight (fbgemm int8) or
-convert 4-bit groups to bf16 in software (``_weight_int4pack_mm_for_cpu``); llama.cpp reads
-~4.5-5 bits per weight and multiplies them as integers. ``q4.c`` does what llama.cpp does:
-4-bit weights (asymmetric, an fp16 scale and minimum per 32 inputs: 5 bits per weight in all)
-times activations rounded to int8 per 32 inputs, on AVX512-VNNI where the CPU has it and on
-AVX2 elsewhere.
-
-``native`` builds and loads it; without a compiler or AVX2 the runner keeps torch's kernels.
+A decode step's time is the bytes of weights read (see ``weights``). torch's CPU kernels read
+8 bits per weight (fbgemm int8) or convert 4-bit groups to bf16 in software (int4); ``q4.c``
+does what llama.cpp does: 4-bit weights (asymmetric, an fp16 scale and minimum per 32 inputs:
+5 bits per weight in all) times activations rounded to int8 per 32 inputs, multiplied as
+integers on AVX512-VNNI where the CPU has it, else AVX2. ``native`` builds and loads it;
+without a compiler or AVX2 the runner keeps torch's kernels.
 """
 
 from __future__ import annotations
@@ -58,11 +55,10 @@ class Q4Kernel:
 def quantize(weight: torch.Tensor, refits: int = 2) -> torch.Tensor:
     """``weight`` ``[N, K]`` in ``q4.c``'s layout: ``[N / 16, K / 32, BLOCK]`` uint8.
 
-    Per row and group of 32 inputs, ``w = d * q + mn`` with ``q`` in 0..15. Started from the
-    group's range (``mn`` its minimum, ``d`` its range / 15), then ``refits`` times: ``d`` and
-    ``mn`` refit by least squares to the chosen levels, and the levels chosen again (what
-    llama.cpp's k-quants do by search). Both end in fp16, rounded before the last choice of
-    ``q``, so ``q`` is the nearest level to what the kernel computes."""
+    Per row and group of 32 inputs ``w = d * q + mn``, ``q`` in 0..15: from the group's range,
+    ``refits`` times ``d`` and ``mn`` refit by least squares to the chosen levels, and the
+    levels chosen again (llama.cpp's k-quants search instead). ``d`` and ``mn`` are rounded to
+    fp16 before the last choice, so ``q`` is the nearest level to what the kernel computes."""
     n, k = weight.shape
     if not supported(n, k):
         raise ValueError(f"q4 needs out % {TILE} == 0 and in % {GROUP} == 0, got {n} x {k}")
