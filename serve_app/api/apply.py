@@ -41,6 +41,10 @@ class ApplyCompletionRequest(StreamingRequest):
         users = [message for message in self.messages if message.role == "user"]
         return users[-1].text if users else ""
 
+    def output_token_bound(self, max_output_length: int, context_length: int) -> int:
+        """Its max_tokens, else the model deployment's default: everything the context leaves."""
+        return self.max_tokens or min(max_output_length, context_length)
+
     def to_sampling_params(self, max_tokens: int, stops: tuple[str, ...]) -> SamplingParams:
         extra = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return SamplingParams(

@@ -170,6 +170,11 @@ class ChatCompletionRequest(StreamingRequest):
         fmt = self.response_format
         return None if fmt is None or fmt.type == "text" else fmt.type
 
+    def output_token_bound(self, max_output_length: int, context_length: int) -> int:
+        """Its max_tokens, else the default the model deployment applies."""
+        asked = self.max_completion_tokens or self.max_tokens
+        return asked or min(DEFAULT_CHAT_MAX_TOKENS, max_output_length)
+
     def to_sampling_params(
         self, default_max_tokens: int, tool_calls: ToolCallFormat | None = None
     ) -> SamplingParams:

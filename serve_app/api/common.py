@@ -54,6 +54,11 @@ class RequestModel(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
+    def output_token_bound(self, max_output_length: int, context_length: int) -> int:
+        """The most output tokens this request may make on a model with these limits: what
+        admission reserves for its answer. 0: it generates none (a decision scores)."""
+        return 0
+
     @model_validator(mode="before")
     @classmethod
     def _null_means_left_out(cls, data: Any) -> Any:

@@ -54,6 +54,9 @@ class EditCompletionRequest(RequestModel):
     def content(self) -> str:
         return self.messages[0].content
 
+    def output_token_bound(self, max_output_length: int, context_length: int) -> int:
+        return self.max_tokens
+
     def to_sampling_params(self) -> SamplingParams:
         return SamplingParams(
             max_tokens=self.max_tokens,

@@ -75,6 +75,9 @@ class FimCompletionRequest(StreamingRequest):
         stops = [self.stop] if isinstance(self.stop, str) else self.stop
         return tuple(stop for stop in stops if stop)
 
+    def output_token_bound(self, max_output_length: int, context_length: int) -> int:
+        return self.max_tokens
+
     def to_sampling_params(self, default_temperature: float = 0.0) -> SamplingParams:
         temperature = default_temperature if self.temperature is None else self.temperature
         return SamplingParams(

@@ -38,7 +38,7 @@ from serve_app.http.middleware import Authenticate, BoundedBody, RequestId, Requ
 from serve_app.http.openapi import openapi_without_implicit_422
 from serve_app.http.playground import register_playground
 from serve_app.http.sse import open_event_stream, sse_event, within
-from serve_app.serving.admission import Refunds, estimate_tokens
+from serve_app.serving.admission import Refunds, decision_tokens, generation_tokens
 from serve_app.serving.billing import (
     Ledger,
     RequestContext,
@@ -90,6 +90,7 @@ class ModelRoute:
     deployment: str | None = None
     billed_as: str | None = None
     errors: dict[int | str, dict[str, Any]] | None = None  # None: COMMON_ERRORS + extra_errors
+    estimate: Callable[[AppConfig, Any, int], int] = generation_tokens  # its reservation
 
     @property
     def endpoint(self) -> str:
@@ -113,6 +114,7 @@ MODEL_ROUTES = (
     ModelRoute(
         "decisions", "/v1/decisions", DecisionRequest, DecisionResponse, "decisions", "decide",
         deployment="scorer", billed_as="decisions", errors=DECISION_ERRORS,
+        estimate=decision_tokens,
     ),
     ModelRoute(
         "edit", "/v1/edit/completions", EditCompletionRequest, EditCompletion, "edit", "edit"
@@ -242,15 +244,12 @@ class RouteHandlers:
         credentials: HTTPAuthorizationCredentials | None,
         model: str | None,
         endpoint: str,
-        body: Any = None,
+        estimate: int = 0,
     ) -> Any:
-        """Check the key and admit the request, reserving its estimated tokens (``body``)."""
+        """Check the key and admit the request, reserving ``estimate`` tokens."""
         # A metric label: only ids we serve, so arbitrary client strings never become labels.
         request.state.model = model if model in self.model_ids else "other"
         key = credentials.credentials if credentials else None
-        estimate = (
-            estimate_tokens(self.config, body, len(await request.body())) if body is not None else 0
-        )
         try:
             return await self.backends.auth.authorize.remote(key, model, endpoint, estimate)
         except Exception as exc:
@@ -349,7 +348,8 @@ class RouteHandlers:
         the role check (a disabled endpoint is an unknown model), then stream or call, and
         check the answer's shape. An alias is resolved first: the answer names the model's id."""
         body.model = self.config.resolve_model_id(body.model)
-        grant = await self.authorize(request, credentials, body.model, route.endpoint, body)
+        estimate = route.estimate(self.config, body, len(await request.body()))
+        grant = await self.authorize(request, credentials, body.model, route.endpoint, estimate)
         _apply_headers(response, grant)
         if not route.enabled(self.config):
             self.refuse(grant, ModelNotFoundError(body.model))

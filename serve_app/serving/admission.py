@@ -1,9 +1,10 @@
 """What a request may cost, reserved before any work, and the refund of what it did not use.
 
-The router admits a request through the auth service with ``estimate_tokens`` as the
-reservation; the model deployment's ledger row (``billing``) settles it to what the request
-processed. A request refused or dropped before a row could be written has its reservation
-given back by ``Refunds``, in a detached task, so a cancelled request still sends it.
+The router admits a request through the auth service with its route's estimate
+(``generation_tokens``, ``decision_tokens``) as the reservation; the model deployment's ledger
+row (``billing``) settles it to what the request processed. A request refused or dropped
+before a row could be written has its reservation given back by ``Refunds``, in a detached
+task, so a cancelled request still sends it.
 """
 
 from __future__ import annotations
@@ -12,9 +13,6 @@ import asyncio
 import logging
 from typing import Any
 
-from serve_app.api.apply import ApplyCompletionRequest
-from serve_app.api.chat import DEFAULT_CHAT_MAX_TOKENS, ChatCompletionRequest
-from serve_app.api.decisions import DecisionRequest
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.prompts.decisions import fixed_prefix_token_bound
 from serve_app.serving.billing import detached
@@ -25,36 +23,28 @@ logger = logging.getLogger(__name__)
 TEMPLATE_TOKENS = 64
 
 
-def estimate_tokens(config: AppConfig, body: Any, body_bytes: int) -> int:
-    """An upper bound on what the request may cost: each prompt token is at least one byte
-    of the body (byte-level BPE), plus the tokens templates add, plus the most output it may
-    ask for. Settled to the actual count by the ledger row."""
-    model_id = getattr(body, "model", None)
+def generation_tokens(config: AppConfig, body: Any, body_bytes: int) -> int:
+    """An upper bound on what a generating request may cost: each prompt token is at least one
+    byte of the body (byte-level BPE), plus the tokens its template adds, within the model's
+    context, plus the most output it may ask for (its wire model's ``output_token_bound``).
+    Settled to the actual count by the ledger row."""
+    model = _served(config, body.model)
+    if model is None:  # refused for its model before any reservation matters
+        return body_bytes + TEMPLATE_TOKENS + body.output_token_bound(0, 0)
+    prompt = min(body_bytes + TEMPLATE_TOKENS, model.context_length)
+    return prompt + body.output_token_bound(model.max_output_length, model.context_length)
+
+
+def decision_tokens(config: AppConfig, body: Any, body_bytes: int) -> int:
+    """A decision's bound: bounded not by the context but by the scoring budget, with the
+    fixed system turn and examples counted in full, as its usage counts them."""
+    prompt = body_bytes + TEMPLATE_TOKENS * (1 + len(body.questions)) + fixed_prefix_token_bound()
+    return min(prompt, config.limits.decision_max_scored_tokens)
+
+
+def _served(config: AppConfig, model_id: str) -> ModelConfig | None:
     served = {model.id for model in config.models}
-    model = config.model(model_id) if model_id in served else None
-    questions = len(getattr(body, "questions", None) or ())
-    prompt = body_bytes + TEMPLATE_TOKENS * (1 + questions)
-    if isinstance(body, DecisionRequest):
-        # Decisions are not bounded by the context but by their scoring budget, and the
-        # fixed system turn and examples count in full in their usage.
-        prompt += fixed_prefix_token_bound()
-        return min(prompt, config.limits.decision_max_scored_tokens)
-    if model is not None:
-        prompt = min(prompt, model.context_length)
-    return prompt + max_output_tokens(body, model)
-
-
-def max_output_tokens(body: Any, model: ModelConfig | None) -> int:
-    """The most output tokens a request may produce: its max_tokens, else the default the
-    model deployment applies (chat, apply), else none (decisions score, they do not generate)."""
-    asked = getattr(body, "max_completion_tokens", None) or getattr(body, "max_tokens", None)
-    if asked:
-        return int(asked)
-    if isinstance(body, ChatCompletionRequest) and model is not None:
-        return min(DEFAULT_CHAT_MAX_TOKENS, model.max_output_length)
-    if isinstance(body, ApplyCompletionRequest) and model is not None:
-        return min(model.max_output_length, model.context_length)  # apply's default: all left
-    return 0
+    return config.model(model_id) if model_id in served else None
 
 
 class Refunds:
