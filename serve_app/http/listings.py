@@ -24,7 +24,7 @@ class ListingHandlers(Protocol):
         credentials: HTTPAuthorizationCredentials | None,
         model: str | None,
         endpoint: str,
-        body: Any = None,
+        estimate: int = 0,
     ) -> Any: ...
 
     def apply_headers(self, response: Response, grant: Any) -> None: ...
