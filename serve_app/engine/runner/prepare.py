@@ -58,9 +58,6 @@ logger = logging.getLogger(__name__)
 
 WEIGHTS = ("auto", "q4", "int4", "int8", "dense")
 PROMPT_WEIGHTS = ("auto", "dense", "decode")
-# q4 takes the decoder layers' linears; the LM head stays on int8, rounded twice (as llama.cpp's
-# Q4_K_M keeps its output matrix in 6 bits): every logit goes through it, and a q4 head lost
-# FIM first lines that an int8 one kept (docs/benchmarks.md, "Figures behind the defaults").
 CPU = torch.device("cpu")
 LINEARS = ("qkv", "o", "gate_up", "down", "lm_head")
 # int8 linears whose activations are rounded twice (``int8_linear``'s ``precise``) when a runner
@@ -204,7 +201,10 @@ def prepare_weights(
         path = cache_path(model, cache_dir, INT8_FILE if calibration else UNSMOOTHED_INT8_FILE)
         int8 = int8_packs(matrices, path, model, calibration)
     kernel = weights_q4.Q4Kernel() if choice.decode == "q4" else None
-    if kernel is not None:  # the head stays int8: see LINEARS' comment
+    if kernel is not None:
+        # q4 takes the decoder layers' linears; the LM head stays on int8, rounded twice (as
+        # llama.cpp's Q4_K_M keeps its output matrix in 6 bits): every logit goes through it,
+        # and a q4 head lost FIM first lines an int8 one kept (docs/benchmarks.md).
         layers_only = {k: v for k, v in matrices.items() if k != "lm_head"}
         q4 = q4_packs(layers_only, cache_path(model, cache_dir, Q4_FILE))
 
