@@ -2,14 +2,11 @@
 
     PYTHONPATH=$PWD .venv/bin/python -m bench.next_edit [--cases 48] [--variants a,b]
 
-Each case is a real commit of a public project (bench/next_edit_cases.py made them: the first
-hunks of a file's change are the edit history, the next hunk is the expected edit). Requests
-are built the way Continue (even cases) and Zed (odd cases) build them
-(tests/fixtures/edit_clients.py) and answered by the real edit service on the embedded model,
-in this process (no HTTP, no auth); each answer is read the way that client reads it.
-
-Every variant (a prompt style, and the decoding the request asks for) answers every case,
-interleaved, in one run. Per variant:
+Each case is a real commit of a public project (bench/next_edit_cases.py: a file's first hunks
+are the edit history, the next hunk the expected edit). Requests are built as Continue (even
+cases) and Zed (odd cases) build them (tests/fixtures/edit_clients.py), answered by the real
+edit service on the embedded model in this process, and read as that client reads them.
+Every variant (a prompt style and its decoding) answers every case, interleaved. Per variant:
 
 - exact: the region equals the expected one (trailing whitespace trimmed);
 - delta chrF: Zed's edit-prediction score (character n-grams up to 6, beta 2, whitespace
@@ -19,8 +16,7 @@ interleaved, in one run. Per variant:
 - latency p50/p90, cold (the first request for this file) and repeat (one more keystroke:
   the first character of the expected edit typed, and its diff added to the history).
 
-Latency on a shared CPU is noisy; quality figures are not (greedy decoding, fixed seed).
-"""
+Latency on a shared CPU is noisy; quality figures are not (greedy, fixed seed)."""
 
 from __future__ import annotations
 
