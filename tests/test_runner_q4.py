@@ -119,6 +119,8 @@ def test_the_decision_scorer_never_holds_q4(loaded) -> None:
     config = engine_config(weights="q4", prompt_weights="auto")
     runner = configured_runner(loaded, config.for_scoring(0), "scorer")
     assert runner is not None and runner.decode_weights == "int8"
+    dense_prompts = engine_config(weights="q4", prompt_weights="dense").for_scoring(0)
+    assert configured_runner(loaded, dense_prompts, "scorer").decode_weights == "dense"
 
 
 def test_without_a_compiler_q4_falls_back_to_int8(monkeypatch, tmp_path) -> None:

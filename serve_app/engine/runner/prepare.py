@@ -170,7 +170,7 @@ def choose_weights(
     decode = decode_weights(weights, device)
     prompts_quantized = quantized_prompts(prompt_weights, decode)
     if scoring:
-        decode = "int8" if decode == "q4" else decode if prompts_quantized else "dense"
+        decode = ("int8" if decode == "q4" else decode) if prompts_quantized else "dense"
     if isinstance(dense_dtype, str):
         model_dtype = next(model.parameters()).dtype
         dense_dtype = prefill_dtype(dense_dtype, device, model_dtype, prompts_quantized)
