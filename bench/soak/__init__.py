@@ -16,10 +16,11 @@ random model, two Router and two AuthService replicas.
 Traffic (``Traffic``): one closed-loop user per account, three accounts (``soak-a`` sends as
 Continue, ``soak-b`` as Zed, ``soak-c`` as Kilo Code/ProxyAI): a keystroke FIM session (the
 prefix grows by a character a request, same file, streamed every other request), then one of
-next-edit, apply, decisions or chat (streamed). One stream in ``CANCEL_SHARE`` is closed by
-the client after its first text. Designed refusals: once an interval ``soak-rate`` (5 requests
-a minute) sends short FIM requests until it gets two 429s, and ``soak-quota``, whose quota is
-spent, one request (402).
+next-edit, apply, decisions or chat (streamed); beside them an applier sends applies in a loop,
+as Continue and ProxyAI in turn, so apply's p99 rests on hundreds of requests. One stream in
+``CANCEL_SHARE`` is closed by the client after its first text. Designed refusals: once an
+interval ``soak-rate`` (5 requests a minute) sends short FIM requests until it gets two 429s,
+and ``soak-quota``, whose quota is spent, one request (402).
 
 Every interval (``--sample-s``, a minute): each replica's PSS (``/proc/PID/smaps_rollup`` of
 the ``ray::ServeReplica:llm:<Deployment>`` processes of this graph), each prefix cache's bytes
@@ -60,6 +61,7 @@ CACHE_METRIC = "ray_serve_app_engine_prefix_cache_bytes"
 CANCEL_SHARE = 0.1
 KEYSTROKES = 6
 KEYSTROKE_GAP_S = 0.15
+APPLY_GAP_S = 1.0  # the applier's pause between applies
 WINDOW = 5  # intervals compared at the start and the end
 P99_RATIO = 1.3
 PSS_GROWTH = 0.05

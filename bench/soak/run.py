@@ -158,10 +158,11 @@ def soak_verdict(result: SoakResult, sample_s: float) -> dict[str, tuple[bool | 
         for kind in KINDS:
             a, b = latencies(first, kind), latencies(last, kind)
             if a and b:
-                ratios.append((kind, percentile(b, 99) / percentile(a, 99),
-                               percentile(a, 99), percentile(b, 99)))  # fmt: skip
+                early, late = percentile(a, 99), percentile(b, 99)
+                ratios.append((kind, late / early, early, late, f"{len(a)}/{len(b)}"))
         worst = max((r[1] for r in ratios), default=0.0)
-        text = ", ".join(f"{k} {a:.2f}->{b:.2f} s ({r:.2f}x)" for k, r, a, b in ratios)
+        # n: requests in each window; under 100, a p99 is the window's slowest request
+        text = ", ".join(f"{k} {a:.2f}->{b:.2f} s ({r:.2f}x, n {n})" for k, r, a, b, n in ratios)
         verdict["p99 last/first"] = (worst <= P99_RATIO, f"{window} intervals each: {text}")
         # A replica hands its heap's free pages back whenever its engine idles
         # (``pages.return_freed_memory``), so one sample may fall in a trough: growth is the

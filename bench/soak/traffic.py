@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -11,6 +12,7 @@ import httpx
 
 from bench.soak import (
     ACCOUNTS,
+    APPLY_GAP_S,
     BROKE,
     CANCEL_SHARE,
     KEYSTROKE_GAP_S,
@@ -70,6 +72,9 @@ class Traffic:
             thread = threading.Thread(target=self.user, args=(account, index), daemon=True)
             thread.start()
             self.threads.append(thread)
+        applier = threading.Thread(target=self.applier, daemon=True)
+        applier.start()
+        self.threads.append(applier)
 
     def finish(self) -> None:
         self.stop.set()
@@ -95,6 +100,21 @@ class Traffic:
                 path, body = getattr(self, kind.replace("-", "_"))(account, material, rng)
                 cancel = bool(body.get("stream")) and rng.random() < CANCEL_SHARE
                 self.send(client, account, kind, path, self.long(body) if cancel else body, cancel)
+
+    def applier(self) -> None:
+        """Applies in a loop, as Continue (streamed) and ProxyAI (one answer) in turn: apply is
+        cheap, so its windows hold the hundreds of requests a p99 needs (the user loops give it
+        about 17 in five minutes, and a p99 of 17 is their slowest)."""
+        rng = random.Random(self.seed * 100 + len(ACCOUNTS))
+        shapes = (ACCOUNTS[0], ACCOUNTS[-1])
+        with httpx.Client(timeout=self.client_timeout) as client:
+            for turn in itertools.count():
+                if self.stop.is_set():
+                    return
+                account = shapes[turn % 2]
+                path, body = self.apply(account, rng.choice(self.materials), rng)
+                self.send(client, account, "apply", path, body)
+                time.sleep(APPLY_GAP_S)
 
     def long(self, body: dict) -> dict:
         """A stream the client will close: long enough that it is still running then."""
