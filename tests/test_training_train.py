@@ -45,9 +45,8 @@ def test_only_the_answer_carries_labels(tiny_source: str) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_source.removeprefix("tiny:"))
-    ids, labels = training_pair(
-        example("cart.py"), "\nprint(subtotal(cart))", tokenizer, "chat_split"
-    )
+    pair = training_pair(example("cart.py"), "\nprint(subtotal(cart))", tokenizer, "chat_split")
+    ids, labels = pair.ids, pair.labels
     answer = [label for label in labels if label != IGNORED]
     assert len(ids) == len(labels) and labels[: len(ids) - len(answer)] == [IGNORED] * (
         len(ids) - len(answer)
@@ -61,12 +60,58 @@ def test_a_span_example_is_trained_on_the_changed_lines_alone(tiny_source: str) 
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_source.removeprefix("tiny:"))
-    ids, labels = training_pair(
-        example("cart.py"), "\nprint(subtotal(cart))", tokenizer, "chat_span"
-    )
+    pair = training_pair(example("cart.py"), "\nprint(subtotal(cart))", tokenizer, "chat_span")
+    ids, labels = pair.ids, pair.labels
     answer = [label for label in labels if label != IGNORED]
+    assert all(pair.changed[len(ids) - len(answer) : -1])  # a span is all change
     assert tokenizer.decode(answer[:-1]) == "@@ 2,1\nprint(subtotal(cart))"
     assert f"2|print({CURSOR}total(cart))" in tokenizer.decode(ids[: len(ids) - len(answer)])
+
+
+def test_the_tokens_that_write_the_change_are_marked_and_only_they(tiny_source: str) -> None:
+    """The region is two lines; the edit rewrites the second. The tokens writing the new
+    line are marked, the fence, the kept blank line and the end of the turn are not."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_source.removeprefix("tiny:"))
+    pair = training_pair(example("cart.py"), "\nprint(subtotal(cart))", tokenizer, "chat_split")
+    start = next(i for i, label in enumerate(pair.labels) if label != IGNORED)
+    answer, changed = pair.labels[start:], pair.changed[start:]
+    written = tokenizer.decode([t for t, c in zip(answer, changed, strict=True) if c])
+    assert "subtotal(cart))" in written and "```" not in written
+    assert not changed[0] and not changed[-1]
+    unchanged = training_pair(example("cart.py"), "\nprint(total(cart))", tokenizer, "chat_split")
+    assert not any(unchanged.changed)
+
+
+def test_a_deleted_line_marks_the_token_where_a_copy_would_write_it(tiny_source: str) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_source.removeprefix("tiny:"))
+    pair = training_pair(example("cart.py"), "print(total(cart))", tokenizer, "chat_split")
+    start = next(i for i, label in enumerate(pair.labels) if label != IGNORED)
+    marked = [t for t, c in zip(pair.labels[start:], pair.changed[start:], strict=True) if c]
+    assert len(marked) == 1 and "print".startswith(tokenizer.decode(marked).strip())
+
+
+def test_a_run_can_start_from_an_adapter_and_weighs_changed_tokens(
+    tiny_source: str, data: Path, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    common = ["--data", str(data), "--model", tiny_source, "--batch", "1", "--layers", "1",
+              "--eval-every", "1"]  # fmt: skip
+    train.main([*common, "--out", str(tmp_path / "first"), "--steps", "1", "--lr", "0.5"])
+    first = tmp_path / "first" / "adapter"
+    train.main([*common, "--out", str(tmp_path / "second"), "--steps", "1", "--lr", "1e-9",
+                "--init-adapter", str(first), "--change-weight", "5"])  # fmt: skip
+    record = json.loads((tmp_path / "second" / "training.json").read_text())
+    assert record["change_weight"] == 5 and record["init_adapter"] == str(first)
+    assert [s for s, _ in record["validation_loss_changed_tokens"]] == [0, 1]
+    before = load_file(str(first / "adapter_model.safetensors"))
+    after = load_file(str(tmp_path / "second" / "adapter" / "adapter_model.safetensors"))
+    assert before.keys() == after.keys()
+    assert all(float((before[k] - after[k]).abs().max()) < 1e-3 for k in before)
 
 
 def test_a_run_resumes_from_its_checkpoint_and_records_the_adapter(

@@ -5,17 +5,20 @@ exactly the prompt it will be asked."""
 
 from __future__ import annotations
 
+import difflib
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from serve_app.prompts.chat_encoding import encode_untrusted
-from serve_app.prompts.edit.extract import model_answer
+from serve_app.prompts.edit.extract import fence_region, model_answer
 from serve_app.prompts.edit.messages import (
     EditPromptStyle,
     build_messages,
     encode_edit_prompt,
 )
-from serve_app.prompts.edit.parse import CURSOR, parse_edit_prompt
+from serve_app.prompts.edit.parse import CURSOR, parse_edit_prompt, region_without_cursor
 
 REGION_OPEN, REGION_CLOSE = "<|code_to_edit|>", "<|/code_to_edit|>"
 IGNORED = -100  # a label the loss skips: prompt tokens teach nothing
@@ -67,14 +70,62 @@ def tagged_request(context: EditContext, diff_separator: str = "\n") -> str:
     )
 
 
+@dataclass(frozen=True)
+class TrainingPair:
+    """One example's tokens: the prompt then the answer (``ids``), the answer's tokens again
+    as ``labels`` (``IGNORED`` under the prompt), and which labels write a change."""
+
+    ids: list[int]
+    labels: list[int]
+    changed: list[bool]  # per position of ``labels``: the token writes changed text
+
+
 def training_pair(
     context: EditContext, expected: str, tokenizer: Any, style: EditPromptStyle
-) -> tuple[list[int], list[int]]:
-    """(input ids, labels) of one example: the served prompt in ``style``, then the answer the
-    service reads as ``expected`` (``model_answer``: the region in a plain fence, or the
-    changed span) and the end of the turn. Only the answer's tokens carry labels."""
+) -> TrainingPair:
+    """One example: the served prompt in ``style``, then the answer the service reads as
+    ``expected`` (``model_answer``: the region in a plain fence, or the changed span) and the
+    end of the turn. Only the answer's tokens carry labels."""
     request = parse_edit_prompt(tagged_request(context))
     prompt = encode_edit_prompt(tokenizer, build_messages(request, style=style))
     answer_text = model_answer(expected, request, style)
     answer = encode_untrusted(tokenizer, answer_text) + [tokenizer.eos_token_id]
-    return prompt + answer, [IGNORED] * len(prompt) + answer
+    marked = changed_characters(region_without_cursor(request), expected, answer_text)
+    changed = [False] * len(prompt) + tokens_touching(answer[:-1], marked, tokenizer) + [False]
+    return TrainingPair(prompt + answer, [IGNORED] * len(prompt) + answer, changed)
+
+
+def changed_characters(region: str, expected: str, answer_text: str) -> list[bool]:
+    """Per character of ``answer_text``: does it write what the edit changed? The lines of
+    ``expected`` that replace or add to the region's, and where lines were deleted, the
+    first character that copying them would write otherwise. An answer that
+    is not the region written out (a span) is all change."""
+    if answer_text != fence_region(expected):
+        return [True] * len(answer_text)
+    start = answer_text.index("\n") + 1  # after the fence's opening line
+    marked = [False] * len(answer_text)
+    old, new = region.split("\n"), expected.split("\n")
+    line_starts = [0]
+    for line in new:
+        line_starts.append(line_starts[-1] + len(line) + 1)
+    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    for tag, deleted_from, deleted_to, first, last in matcher.get_opcodes():
+        if tag in ("replace", "insert"):
+            for at in range(start + line_starts[first], start + line_starts[last]):
+                marked[min(at, len(marked) - 1)] = True
+        elif tag == "delete":  # where copying the region would write the deleted line
+            kept = "\n".join(new[first:])
+            copied = "\n".join([*old[deleted_from:deleted_to], *new[first:]])
+            at = start + line_starts[first] + len(os.path.commonprefix([kept, copied]))
+            marked[min(at, len(marked) - 1)] = True
+    return marked
+
+
+def tokens_touching(ids: list[int], marked: list[bool], tokenizer: Any) -> list[bool]:
+    """Per token: does its text cover a marked character? Offsets come from decoding each
+    prefix, so they are the characters the tokens write, whatever the tokenizer merged."""
+    touching, end = [], 0
+    for count in range(1, len(ids) + 1):
+        start, end = end, len(tokenizer.decode(ids[:count]))
+        touching.append(any(marked[start:end]))
+    return touching

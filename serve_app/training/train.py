@@ -5,8 +5,10 @@
 
 The base is the embedded 0.5B (``--model``: any source the config takes). Every linear layer
 gets a rank-``--rank`` LoRA (peft); the loss counts the answer's tokens only, rendered by the
-edit service's own prompt path (``training.render``) in ``--style``. On the CPU it trains in
-bf16 where the CPU computes it natively (AVX512-BF16, AMX), else fp32; on a CUDA GPU in bf16.
+edit service's own prompt path (``training.render``) in ``--style``, those that write a change
+weighing ``--change-weight`` times the rest. ``--init-adapter`` starts from a trained adapter.
+On the CPU it trains in bf16 where the CPU computes it natively (AVX512-BF16, AMX), else fp32;
+on a CUDA GPU in bf16.
 
 Long runs stop and go on: every ``--save-every`` steps the adapter, the optimizer, the step
 and the data order go to ``OUT/checkpoint`` (written whole, then renamed into place), and a
@@ -34,7 +36,7 @@ import torch
 from serve_app.models.loader import TRAINING_RECORD
 from serve_app.prompts.edit.messages import PROMPT_STYLES
 from serve_app.training.edits import EditExample
-from serve_app.training.render import IGNORED, training_pair
+from serve_app.training.render import IGNORED, TrainingPair, training_pair
 
 DEFAULT_MODEL = "embedded:qwen2.5-coder-0.5b"
 STATE_FILE = "state.pt"
@@ -48,6 +50,7 @@ class Progress:
     order: list[int] = field(default_factory=list)  # training examples' indices, shuffled
     position: int = 0  # next index into ``order``
     validation: list[tuple[int, float]] = field(default_factory=list)  # (step, loss)
+    validation_changed: list[tuple[int, float]] = field(default_factory=list)  # changed tokens
     seconds: float = 0.0
 
 
@@ -74,13 +77,13 @@ def with_no_change_share(
 
 def encode_all(
     examples: list[EditExample], tokenizer: Any, style: str, max_tokens: int
-) -> list[tuple[list[int], list[int]]]:
-    """Each example's (ids, labels); those over ``max_tokens`` are left out."""
+) -> list[TrainingPair]:
+    """Each example's tokens; those over ``max_tokens`` are left out."""
     pairs = []
     for example in examples:
-        ids, labels = training_pair(example, example.expected, tokenizer, style)
-        if len(ids) <= max_tokens:
-            pairs.append((ids, labels))
+        pair = training_pair(example, example.expected, tokenizer, style)
+        if len(pair.ids) <= max_tokens:
+            pairs.append(pair)
     return pairs
 
 
@@ -125,30 +128,45 @@ def with_lora(model: Any, rank: int, layers: int) -> Any:
     return get_peft_model(model, config)
 
 
-def answer_loss(model: Any, ids: list[int], labels: list[int], device: str) -> tuple[Any, int]:
-    """Mean cross-entropy over the answer's tokens, and how many tokens were read.
+def token_losses(model: Any, pair: TrainingPair, device: str) -> tuple[Any, Any]:
+    """Cross-entropy of each answer token, and which of them write a change.
 
     Only the positions that predict an answer token go through the LM head (136 M of the
     0.5B's 494 M weights): the prompt's logits would be computed only to be ignored."""
     causal = model.get_base_model()
-    hidden = causal.model(input_ids=torch.tensor([ids], device=device)).last_hidden_state[0]
-    targets = torch.tensor(labels[1:], device=device)
+    ids = torch.tensor([pair.ids], device=device)
+    hidden = causal.model(input_ids=ids).last_hidden_state[0]
+    targets = torch.tensor(pair.labels[1:], device=device)
     answer = targets != IGNORED
     logits = causal.lm_head(hidden[:-1][answer]).float()
-    return torch.nn.functional.cross_entropy(logits, targets[answer]), len(ids)
+    losses = torch.nn.functional.cross_entropy(logits, targets[answer], reduction="none")
+    return losses, torch.tensor(pair.changed[1:], device=device)[answer]
+
+
+def answer_loss(
+    model: Any, pair: TrainingPair, device: str, change_weight: float = 1.0
+) -> tuple[Any, int]:
+    """The answer's cross-entropy, tokens that write a change weighing ``change_weight``
+    times the rest, and how many tokens were read. Nearly every token of a rewritten region
+    copies it, so at weight 1 a step's loss is mostly copying: the weight is what makes the
+    few changed tokens count."""
+    losses, changed = token_losses(model, pair, device)
+    weights = 1.0 + (change_weight - 1.0) * changed.float()
+    return (losses * weights).sum() / weights.sum(), len(pair.ids)
 
 
 @torch.no_grad()
-def validation_loss(model: Any, pairs: list[tuple[list[int], list[int]]], device: str) -> float:
+def validation_loss(model: Any, pairs: list[TrainingPair], device: str) -> tuple[float, float]:
+    """Mean cross-entropy over every answer token, and over those that write a change."""
     model.eval()
-    total, count = 0.0, 0
-    for ids, labels in pairs:
-        loss, _ = answer_loss(model, ids, labels, device)
-        answer_tokens = sum(label != IGNORED for label in labels[1:])  # what the loss averaged
-        total += float(loss) * answer_tokens
-        count += answer_tokens
+    total, count, changed_total, changed_count = 0.0, 0, 0.0, 0
+    for pair in pairs:
+        losses, changed = token_losses(model, pair, device)
+        total, count = total + float(losses.sum()), count + len(losses)
+        changed_total += float(losses[changed].sum())
+        changed_count += int(changed.sum())
     model.train()
-    return total / max(count, 1)
+    return total / max(count, 1), changed_total / max(changed_count, 1)
 
 
 def save_checkpoint(out: Path, model: Any, optimizer: Any, progress: Progress) -> None:
@@ -163,19 +181,29 @@ def save_checkpoint(out: Path, model: Any, optimizer: Any, progress: Progress) -
     partial.rename(final)
 
 
-def resume(out: Path, model: Any, optimizer: Any) -> Progress | None:
+def load_adapter_weights(model: Any, folder: Path) -> None:
+    """A saved adapter's weights into ``model``'s LoRA, every one of them or an error."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
+    weights = load_file(str(folder / "adapter_model.safetensors"))
+    dtype = next(p.dtype for p in model.parameters() if p.requires_grad)
+    weights = {key: tensor.to(dtype) for key, tensor in weights.items()}
+    result = set_peft_model_state_dict(model, weights)
+    if result.unexpected_keys:
+        raise SystemExit(f"{folder}: weights this LoRA lacks, e.g. {result.unexpected_keys[0]}")
+
+
+def resume(out: Path, model: Any, optimizer: Any) -> Progress | None:
     checkpoint = out / "checkpoint"
     if not (checkpoint / STATE_FILE).exists():
         return None
-    weights = load_file(str(checkpoint / "adapter_model.safetensors"))
-    set_peft_model_state_dict(model, weights)
+    load_adapter_weights(model, checkpoint)
     state = torch.load(checkpoint / STATE_FILE, weights_only=False)
     optimizer.load_state_dict(state["optimizer"])
     progress = Progress(**state["progress"])
     progress.validation = [tuple(pair) for pair in progress.validation]
+    progress.validation_changed = [tuple(pair) for pair in progress.validation_changed]
     return progress
 
 
@@ -210,6 +238,9 @@ def run(args: argparse.Namespace) -> dict:
     optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=0.0)
     args.out.mkdir(parents=True, exist_ok=True)
     progress = resume(args.out, model, optimizer)
+    if progress is None and args.init_adapter:
+        load_adapter_weights(model, args.init_adapter)
+        log(f"starting from {args.init_adapter}")
     if progress is None:
         order = list(range(len(train_pairs)))
         rng.shuffle(order)
@@ -221,9 +252,8 @@ def run(args: argparse.Namespace) -> dict:
         f"{dtype}, {args.device}, LoRA r={args.rank}, style {args.style}"
     )
     if validation_pairs and progress.step == 0 and not progress.validation:
-        # The base model's score first: what every later one is compared with.
-        progress.validation.append((0, validation_loss(model, validation_pairs, args.device)))
-        log(f"step 0 validation loss {progress.validation[0][1]:.4f}")
+        # The starting model's score first: what every later one is compared with.
+        evaluate(model, validation_pairs, progress, args.device)
     model.train()
     while progress.step < args.steps:
         started = time.monotonic()
@@ -231,9 +261,9 @@ def run(args: argparse.Namespace) -> dict:
             group["lr"] = learning_rate(progress.step, args.steps, args.lr, args.warmup)
         tokens, losses = 0, []
         for _ in range(args.batch):
-            ids, labels = train_pairs[progress.order[progress.position % len(progress.order)]]
+            pair = train_pairs[progress.order[progress.position % len(progress.order)]]
             progress.position += 1
-            loss, read = answer_loss(model, ids, labels, args.device)
+            loss, read = answer_loss(model, pair, args.device, args.change_weight)
             (loss / args.batch).backward()
             tokens, losses = tokens + read, [*losses, float(loss.detach())]
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -248,12 +278,17 @@ def run(args: argparse.Namespace) -> dict:
             f"{tokens / seconds:.0f} tok/s, {left / 60:.1f} min left"
         )
         if validation_pairs and progress.step % args.eval_every == 0:
-            score = validation_loss(model, validation_pairs, args.device)
-            progress.validation.append((progress.step, score))
-            log(f"step {progress.step} validation loss {score:.4f}")
+            evaluate(model, validation_pairs, progress, args.device)
         if progress.step % args.save_every == 0 or progress.step == args.steps:
             save_checkpoint(args.out, model, optimizer, progress)
     return finish(args, model, progress)
+
+
+def evaluate(model: Any, pairs: list[TrainingPair], progress: Progress, device: str) -> None:
+    every, changed = validation_loss(model, pairs, device)
+    progress.validation.append((progress.step, every))
+    progress.validation_changed.append((progress.step, changed))
+    log(f"step {progress.step} validation loss {every:.4f}, on changed tokens {changed:.4f}")
 
 
 def finish(args: argparse.Namespace, model: Any, progress: Progress) -> dict:
@@ -272,7 +307,10 @@ def finish(args: argparse.Namespace, model: Any, progress: Progress) -> dict:
         "layers": args.layers,
         "max_tokens": args.max_tokens,
         "lr": args.lr,
+        "change_weight": args.change_weight,
+        "init_adapter": str(args.init_adapter) if args.init_adapter else None,
         "validation_loss": progress.validation,
+        "validation_loss_changed_tokens": progress.validation_changed,
         "hours": round(progress.seconds / 3600, 3),
     }
     (args.out / TRAINING_RECORD).write_text(json.dumps(record, indent=1) + "\n")
@@ -304,6 +342,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--save-every", type=int, default=10)
     parser.add_argument(
         "--no-change", type=float, default=0.2, help="at most this share of no-change examples"
+    )
+    parser.add_argument(
+        "--change-weight", type=float, default=1.0,
+        help="loss weight of answer tokens that write a change (the rest weigh 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--init-adapter", type=Path, help="start from this adapter's weights (same rank, layers)"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
