@@ -122,10 +122,13 @@ def changed_characters(region: str, expected: str, answer_text: str) -> list[boo
 
 
 def tokens_touching(ids: list[int], marked: list[bool], tokenizer: Any) -> list[bool]:
-    """Per token: does its text cover a marked character? Offsets come from decoding each
-    prefix, so they are the characters the tokens write, whatever the tokenizer merged."""
+    """Per token: does its text cover a marked character? A token's characters are what it
+    adds to the decoded text of the few tokens before it (a character split across tokens
+    decodes whole only once its last byte comes), so the offsets are the text's own."""
     touching, end = [], 0
     for count in range(1, len(ids) + 1):
-        start, end = end, len(tokenizer.decode(ids[:count]))
+        window = ids[max(0, count - 8) : count]
+        added = len(tokenizer.decode(window)) - len(tokenizer.decode(window[:-1]))
+        start, end = end, end + max(0, added)
         touching.append(any(marked[start:end]))
     return touching
