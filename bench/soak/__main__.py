@@ -42,11 +42,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="the tiny random model")
     parser.add_argument("--kill", action="store_true", help="kill -9 each deployment in turn")
     parser.add_argument("--dump", type=Path, help="write every call and ledger row here (JSON)")
+    parser.add_argument(
+        "--outage", choices=("sqlite", "postgres"), help="take the auth store away under load"
+    )
+    parser.add_argument("--down", type=float, default=60.0, help="seconds the store is away")
     args = parser.parse_args(argv)
     print(
         f"bench.soak {' '.join(sys.argv[1:])}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
     print(f"CPU: {cpu_flags()}; load {os.getloadavg()} (shared box: timings are noisy)")
+    if args.outage:
+        return outage(args)
     with (
         tempfile.TemporaryDirectory(prefix="bench-soak-") as folder,
         soak_graph(Path(folder), args.tiny, args.kill) as started,
@@ -66,6 +72,31 @@ def main(argv: list[str] | None = None) -> int:
             print_soak(result)
             verdict = result.verdict
     print(f"load at the end {os.getloadavg()}")
+    return 0 if all(passed is not False for passed, _ in verdict.values()) else 1
+
+
+def outage(args: argparse.Namespace) -> int:
+    """``--outage``: the store away for ``--down`` seconds under the soak's traffic."""
+    from bench.soak.outage import SqliteHeld, store_outage
+    from tests.conftest import ThrowawayPostgres, new_postgres_schema
+
+    server = ThrowawayPostgres() if args.outage == "postgres" else None
+    dsn = new_postgres_schema(server.url) if server else None
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="bench-soak-") as folder,
+            soak_graph(Path(folder), args.tiny, False, auth_db=dsn) as started,
+        ):
+            print(f"graph up: {started['url']}, model {started['model']}", flush=True)
+            store = server or SqliteHeld(started["db"])
+            result = store_outage(started, store, args.outage, down_s=args.down, tiny=args.tiny)
+            if args.dump:
+                dump(args.dump, result.calls, started["db"])
+            verdict = result.verdict()
+    finally:
+        if server:
+            server.remove()
+    print_verdict(verdict)
     return 0 if all(passed is not False for passed, _ in verdict.values()) else 1
 
 

@@ -32,6 +32,7 @@ class Call:
     text_events: int = 0
     cancelled: bool = False
     failure: str | None = None
+    retry_after: str | None = None  # a refusal's Retry-After header
 
     @property
     def endpoint(self) -> str:
@@ -90,12 +91,14 @@ def send(
                 call.usage = usage_of(response.json().get("usage"))
             else:
                 call.code = error_code(response.content)
+                call.retry_after = response.headers.get("retry-after")
         else:
             with client.stream("POST", url + path, json=body, headers=headers) as response:
                 call.status = response.status_code
                 on_headers()
                 if call.status != 200:
                     call.code = error_code(response.read())
+                    call.retry_after = response.headers.get("retry-after")
                 else:
                     read_stream(response, call, cancel)
     except (httpx.HTTPError, ValueError) as exc:

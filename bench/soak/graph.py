@@ -24,9 +24,11 @@ from bench.soak import (
 )
 
 
-def soak_configure(embedded: bool, kill: bool) -> Callable[[dict], None]:
+def soak_configure(
+    embedded: bool, kill: bool, auth_db: str | None = None
+) -> Callable[[dict], None]:
     """Edit tests/graph.py's config: embedded, local.yaml's settings with the 0.5B in every
-    role; ``kill``, the short deadlines."""
+    role; ``kill``, the short deadlines; ``auth_db``, the auth store (a postgresql:// DSN)."""
 
     def configure(document: dict) -> None:
         (application,) = document["applications"]
@@ -40,15 +42,19 @@ def soak_configure(embedded: bool, kill: bool) -> Callable[[dict], None]:
             application["deployments"] = declared["deployments"]
         if kill:
             application["args"]["limits"] = dict(KILL_LIMITS)
+        if auth_db:
+            application["args"]["auth"] = {**application["args"].get("auth", {}), "db": auth_db}
 
     return configure
 
 
 @contextlib.contextmanager
 def soak_graph(
-    workdir: Path, tiny: bool, kill: bool, tiny_source: str | None = None
-) -> Iterator[dict]:
-    """The graph (tests/graph.py's ``start_graph``) and its accounts: ``keys`` by account."""
+    workdir: Path, tiny: bool, kill: bool, tiny_source: str | None = None,
+    auth_db: str | None = None,
+) -> Iterator[dict]:  # fmt: skip
+    """The graph (tests/graph.py's ``start_graph``) and its accounts: ``keys`` by account;
+    ``db``, the auth store (``auth_db``, or the graph's own SQLite file)."""
     from serve_app.models.tiny import build_tiny_model
     from tests.graph import MODEL, start_graph
 
@@ -57,8 +63,11 @@ def soak_graph(
         model = MODEL
     else:
         source, model = f"embedded:{EMBEDDED}", EMBEDDED
-    running = start_graph(source, workdir / "graph", soak_configure(not tiny, kill), model=model)
+    configure = soak_configure(not tiny, kill, auth_db)
+    running = start_graph(source, workdir / "graph", configure, model=model)
     started = next(running)
+    if auth_db:
+        started["db"] = auth_db
     try:
         yield {**started, "model": model, "keys": make_accounts(started["db"])}
     finally:

@@ -56,12 +56,18 @@ def ledger_rows(db: str, names: list[str], since: float = 0.0) -> dict[str, list
         store.close()
 
 
+def refused_before_admission(call: Call) -> bool:
+    return call.status in REFUSED
+
+
 def check_ledger(
-    calls: list[Call], rows_by_account: dict[str, list], late_s: float = 360.0
-) -> LedgerCheck:
+    calls: list[Call], rows_by_account: dict[str, list], late_s: float = 360.0,
+    refused: Callable[[Call], bool] = refused_before_admission,
+) -> LedgerCheck:  # fmt: skip
     """Match every call to at most one row, in order of strictness (module docstring): the
     earliest row that fits, written from the call's start to ``late_s`` after it (a replica
-    whose router died goes on to its deadline; a spooled row comes seconds later)."""
+    whose router died goes on to its deadline; a spooled row comes seconds later). A call
+    ``refused`` must have no row: one it left is counted doubled."""
     result = LedgerCheck()
     for account, rows in rows_by_account.items():
         left = sorted(rows, key=lambda row: row.created_at)
@@ -100,9 +106,7 @@ def check_ledger(
             ):
                 result.missing.append(call)
         told_ids = {id(c) for c in told}
-        unknown = [
-            c for c in mine if id(c) not in told_ids and not c.cancelled and c.status not in REFUSED
-        ]
+        unknown = [c for c in mine if id(c) not in told_ids and not c.cancelled and not refused(c)]
         for call in unknown:  # admitted errors: a row of what was processed, or none
             if call.failure is None and call.status != 500:
                 status = CODE_STATUS.get(call.code or "", 0) if call.error_event else call.status
@@ -121,13 +125,16 @@ def check_ledger(
     return result
 
 
-def settled_ledger(db: str, calls: list[Call], wait_s: float = 45.0) -> LedgerCheck:
+def settled_ledger(
+    db: str, calls: list[Call], wait_s: float = 45.0,
+    refused: Callable[[Call], bool] = refused_before_admission,
+) -> LedgerCheck:  # fmt: skip
     """The check once the rows stopped coming (replica spools flush every 5 s)."""
     names = sorted({c.account for c in calls} | {BROKE, LIMITED})
     since = min((c.started for c in calls), default=0.0)  # rows of earlier runs on the graph
     deadline = time.monotonic() + wait_s
     while True:
-        check = check_ledger(calls, ledger_rows(db, names, since))
+        check = check_ledger(calls, ledger_rows(db, names, since), refused=refused)
         if check.clean or time.monotonic() > deadline:
             return check
         time.sleep(2)
