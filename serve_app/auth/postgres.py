@@ -58,6 +58,7 @@ class PostgresAuthStore(SqlAuthStore):
         self.dsn = dsn
         self.connect_timeout = connect_timeout
         self.integrity_errors = (psycopg.IntegrityError,)
+        self.unavailable_errors = (psycopg.OperationalError,)  # the server gone or unreachable
         self._conn = self._connect()
         self._migrate()
 

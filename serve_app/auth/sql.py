@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from serve_app.auth.breaker import StoreBreaker
 from serve_app.auth.interface import AuthStore
 from serve_app.auth.migrations import MIGRATIONS
 from serve_app.auth.ratelimit import bucket_start, evaluate
@@ -72,12 +73,14 @@ class SqlAuthStore(AuthStore):
 
     begin_write = "BEGIN"  # how a read-modify-write transaction starts
     integrity_errors: tuple[type[Exception], ...] = ()
+    unavailable_errors: tuple[type[Exception], ...] = ()  # the store could not be reached
     placeholder = "?"
 
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
         self._lock = threading.RLock()
         self._conn: Any = None
         self._clock = clock
+        self._breaker = StoreBreaker()
 
     # -- dialect hooks
 
@@ -110,9 +113,24 @@ class SqlAuthStore(AuthStore):
         return functools.partial(self._execute, db)
 
     @contextmanager
+    def _using_store(self) -> Iterator[None]:
+        """The connection, held; refused at once while the breaker is open (``breaker``)."""
+        self._breaker.enter()
+        try:
+            with self._lock:
+                yield
+        except self.unavailable_errors:
+            self._breaker.unreachable()
+            raise
+        except BaseException:
+            self._breaker.reached()
+            raise
+        self._breaker.reached()
+
+    @contextmanager
     def _write(self) -> Iterator[Any]:
         """A transaction that holds the write lock(s) it needs from its first statement."""
-        with self._lock:
+        with self._using_store():
             db = self._connection()
             db.execute(self.begin_write)
             try:
@@ -123,7 +141,7 @@ class SqlAuthStore(AuthStore):
             db.execute("COMMIT")
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
-        with self._lock:
+        with self._using_store():
             return self._execute(self._connection(), sql, params).fetchall()
 
     def _migrate(self) -> None:
@@ -268,7 +286,7 @@ class SqlAuthStore(AuthStore):
     # -- time, admission, rate windows and usage
 
     def now(self) -> float:
-        with self._lock:
+        with self._using_store():
             return self._now(self._connection())
 
     def _now(self, db: Any) -> float:

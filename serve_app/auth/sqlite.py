@@ -26,6 +26,7 @@ class SQLiteAuthStore(SqlAuthStore):
 
     begin_write = "BEGIN IMMEDIATE"
     integrity_errors = (sqlite3.IntegrityError,)
+    unavailable_errors = (sqlite3.OperationalError,)  # "database is locked" past busy_timeout
 
     def __init__(
         self,

@@ -1,0 +1,70 @@
+"""The auth store under an outage refuses at once instead of queueing callers on a store that
+does not answer (``serve_app.auth.breaker``), and answers again once the store is back. The
+real SQLite store, held by another connection's exclusive transaction."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from serve_app.auth.breaker import COOLDOWN_S, StoreUnavailable
+from serve_app.auth.sqlite import SQLiteAuthStore
+
+BUSY_MS = 300
+
+
+def held(path: Path) -> sqlite3.Connection:
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    return other
+
+
+def test_a_locked_store_fails_once_then_refuses_at_once_until_it_is_back(tmp_path: Path) -> None:
+    store = SQLiteAuthStore(tmp_path / "auth.sqlite3", busy_timeout_ms=BUSY_MS)
+    store.create_account("before")
+    other = held(store.path)
+    started = time.monotonic()
+    with pytest.raises(sqlite3.OperationalError):
+        store.create_account("waits")  # the first call waits out busy_timeout
+    assert time.monotonic() - started >= BUSY_MS / 1000 * 0.9
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable):
+        store.create_account("refused")
+    assert time.monotonic() - started < 0.05  # no wait on the lock, no wait on the connection
+    other.execute("ROLLBACK")
+    other.close()
+    time.sleep(COOLDOWN_S)
+    store.create_account("after")  # the probe reaches the store and closes the breaker
+    store.create_account("again")
+    assert {a.name for a in store.list_accounts()} == {"before", "after", "again"}
+
+
+def test_while_one_call_tries_the_store_the_others_are_refused_at_once(tmp_path: Path) -> None:
+    store = SQLiteAuthStore(tmp_path / "auth.sqlite3", busy_timeout_ms=BUSY_MS)
+    other = held(store.path)
+    with pytest.raises(sqlite3.OperationalError):
+        store.create_account("trips")
+    time.sleep(COOLDOWN_S)
+    probe_failed = threading.Event()
+
+    def probe() -> None:
+        try:
+            store.create_account("probe")
+        except sqlite3.OperationalError:
+            probe_failed.set()
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    time.sleep(BUSY_MS / 1000 / 3)  # the probe is waiting on the lock now
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable):
+        store.create_account("meanwhile")
+    assert time.monotonic() - started < 0.05
+    thread.join()
+    assert probe_failed.is_set()
+    other.execute("ROLLBACK")
+    other.close()
