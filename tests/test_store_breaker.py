@@ -68,3 +68,38 @@ def test_while_one_call_tries_the_store_the_others_are_refused_at_once(tmp_path:
     assert probe_failed.is_set()
     other.execute("ROLLBACK")
     other.close()
+
+
+def test_calls_that_waited_behind_the_failing_one_are_refused_when_it_fails(
+    tmp_path: Path,
+) -> None:
+    """The soak's case: requests that came while the first write still waited on the lock
+    queue for the connection; once that write fails they are refused, not made to wait
+    ``busy_timeout`` each in turn."""
+    store = SQLiteAuthStore(tmp_path / "auth.sqlite3", busy_timeout_ms=BUSY_MS)
+    other = held(store.path)
+    outcomes: dict[str, tuple[str, float]] = {}
+
+    def call(name: str) -> None:
+        started = time.monotonic()
+        try:
+            store.create_account(name)
+            outcome = "written"
+        except StoreUnavailable:
+            outcome = "refused"
+        except sqlite3.OperationalError:
+            outcome = "failed"
+        outcomes[name] = (outcome, time.monotonic() - started)
+
+    threads = [threading.Thread(target=call, args=(f"a{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.02)
+    for thread in threads:
+        thread.join()
+    assert sorted(outcome for outcome, _ in outcomes.values()) == ["failed"] + ["refused"] * 3
+    assert max(seconds for _, seconds in outcomes.values()) < 1.5 * BUSY_MS / 1000
+    time.sleep(COOLDOWN_S)
+    assert store.list_accounts() == []  # after the cooldown reads answer while writes cannot
+    other.execute("ROLLBACK")
+    other.close()

@@ -113,24 +113,25 @@ class SqlAuthStore(AuthStore):
         return functools.partial(self._execute, db)
 
     @contextmanager
-    def _using_store(self) -> Iterator[None]:
-        """The connection, held; refused at once while the breaker is open (``breaker``)."""
-        self._breaker.enter()
-        try:
-            with self._lock:
+    def _using_store(self, write: bool) -> Iterator[None]:
+        """The connection, held; refused at once while the store is away (``breaker``)."""
+        self._breaker.enter(write)
+        with self._lock:
+            self._breaker.enter(write)
+            try:
                 yield
-        except self.unavailable_errors:
-            self._breaker.unreachable()
-            raise
-        except BaseException:
-            self._breaker.reached()
-            raise
-        self._breaker.reached()
+            except self.unavailable_errors:
+                self._breaker.unreachable()
+                raise
+            except BaseException:
+                self._breaker.answered(write)
+                raise
+            self._breaker.answered(write)
 
     @contextmanager
     def _write(self) -> Iterator[Any]:
         """A transaction that holds the write lock(s) it needs from its first statement."""
-        with self._using_store():
+        with self._using_store(write=True):
             db = self._connection()
             db.execute(self.begin_write)
             try:
@@ -141,7 +142,7 @@ class SqlAuthStore(AuthStore):
             db.execute("COMMIT")
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
-        with self._using_store():
+        with self._using_store(write=False):
             return self._execute(self._connection(), sql, params).fetchall()
 
     def _migrate(self) -> None:
@@ -286,7 +287,7 @@ class SqlAuthStore(AuthStore):
     # -- time, admission, rate windows and usage
 
     def now(self) -> float:
-        with self._using_store():
+        with self._using_store(write=False):
             return self._now(self._connection())
 
     def _now(self, db: Any) -> float:
