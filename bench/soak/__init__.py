@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.soak --minutes 30 --warmup 3  # embedded 0.5B, configs/local.yaml
     .venv/bin/python -m bench.soak --minutes 3 --tiny       # the tiny random model, a quick check
     .venv/bin/python -m bench.soak --kill [--tiny]          # kill -9 each deployment in turn
+    .venv/bin/python -m bench.soak --outage postgres|sqlite # the auth store away a minute
     ... --dump run.json                                     # every call and ledger row, as JSON
 
 Figures and what they showed: docs/operations.md (Reliability).
@@ -49,7 +50,8 @@ tests/test_soak.py runs both, short, on the tiny model.
 
 The package: ``calls`` (what a client got), ``traffic``, ``graph`` (the graph, its accounts,
 PSS and cache bytes), ``ledger`` (the check), ``run`` (the soak and its verdict), ``kills``,
-``__main__`` (the command). The settings below are shared by them.
+``outage`` (the store taken away), ``__main__`` (the command). The settings below are
+shared by them.
 """
 
 from __future__ import annotations
