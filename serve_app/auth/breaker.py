@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 
-COOLDOWN_S = 1.0  # refused at once this long after the store failed, then one call tries it
+COOLDOWN_S = 1.0  # refused at once this long after the store failed, then one write tries it
 
 
 class StoreUnavailable(Exception):
