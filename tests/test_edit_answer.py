@@ -318,3 +318,35 @@ def test_a_span_answer_that_is_not_an_edit_of_this_region_is_no_change() -> None
     )
     # A whole span that fails a check: every line deleted is not an edit to show.
     assert read_answer(f"@@ 1,{lines}", EXAMPLE, "stop", "chat_span")[1] == "dropped_lines"
+
+
+# --- the plain layouts of trained next-edit models (sweep, zeta) ------------------------------
+
+
+@pytest.mark.parametrize("style", ["sweep", "zeta"])
+def test_a_plain_answer_is_the_region_written_out_and_is_read_back(style: str) -> None:
+    answer = model_answer(RENAMED, EXAMPLE, style)
+    assert "```" not in answer and RENAMED.strip("\n") in answer
+    assert read_answer(answer, EXAMPLE, "stop", style) == (RENAMED, None)
+    # zeta's end marker is a stop: an answer that ended there reads the same without it.
+    assert read_answer(RENAMED, EXAMPLE, "stop", style) == (RENAMED, None)
+    assert read_answer(f"{CURSOR}{RENAMED}", EXAMPLE, "stop", style) == (RENAMED, None)
+
+
+@pytest.mark.parametrize("style", ["sweep", "zeta"])
+def test_a_plain_answer_that_is_not_an_edit_is_no_change(style: str) -> None:
+    assert read_answer("", EXAMPLE, "stop", style) == (REGION, "unusable")
+    assert read_answer(RENAMED[:20], EXAMPLE, "length", style) == (REGION, "cut_off")
+    shifted = "\n".join("    " + line if line else line for line in RENAMED.split("\n"))
+    assert read_answer(shifted, EXAMPLE, "stop", style) == (REGION, "indent_shift")
+
+
+def test_zetas_prompt_marks_the_region_in_the_file_and_its_answer_closes_it() -> None:
+    from serve_app.prompts.edit.plain import ZETA_CURSOR, ZETA_REGION_END, ZETA_REGION_START
+
+    (piece,) = build_messages(EXAMPLE, style="zeta")
+    text = piece["content"]
+    region = EXAMPLE.region.replace(CURSOR, ZETA_CURSOR)
+    assert f"{ZETA_REGION_START}\n{region}\n{ZETA_REGION_END}" in text
+    assert text.endswith(f"### Response:\n{ZETA_REGION_START}\n") and CURSOR not in text
+    assert model_answer(RENAMED, EXAMPLE, "zeta").endswith(f"\n{ZETA_REGION_END}")

@@ -185,3 +185,33 @@ def test_fit_to_context_raises_when_even_the_file_does_not_fit(tokenizer) -> Non
     assert caught.value.param == "messages"
     assert caught.value.code == "context_length_exceeded"
     assert "maximum context length for this model of 32768" in caught.value.message
+
+
+def test_sweeps_layout_is_files_then_the_region_before_now_and_to_write() -> None:
+    """Every file (snippets, the file without its region, each diff as original/updated
+    blocks) after a file separator, then the region before the newest diff, with the
+    cursor, and the block the model writes; a keystroke changes nothing before the diffs."""
+    from serve_app.prompts.edit.plain import MARKER
+
+    pieces = build_messages(EXAMPLE, style="sweep")
+    texts = [p["content"] for p in pieces if p["role"] != MARKER]
+    assert all(p["content"] == "file_sep" for p in pieces if p["role"] == MARKER)
+    assert len(texts) == len(EXAMPLE.snippets) + 1 + len(EXAMPLE.diffs) + 3
+    assert REGION_PLACEHOLDER in texts[len(EXAMPLE.snippets)]
+    assert "original:\n" in texts[-4] and "updated:\n" in texts[-4] and "\n-" not in texts[-4]
+    path = EXAMPLE.file_path
+    assert texts[-3].startswith(f"original/{path}\n") and CURSOR not in texts[-3]
+    assert texts[-2] == f"current/{path}\n{EXAMPLE.region.strip(chr(10))}\n"
+    assert texts[-1] == f"updated/{path}\n"
+    typed = dataclasses.replace(
+        EXAMPLE, region=EXAMPLE.region.replace(f"{CURSOR}if total", f"if s{CURSOR}total")
+    )
+    assert build_messages(typed, style="sweep")[:-6] == pieces[:-6]
+
+
+def test_the_region_before_the_newest_diff_undoes_its_hunks_found_in_the_region() -> None:
+    from serve_app.prompts.edit.plain import before_newest_diff
+
+    diff = "--- a/x.py\n+++ b/x.py\n@@ -2,2 +2,2 @@\n a = 1\n-b = a\n+b = a + 1"
+    assert before_newest_diff("a = 1\nb = a + 1\nc = b", diff) == "a = 1\nb = a\nc = b"
+    assert before_newest_diff("elsewhere\nin the file", diff) == "elsewhere\nin the file"

@@ -84,6 +84,23 @@ def test_the_tokens_that_write_the_change_are_marked_and_only_they(tiny_source: 
     assert not any(unchanged.changed)
 
 
+@pytest.mark.parametrize("style", ["sweep", "zeta"])
+def test_a_plain_answer_marks_only_the_changed_line(tiny_source: str, style: str) -> None:
+    """In the plain layouts the region is written out without a fence: the new line's tokens
+    are marked, not the kept one's, zeta's end marker or the end of the turn."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_source.removeprefix("tiny:"))
+    expected = "\nprint(total(cart))\nprint(subtotal(cart))"  # a line added after the kept one
+    pair = training_pair(example("cart.py"), expected, tokenizer, style)
+    start = next(i for i, label in enumerate(pair.labels) if label != IGNORED)
+    answer, changed = pair.labels[start:], pair.changed[start:]
+    assert tokenizer.decode(answer[:-1]).startswith(expected.strip("\n"))
+    written = tokenizer.decode([t for t, c in zip(answer, changed, strict=True) if c])
+    assert "subtotal(cart))" in written and "editable" not in written
+    assert not changed[0] and not changed[-1]
+
+
 def test_a_deleted_line_marks_the_token_where_a_copy_would_write_it(tiny_source: str) -> None:
     from transformers import AutoTokenizer
 

@@ -72,7 +72,9 @@ class EditService:
         )
         budget = await self.client.off_loop(answer_budget, prompt, self.client.tokenizer)
         params = dataclasses.replace(
-            params, stop=answer_stops(prompt, messages), max_tokens=min(params.max_tokens, budget)
+            params,
+            stop=answer_stops(prompt, messages, self.style),
+            max_tokens=min(params.max_tokens, budget),
         )
         request: GenerationRequest = self.client.request(
             call, prompt_ids, params, "messages", role="edit", adapter=self.adapter

@@ -99,10 +99,13 @@ def changed_characters(region: str, expected: str, answer_text: str) -> list[boo
     """Per character of ``answer_text``: does it write what the edit changed? The lines of
     ``expected`` that replace or add to the region's, and where lines were deleted, the
     first character that copying them would write otherwise. An answer that
-    is not the region written out (a span) is all change."""
-    if answer_text != fence_region(expected):
+    is not the region written out, fenced or plain (a span), is all change."""
+    if answer_text == fence_region(expected):
+        start = answer_text.index("\n") + 1  # after the fence's opening line
+    elif expected.strip("\n") and answer_text.startswith(expected.strip("\n")):
+        start, region, expected = 0, region.strip("\n"), expected.strip("\n")  # plain
+    else:
         return [True] * len(answer_text)
-    start = answer_text.index("\n") + 1  # after the fence's opening line
     marked = [False] * len(answer_text)
     old, new = region.split("\n"), expected.split("\n")
     line_starts = [0]

@@ -60,3 +60,22 @@ def _near_changes(hunk: list[str]) -> list[str]:
     changed = [i for i, line in enumerate(hunk) if line[:1] in ("-", "+")]
     near = {j for i in changed for j in range(i - CONTEXT_LINES, i + CONTEXT_LINES + 1)}
     return [line for i, line in enumerate(hunk) if i in near or line.startswith("\\")]
+
+
+def hunk_sides(diff: str) -> list[tuple[str, str]]:
+    """Each hunk of ``diff`` as its two sides, the text before and after the change, cut like
+    ``shown_diff`` to the changes and ``CONTEXT_LINES`` around them (the ``sweep`` layout shows
+    a diff this way, as ``original:``/``updated:`` blocks, without diff syntax)."""
+    lines, sides, index = diff.split("\n"), [], 0
+    while index < len(lines):
+        header = _HUNK.match(lines[index])
+        if header is None:
+            index += 1
+            continue
+        hunk = _hunk_lines(lines, index + 1, header)
+        shown = [line for line in _near_changes(hunk) if not line.startswith("\\")]
+        before = [line[1:] for line in shown if line[:1] != "+"]
+        after = [line[1:] for line in shown if line[:1] != "-"]
+        sides.append(("\n".join(before), "\n".join(after)))
+        index += 1 + len(hunk)
+    return sides

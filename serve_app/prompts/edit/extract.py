@@ -7,8 +7,11 @@ import re
 from serve_app.prompts.edit.checks import EditRejection, rejected_edit
 from serve_app.prompts.edit.messages import EditPromptStyle
 from serve_app.prompts.edit.parse import EditPrompt, region_without_cursor
+from serve_app.prompts.edit.plain import ZETA_REGION_END, plain_answer
 from serve_app.prompts.edit.span import apply_span, span_answer
 
+# Styles whose answer is the region as plain text, no fence (``plain``).
+PLAIN_ANSWERS = ("sweep", "zeta")
 # Special-token-like tags: <|cursor|>, <|im_end|>, <|code_to_edit|>, ...
 _TAG = re.compile(r"<\|/?[A-Za-z_][A-Za-z0-9_]*\|>")
 # A line of English at the left margin: a capitalised word, two more words, no code symbols.
@@ -133,10 +136,13 @@ def fence_region(region: str) -> str:
 
 def model_answer(expected: str, prompt: EditPrompt, style: EditPromptStyle) -> str:
     """What a model asked in ``style`` writes when its answer is ``expected`` (the region
-    after the edit): the region fenced, or for ``chat_span`` the changed lines only. What
-    ``read_answer`` reads back, and what an adapter is trained to write."""
+    after the edit): the region fenced, for ``chat_span`` the changed lines only, for the
+    plain layouts the region as text. What ``read_answer`` reads back, and what an adapter is
+    trained to write."""
     if style == "chat_span":
         return span_answer(region_without_cursor(prompt), expected)
+    if style in PLAIN_ANSWERS:
+        return plain_answer(expected, style)
     return fence_region(expected)
 
 
@@ -150,6 +156,8 @@ def read_answer(
     original = region_without_cursor(prompt)
     if style == "chat_span":
         return _read_span(text, prompt, finish_reason)
+    if style in PLAIN_ANSWERS:
+        return _read_plain(text, prompt, finish_reason)
     if finish_reason == "length" and text.count("```") < 2:
         return original, "cut_off"
     region, usable = extract_edited_region(text, prompt)
@@ -168,5 +176,21 @@ def _read_span(
     region = apply_span(_strip_tags(text, keep=set(_TAG.findall(original))), original)
     if region is None:
         return original, "unusable"
+    rejection = rejected_edit(region, prompt)
+    return (original, rejection) if rejection else (region, None)
+
+
+def _read_plain(
+    text: str, prompt: EditPrompt, finish_reason: str | None
+) -> tuple[str, EditRejection | None]:
+    """The region a plain layout's answer writes: its text up to zeta's end marker (the
+    marker is a stop, so it is there only where a stop was not applied)."""
+    original = region_without_cursor(prompt)
+    if finish_reason == "length":
+        return original, "cut_off"
+    code = _strip_tags(text.split(ZETA_REGION_END)[0], keep=set(_TAG.findall(original)))
+    if not code.strip() and original.strip():
+        return original, "unusable"
+    region = _match_edge_newlines(code, original)
     rejection = rejected_edit(region, prompt)
     return (original, rejection) if rejection else (region, None)

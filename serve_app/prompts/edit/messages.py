@@ -35,6 +35,14 @@ from serve_app.prompts.edit.parse import (
     opening,
     region_without_cursor,
 )
+from serve_app.prompts.edit.plain import (
+    MARKER,
+    TEXT,
+    ZETA_REGION_END,
+    fim_pieces,
+    sweep_pieces,
+    zeta_pieces,
+)
 from serve_app.prompts.edit.span import numbered
 from serve_app.prompts.fim import FimFormat, fim_format_for
 
@@ -44,13 +52,14 @@ from serve_app.prompts.fim import FimFormat, fim_format_for
 # few_shot: chat, after two worked examples, the answer's fence prefilled;
 # fim: no chat at all: the region is the hole of a fill-in-the-middle prompt;
 # chat_span: chat_split, the region's lines numbered, the answer only the lines it changes
-# (``span``: for a model trained on it, the next-edit adapter).
-EditPromptStyle = Literal["chat", "chat_split", "tagged", "few_shot", "fim", "chat_span"]
+# (``span``: for a model trained on it, the next-edit adapter);
+# sweep, zeta: the layouts of Sweep's and Zed's next-edit models, not a chat (``plain``), for
+# a model trained on them.
+EditPromptStyle = Literal[
+    "chat", "chat_split", "tagged", "few_shot", "fim", "chat_span", "sweep", "zeta"
+]
 PROMPT_STYLES: tuple[str, ...] = get_args(EditPromptStyle)
 
-# Roles of the pieces of a prompt that is not a chat (fim): the service's own markers, named by
-# their ``FimFormat`` field and spelled by the tokenizer's format, and text from the request.
-MARKER, TEXT = "marker", "text"
 # What a prefilled answer starts with; it ends at the closing fence.
 ANSWER_FENCE = "```\n"
 PREFILLED_STOPS = ("\n```",)
@@ -120,8 +129,8 @@ def build_messages(
     drop_diffs: int = 0,
 ) -> list[dict[str, str]]:
     """The prompt for ``prompt`` in ``style``: chat messages (a last ``assistant`` message is
-    the start of the answer, continued by the model), or for ``fim`` the pieces of a plain
-    prompt (roles ``MARKER`` and ``TEXT``); ``encode_edit_prompt`` turns either into ids.
+    the start of the answer, continued by the model), or for ``fim``, ``sweep`` and ``zeta``
+    the pieces of a plain prompt (``plain``); ``encode_edit_prompt`` turns either into ids.
 
     ``drop_snippets``/``drop_diffs`` leave out that many of the oldest snippets/diffs (used by
     ``fit_to_context``). Empty sections are left out, to keep the prompt short.
@@ -130,7 +139,11 @@ def build_messages(
         prompt, snippets=prompt.snippets[drop_snippets:], diffs=prompt.diffs[drop_diffs:]
     )
     if style == "fim":
-        return _fim_pieces(shown)
+        return fim_pieces(shown)
+    if style == "sweep":
+        return sweep_pieces(shown, _split_file(shown))
+    if style == "zeta":
+        return zeta_pieces(shown)
     if style == "tagged":
         return [{"role": "user", "content": _tagged(shown)}]
     if style == "chat_span":
@@ -164,9 +177,7 @@ def _instruction(prompt: EditPrompt, *, split: bool = False, span: bool = False)
     parts = []
     if prompt.snippets:
         parts.append(_snippets_section([_shown_snippet(s) for s in prompt.snippets]))
-    file = (
-        prompt.file_before + REGION_PLACEHOLDER + prompt.file_after if split else prompt.file_text
-    )
+    file = _split_file(prompt) if split else prompt.file_text
     parts.append(f"File {prompt.file_path}:\n{_fenced(file, language)}")
     if prompt.diffs:
         parts.append(_history_section([shown_diff(diff) for diff in prompt.diffs]))
@@ -174,6 +185,11 @@ def _instruction(prompt: EditPrompt, *, split: bool = False, span: bool = False)
     task = _task(prompt, prompt.diffs, span=span)
     parts.append(f"Region:\n{_fenced(region, language)}\n{task}")
     return "\n\n".join(parts)
+
+
+def _split_file(prompt: EditPrompt) -> str:
+    """The file with its region cut out and ``REGION_PLACEHOLDER`` in its place."""
+    return prompt.file_before + REGION_PLACEHOLDER + prompt.file_after
 
 
 def _snippets_section(shown: list[str]) -> str:
@@ -201,36 +217,6 @@ def _tagged(prompt: EditPrompt) -> str:
         f"{after}{closing(FILE)}\n"
         f"{opening(HISTORY)}\n{diffs}{closing(HISTORY)}\n"
     )
-
-
-def _fim_pieces(prompt: EditPrompt) -> list[dict[str, str]]:
-    """A repo-level FIM prompt whose hole is the region: each snippet as a file, the recent
-    diffs as a file, then the current file with the region cut out. The model writes the
-    region from what surrounds it and what the diffs did; it never sees the old region as
-    such, so it cannot merely copy it."""
-    pieces: list[dict[str, str]] = []
-    for snippet in prompt.snippets:
-        pieces += [_marker("file_sep"), _text(f"{snippet.path}\n{snippet.code}\n")]
-    if prompt.diffs:
-        pieces += [_marker("file_sep"), _text("recent_edits.diff\n" + "\n".join(prompt.diffs))]
-        pieces.append(_text("\n"))
-    return pieces + [
-        _marker("file_sep"),
-        _text(f"{prompt.file_path}\n"),
-        _marker("prefix"),
-        _text(prompt.file_before),
-        _marker("suffix"),
-        _text(prompt.file_after),
-        _marker("middle"),
-    ]
-
-
-def _marker(name: str) -> dict[str, str]:
-    return {"role": MARKER, "content": name}
-
-
-def _text(text: str) -> dict[str, str]:
-    return {"role": TEXT, "content": text}
 
 
 def encode_edit_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
@@ -270,13 +256,18 @@ def answer_budget(prompt: EditPrompt, tokenizer: Any) -> int:
     return 2 * len(region) + ANSWER_ROOM
 
 
-def answer_stops(prompt: EditPrompt, messages: list[dict[str, str]]) -> tuple[str, ...]:
+def answer_stops(
+    prompt: EditPrompt, messages: list[dict[str, str]], style: EditPromptStyle
+) -> tuple[str, ...]:
     """Where an answer ends, besides the model's end token: a prefilled fenced answer at its
     closing fence; a FIM answer where it starts writing the file's next line of code (the
-    hole is filled, and the model goes on through the suffix it was shown)."""
+    hole is filled, and the model goes on through the suffix it was shown); zeta's at the
+    region's end marker."""
     if answer_prefix(messages):
         return PREFILLED_STOPS
-    if messages[0]["role"] in (MARKER, TEXT):
+    if style == "zeta":
+        return (ZETA_REGION_END,)
+    if style == "fim":
         after = next((line for line in prompt.file_after.split("\n") if line.strip()), None)
         return ("\n" + after,) if after else ()
     return ()
