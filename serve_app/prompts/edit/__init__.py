@@ -1,5 +1,6 @@
 """Next-edit prompts: parse the tagged user message (``parse``), build the instruct model's
-chat messages and fit them to its context (``messages``), read the answer back (``extract``)."""
+chat messages, or a plain prompt (``plain``), and fit them to its context (``messages``), read
+the answer back (``extract``)."""
 
 from serve_app.prompts.edit.checks import EditRejection, rejected_edit
 from serve_app.prompts.edit.extract import extract_edited_region, fence_region, read_answer
