@@ -36,6 +36,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -163,8 +164,11 @@ class LLMEngine(Engine):
         ``ServerError`` when the request failed in the loop. Closing or cancelling the generator
         aborts the request; aborted by ``abort(request_id)``, the stream just ends, unfinished."""
         state = self._new_state(request, context_param, asyncio.get_running_loop())
-        async for chunk in self._stream(state, lambda chunk: chunk.finish_reason is not None):
-            yield chunk
+        # aclosing: closing this generator aborts the request at once (``_stream``'s finally),
+        # not when the event loop gets round to finalizing the inner generator.
+        async with aclosing(self._stream(state, lambda c: c.finish_reason is not None)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     async def score(self, request: ScoringRequest) -> AsyncIterator[ScoringChunk]:
         """Stream one chunk per pass of a scoring request (the last has ``done`` set). Raises,
@@ -183,8 +187,9 @@ class LLMEngine(Engine):
             loop=asyncio.get_running_loop(),
             outbox=self.outbox,
         )
-        async for chunk in self._stream(state, lambda chunk: chunk.done):
-            yield chunk
+        async with aclosing(self._stream(state, lambda chunk: chunk.done)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     async def _stream(self, state: State, is_last: Callable[[Any], bool]) -> AsyncIterator[Any]:
         """Queue ``state``; yield what the loop hands back until ``is_last(item)``."""

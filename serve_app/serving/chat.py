@@ -6,6 +6,7 @@ import functools
 import json
 import logging
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from serve_app.api.chat import (
     DEFAULT_CHAT_MAX_TOKENS,
@@ -78,8 +79,9 @@ class ChatService:
         chunk = chunk_maker(ChatCompletionChunk, "chatcmpl", body.model)
         yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(role="assistant", content=""))])
         choice_of = _CallDeltas() if body.calls_tools else _delta_choice
-        async for piece in self.client.stream_chunks(call, request, chunk, choice_of):
-            yield piece
+        async with aclosing(self.client.stream_chunks(call, request, chunk, choice_of)) as pieces:
+            async for piece in pieces:
+                yield piece
 
 
 def _delta_choice(piece: GenerationChunk) -> ChatChunkChoice:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from serve_app.api.fim import (
@@ -58,8 +59,11 @@ class FimService:
         """Content chunks, then always one usage chunk (the router drops it unless asked)."""
         request = await self._request(body, call)
         chunk = chunk_maker(FimCompletionChunk, "cmpl", body.model)
-        async for piece in self.client.stream_chunks(call, request, chunk, _text_choice):
-            yield piece
+        async with aclosing(
+            self.client.stream_chunks(call, request, chunk, _text_choice)
+        ) as pieces:
+            async for piece in pieces:
+                yield piece
 
 
 def service_fim_prompt(

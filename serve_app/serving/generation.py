@@ -7,6 +7,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -191,16 +192,20 @@ class EngineClient:
         meter.update(len(request.prompt_token_ids), 0)
         start = last = time.perf_counter()
         first = True
-        async for chunk in self.engine.generate(request):
-            meter.update(chunk.prompt_tokens, chunk.completion_tokens)
-            if chunk.text:
-                now = time.perf_counter()
-                if first:
-                    self.observer.first_token(now - start)
-                else:
-                    self.observer.token_gap(now - last)
-                first, last = False, now
-            yield chunk
+        # aclosing: closing this stream closes the engine's at once, which aborts the request
+        # and frees its slot at the loop's next step; left to the garbage collector, the
+        # inner generator would close only when the event loop got round to finalizing it.
+        async with aclosing(self.engine.generate(request)) as chunks:
+            async for chunk in chunks:
+                meter.update(chunk.prompt_tokens, chunk.completion_tokens)
+                if chunk.text:
+                    now = time.perf_counter()
+                    if first:
+                        self.observer.first_token(now - start)
+                    else:
+                        self.observer.token_gap(now - last)
+                    first, last = False, now
+                yield chunk
 
     async def stream_chunks(
         self,
@@ -214,10 +219,11 @@ class EngineClient:
         content chunk's usage is the running count (the router bills it if the replica dies
         mid-stream, and leaves it off the wire)."""
         last = None
-        async for piece in self.stream(call, request):
-            last = piece
-            if piece.text or piece.finish_reason:
-                yield chunk([choice_of(piece)], usage_of(piece))
+        async with aclosing(self.stream(call, request)) as pieces:
+            async for piece in pieces:
+                last = piece
+                if piece.text or piece.finish_reason:
+                    yield chunk([choice_of(piece)], usage_of(piece))
         if last is not None:
             yield chunk([], usage_of(last))
 
@@ -227,9 +233,10 @@ class EngineClient:
         """All of a request's text and its last chunk (finish reason and usage)."""
         parts: list[str] = []
         last: GenerationChunk | None = None
-        async for chunk in self.stream(call, request):
-            parts.append(chunk.text)
-            last = chunk
+        async with aclosing(self.stream(call, request)) as chunks:
+            async for chunk in chunks:
+                parts.append(chunk.text)
+                last = chunk
         if last is None or last.finish_reason is None:
             raise UpstreamUnavailableError("The request was aborted before it finished.")
         return "".join(parts), last

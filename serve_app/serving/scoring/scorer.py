@@ -30,6 +30,7 @@ import asyncio
 import math
 import uuid
 from collections.abc import Collection, Iterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -265,11 +266,12 @@ class LikelihoodScorer:
         request = ScoringRequest(uuid.uuid4().hex, group.prefix, group.packed, salt)
         work.input_tokens += len(group.prefix)
         reads: list[list[float]] = []
-        async for chunk in self.engine.score(request):
-            if chunk.pass_index == 0:
-                work.cached_tokens += chunk.cached_tokens
-            work.input_tokens += len(group.packed[chunk.pass_index])
-            reads.append(chunk.log_probs)
+        async with aclosing(self.engine.score(request)) as chunks:  # a cancel aborts it at once
+            async for chunk in chunks:
+                if chunk.pass_index == 0:
+                    work.cached_tokens += chunk.cached_tokens
+                work.input_tokens += len(group.packed[chunk.pass_index])
+                reads.append(chunk.log_probs)
         return reads
 
     def _outcomes(
