@@ -371,6 +371,58 @@ def test_a_stream_whose_replica_dies_is_billed_once_for_what_it_delivered(
     assert used == input_tokens + output_tokens  # the reservation settled to the row, once
 
 
+class FimModelLosingItsAnswer(FimModel):
+    """The real FIM deployment whose replica dies once a plain call is done (billed, where
+    ``auth`` is given), before its answer gets back: Ray fails the call with
+    ``ActorDiedError``."""
+
+    deployment_name = "FimModelLosingItsAnswer"
+
+    async def complete(self, body: Any, context: Any) -> Any:
+        from ray.exceptions import ActorDiedError
+
+        await super().complete(body, context)
+        raise ActorDiedError()
+
+
+@pytest.mark.parametrize("replica_bills", [True, False], ids=["billed-then-died", "unbilled"])
+def test_a_plain_answer_lost_with_its_replica_is_a_503_billed_nothing(
+    tiny_source, tmp_path, monkeypatch, replica_bills
+):
+    """The client of a plain call whose replica died gets a 503 and nothing else, so its
+    account pays nothing: the router's row of no tokens cuts the replica's whole-answer row
+    (written just before it died) and refunds it, or stands alone."""
+    from fastapi.testclient import TestClient
+
+    from deployments.auth import AuthService
+    from serve_app.app import deploy
+    from serve_app.http.app import Backends, build_router_app
+    from serve_app.testing import local_handle
+    from tests.fixtures.auth import new_account
+
+    monkeypatch.setenv("SERVE_APP_API_KEY", TEST_KEY)
+    config = tiny_config(tiny_source, tmp_path)
+    billing = deploy(AuthService, config).bind(config) if replica_bills else None
+    fim = local_handle(FimModelLosingItsAnswer, config, billing)
+    backends = Backends(auth=local_handle(AuthService, config), scorer=fim, edit=fim, fim=fim)
+    key, account = new_account(config.auth_db, "loses-an-answer", quota_tokens=100_000)
+    body = {"model": TINY_ID, **LONG_FIM, "max_tokens": 6}
+    with TestClient(build_router_app(config, backends)) as client:
+        response = client.post(
+            "/v1/fim/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        )
+    assert response.status_code == 503, response.text
+    assert_unavailable(response.json())
+    store = open_store(config.auth_db)
+    try:
+        rows = store.list_usage(account)
+        used = store.get_account(account).tokens_used_at(store.now())
+    finally:
+        store.close()
+    assert [(row.status, row.input_tokens, row.output_tokens) for row in rows] == [(503, 0, 0)]
+    assert used == 0
+
+
 def test_only_ray_saying_the_replica_is_gone_makes_the_router_bill():
     """An error the replica raised (even one about another actor) reaches the router as a
     ``RayTaskError``: the replica lived and bills it. Ray's own actor errors mean it did not."""

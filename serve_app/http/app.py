@@ -43,6 +43,7 @@ from serve_app.serving.billing import (
     Ledger,
     RequestContext,
     bill_if_replica_lost,
+    bill_lost_answer,
     cache_salt_for,
     ledger_write,
 )
@@ -277,7 +278,8 @@ class RouteHandlers:
         enforces the request timeout and writes the ledger row (serve_app.serving.billing);
         the router's own timeout is a backstop just past it that cancels the call, so the
         engine slot is freed either way."""
-        response = method.remote(body, self.context(grant, model, endpoint))
+        context = self.context(grant, model, endpoint)
+        response = method.remote(body, context)
         answered = False
         try:
             result = await within(_await(response), self.backstop_s(endpoint))
@@ -289,6 +291,8 @@ class RouteHandlers:
             response.cancel()
             raise UpstreamUnavailableError(NO_ANSWER) from None
         except Exception as exc:
+            if replica_lost(exc):
+                await bill_lost_answer(self.ledger, context)
             raise as_service_error(exc) from None
         finally:
             if not answered:

@@ -31,7 +31,9 @@ request id (``RequestContext.request_id``) and the ledger keeps the first row of
 replica that wrote its row before dying, or was not dead after all, is never billed twice.
 The router's row is ``delivered``: where the replica's row counts more (it generated the
 whole answer and billed it, then died with chunks still on their way to the router), the
-row is cut to what the client got and the difference refunded.
+row is cut to what the client got and the difference refunded. A plain (unary) call whose
+replica dies delivers nothing, even where the replica billed the whole answer just before
+(``bill_lost_answer``): its client gets a 503, and the row is cut to nothing.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class RequestContext:
     request's time is up (``time.time()``), counted from the router, so time spent queued for a
     replica counts; None: ``timeout_s`` from when work starts. ``request_id``: the request's
     key in the ledger (one row per id), new for every context. ``delivered``: set on the
-    router's own row of a stream whose replica died (``Usage.delivered``).
+    router's own row of a call whose replica died (``Usage.delivered``).
     """
 
     grant: Any
@@ -349,6 +351,14 @@ async def bill_if_replica_lost(
         raise
     finally:
         await _close(chunks)
+
+
+async def bill_lost_answer(ledger: Ledger, context: RequestContext) -> None:
+    """A plain call whose replica died: nothing reached the client (a 503), so the request's
+    row is the router's ``delivered`` one of no tokens, which also cuts a row the replica
+    wrote before it died (its answer lost on the way back) and refunds it."""
+    logger.warning("a %s call lost its replica; its answer is not billed", context.endpoint)
+    await ledger.settle(BilledCall(replace(context, delivered=True), UsageMeter()), REPLICA_LOST)
 
 
 async def _close(iterator: Any) -> None:
