@@ -341,6 +341,24 @@ def test_a_plain_answer_that_is_not_an_edit_is_no_change(style: str) -> None:
     assert read_answer(shifted, EXAMPLE, "stop", style) == (REGION, "indent_shift")
 
 
+def test_a_region_holding_zetas_end_marker_is_read_whole() -> None:
+    """A region that holds zeta's end marker as text is no stop, and its answer is read to
+    the marker after the region's own: nothing of the region is cut."""
+    from dataclasses import replace
+
+    from serve_app.prompts.edit.messages import answer_stops
+    from serve_app.prompts.edit.plain import ZETA_REGION_END
+
+    line = f'        end = "{ZETA_REGION_END}"\n'
+    prompt = replace(EXAMPLE, region=line + EXAMPLE.region)
+    assert answer_stops(EXAMPLE, build_messages(EXAMPLE, style="zeta"), "zeta") == (
+        ZETA_REGION_END,
+    )
+    assert answer_stops(prompt, build_messages(prompt, style="zeta"), "zeta") == ()
+    answer = model_answer(line + RENAMED, prompt, "zeta") + "\n        more = 1"
+    assert read_answer(answer, prompt, "stop", "zeta") == (line + RENAMED, None)
+
+
 def test_zetas_prompt_marks_the_region_in_the_file_and_its_answer_closes_it() -> None:
     from serve_app.prompts.edit.plain import ZETA_CURSOR, ZETA_REGION_END, ZETA_REGION_START
 

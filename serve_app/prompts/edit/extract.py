@@ -163,8 +163,7 @@ def read_answer(
     region, usable = extract_edited_region(text, prompt)
     if not usable:
         return original, "unusable"
-    rejection = rejected_edit(region, prompt)
-    return (original, rejection) if rejection else (region, None)
+    return _checked(region, original, prompt)
 
 
 def _read_span(
@@ -176,21 +175,28 @@ def _read_span(
     region = apply_span(_strip_tags(text, keep=set(_TAG.findall(original))), original)
     if region is None:
         return original, "unusable"
-    rejection = rejected_edit(region, prompt)
-    return (original, rejection) if rejection else (region, None)
+    return _checked(region, original, prompt)
 
 
 def _read_plain(
     text: str, prompt: EditPrompt, finish_reason: str | None
 ) -> tuple[str, EditRejection | None]:
-    """The region a plain layout's answer writes: its text up to zeta's end marker (the
-    marker is a stop, so it is there only where a stop was not applied)."""
+    """The region a plain layout's answer writes: its text up to zeta's end marker, the one
+    after as many as the region holds itself (the marker is a stop unless the region holds
+    it, so it is there only where no stop applied)."""
     original = region_without_cursor(prompt)
     if finish_reason == "length":
         return original, "cut_off"
-    code = _strip_tags(text.split(ZETA_REGION_END)[0], keep=set(_TAG.findall(original)))
+    pieces = text.split(ZETA_REGION_END)
+    written = ZETA_REGION_END.join(pieces[: original.count(ZETA_REGION_END) + 1])
+    code = _strip_tags(written, keep=set(_TAG.findall(original)))
     if not code.strip() and original.strip():
         return original, "unusable"
     region = _match_edge_newlines(code, original)
+    return _checked(region, original, prompt)
+
+
+def _checked(region: str, original: str, prompt: EditPrompt) -> tuple[str, EditRejection | None]:
+    """``region`` unless a check rejects it (``checks``): then ``original``, and why."""
     rejection = rejected_edit(region, prompt)
     return (original, rejection) if rejection else (region, None)

@@ -262,11 +262,12 @@ def answer_stops(
     """Where an answer ends, besides the model's end token: a prefilled fenced answer at its
     closing fence; a FIM answer where it starts writing the file's next line of code (the
     hole is filled, and the model goes on through the suffix it was shown); zeta's at the
-    region's end marker."""
+    region's end marker, unless the region holds that text itself (``read_answer`` then cuts
+    the answer at the marker after the region's own)."""
     if answer_prefix(messages):
         return PREFILLED_STOPS
     if style == "zeta":
-        return (ZETA_REGION_END,)
+        return () if ZETA_REGION_END in prompt.region else (ZETA_REGION_END,)
     if style == "fim":
         after = next((line for line in prompt.file_after.split("\n") if line.strip()), None)
         return ("\n" + after,) if after else ()
