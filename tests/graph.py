@@ -1,7 +1,9 @@
 """The real graph for end-to-end tests: ``serve run`` on configs/local.yaml with the tiny model.
 
 Started once per test session (``graph`` fixture in conftest.py), with 2 Router and 2
-AuthService replicas so the auth tests check limits in total across replicas.
+AuthService replicas so the auth tests check limits in total across replicas, and request
+deadlines of 30 s (60 s for decisions) so a hang shows within a minute: tests/test_soak.py
+kills each deployment of it under load last of all.
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ def free_port() -> int:
 
 
 def graph_config(tiny_source: str, port: int) -> dict:
-    """configs/local.yaml with the tiny model and two Router/AuthService replicas."""
+    """configs/local.yaml with the tiny model, two Router/AuthService replicas and the soak's
+    short deadlines."""
+    from bench.soak import KILL_LIMITS
+
     document = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
     document["http_options"]["port"] = port
     (application,) = document["applications"]
@@ -45,6 +50,7 @@ def graph_config(tiny_source: str, port: int) -> dict:
     tiny = {"id": MODEL, "source": tiny_source, "context_length": LONG_CONTEXT, "dtype": "auto"}
     args["models"] = [args["models"][0] | tiny]  # one model, the first's settings, every role
     args["roles"] = {"fim": MODEL, "edit": MODEL, "decisions": MODEL}
+    args["limits"] = {**args.get("limits", {}), **KILL_LIMITS}
     # Tests that need a request in flight send LONG_FIM, which must run for seconds on any CPU:
     # prompt lookup would accept nearly every draft of the tiny model's one repeated token
     # (three tokens a step), so FIM drafts nothing here and writes one token a step.

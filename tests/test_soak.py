@@ -1,7 +1,8 @@
 """bench.soak, short, on the tiny model: its traffic billed request by request, and each
 deployment killed under load.
 
-One graph (tests/graph.py's config with the soak's 30 s deadlines) for both:
+The session's graph (conftest's ``graph``: tests/graph.py's config, whose deadlines are the
+soak's 30 s) with the soak's accounts, for both; the kills come last of the tests that use it:
 
 - the soak's traffic for 30 s (three accounts' keystroke FIM, next-edit, apply, decisions and
   chat, 10% of streams closed by their client, designed 429s and 402s): every request the
@@ -16,24 +17,20 @@ One graph (tests/graph.py's config with the soak's 30 s deadlines) for both:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from bench.soak import DEPLOYMENTS, KILL_LIMITS, RECOVERY_S
-from bench.soak.graph import soak_graph as start_soak_graph
+from bench.soak.graph import make_accounts
 from bench.soak.kills import kill_each, kill_verdict, print_kills
 from bench.soak.run import print_soak, print_verdict, run_soak
+from tests.graph import MODEL
 
 pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def soak_graph(tiny_source: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    workdir: Path = tmp_path_factory.mktemp("soak")
-    with start_soak_graph(workdir, tiny=True, kill=True, tiny_source=tiny_source) as started:
-        yield started
+def soak_graph(graph: dict) -> dict:
+    return {**graph, "model": MODEL, "keys": make_accounts(graph["db"])}
 
 
 def test_soak_traffic_is_billed_request_by_request(soak_graph: dict) -> None:
