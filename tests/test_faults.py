@@ -321,6 +321,15 @@ def read_events(client: Any, body: dict, headers: dict) -> list[dict]:
     return [json.loads(event) for event in data[:-1]]
 
 
+def billed_to(config: AppConfig, account: int) -> tuple[list, int]:
+    """``account``'s ledger rows, and the tokens its quota has used now."""
+    store = open_store(config.auth_db)
+    try:
+        return store.list_usage(account), store.get_account(account).tokens_used_at(store.now())
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize(
     ("die_after", "replica_bills", "status"),
     [(5, False, 503), (None, True, 200)],
@@ -362,12 +371,7 @@ def test_a_stream_whose_replica_dies_is_billed_once_for_what_it_delivered(
     assert 0 < len(texts) <= usage["completion_tokens"]  # each text event: a token or more
     if die_after is not None:
         assert len(content) == die_after
-    store = open_store(config.auth_db)
-    try:
-        rows = store.list_usage(account)
-        used = store.get_account(account).tokens_used_at(store.now())
-    finally:
-        store.close()
+    rows, used = billed_to(config, account)
     ((row_status, input_tokens, output_tokens),) = [
         (row.status, row.input_tokens, row.output_tokens) for row in rows
     ]
@@ -418,12 +422,7 @@ def test_a_plain_answer_lost_with_its_replica_is_a_503_billed_nothing(
         )
     assert response.status_code == 503, response.text
     assert_unavailable(response.json())
-    store = open_store(config.auth_db)
-    try:
-        rows = store.list_usage(account)
-        used = store.get_account(account).tokens_used_at(store.now())
-    finally:
-        store.close()
+    rows, used = billed_to(config, account)
     assert [(row.status, row.input_tokens, row.output_tokens) for row in rows] == [(503, 0, 0)]
     assert used == 0
 
