@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from serve_app.prompts.edit import PROMPT_STYLES, parse_edit_prompt, rejected_edit
+from serve_app.prompts.edit.window import WINDOW_GRID, WINDOW_LINES
 from tests.conftest import AUTH, EMBEDDED_ID, TEST_KEY, TINY_ID, tiny_config
 from tests.fixtures.edit_clients import (
     CLIENTS,
@@ -166,6 +167,69 @@ def test_chat_split_rereads_only_the_newest_diff_and_the_region_after_a_keystrok
     _, inline = prompt_tokens_read_on_a_keystroke(client, name)
     total, split = prompt_tokens_read_on_a_keystroke(style_client, name)
     assert split < total / 2 and split < inline / 2, (split, inline, total)
+
+
+def in_a_long_file(scenario: Scenario, helpers_above: int, helpers_below: int) -> Scenario:
+    """``scenario`` with its file inside a long module (three-line helpers above and below),
+    as Continue, Kilo and ProxyAI send it: the whole file."""
+
+    def helpers(first: int, count: int) -> str:
+        return "".join(
+            f"def helper_{n}(x):\n    return x * {n}\n\n" for n in range(first, first + count)
+        )
+
+    above = helpers(0, helpers_above)
+    shift = above.count("\n")
+    row, column = scenario.cursor
+    return dataclasses.replace(
+        scenario,
+        file=above + scenario.file + helpers(helpers_above, helpers_below),
+        cursor=(row + shift, column),
+        first_line=scenario.first_line + shift,
+        last_line=scenario.last_line + shift,
+    )
+
+
+def usage_of(client, call: ClientCall) -> dict:
+    return post(client, ClientCall(call.headers, {**call.body, "max_tokens": 1}, ""))["usage"]
+
+
+@pytest.mark.parametrize("name", list(CLIENTS))
+def test_a_long_file_is_read_as_a_window_around_the_region(client, name: str) -> None:
+    """A 6,000-line file (80,000 characters) is far past the tiny model's 4,096 tokens: without
+    the window it was a 400, and on a real model a minute of prompt reading before the first
+    answer. The model reads the lines near the region: the short file's prompt and ~40 lines."""
+    build, extract = CLIENTS[name]
+    short = usage_of(client, build(RENAME, TINY_ID))["prompt_tokens"]
+    call = build(in_a_long_file(RENAME, 1000, 1000), TINY_ID)
+    assert len(call.body["messages"][0]["content"]) > 80_000 or name == "zed"
+    answer = post(client, dataclasses.replace(call, body={**call.body, "max_tokens": 16}))
+    assert extract(answer) is not None
+    assert short <= answer["usage"]["prompt_tokens"] < short + 800, (short, answer["usage"])
+
+
+def read_after_moving_up_a_line(client, helpers_above: int) -> int:
+    """Prompt tokens read past the cache when the cursor (Continue's region with it) moves up
+    a line in a long file, the file's place in the module set by ``helpers_above``."""
+    below = in_a_long_file(RENAME, helpers_above, 1000)
+    row, column = below.cursor
+    above = dataclasses.replace(below, cursor=(row - 1, column), first_line=below.first_line - 1)
+    usage_of(client, continue_call(below, TINY_ID))
+    usage = usage_of(client, continue_call(above, TINY_ID))
+    return usage["prompt_tokens"] - usage["cached_input_tokens"]
+
+
+@pytest.mark.parametrize("style_client", ["chat_split"], indirect=True)
+def test_moving_the_cursor_a_line_keeps_the_windows_lines_above_cached(style_client) -> None:
+    """The window's edges fall on a grid of lines, so a region a line higher mostly keeps the
+    window's start, and its lines above the region are read from the prefix cache. Only where
+    the move crosses the grid (1 in ``WINDOW_GRID``) is the whole window read again."""
+    # RENAME's region starts on line 9; each helper is 3 lines.
+    first_line = {helpers: 9 + 3 * helpers for helpers in (1000, 1001)}
+    crossing = {h: (f - WINDOW_LINES) % WINDOW_GRID == 0 for h, f in first_line.items()}
+    assert crossing == {1000: False, 1001: True}
+    kept, moved = (read_after_moving_up_a_line(style_client, h) for h in (1000, 1001))
+    assert kept + 100 < moved, (kept, moved)
 
 
 def test_zeds_request_with_its_hard_coded_model_id_works_unchanged(client) -> None:

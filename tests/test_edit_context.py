@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -13,12 +14,14 @@ from serve_app.prompts.edit import (
     CURSOR,
     EditPrompt,
     build_messages,
+    file_window,
     fit_to_context,
     recent_renames,
     region_without_cursor,
 )
 from serve_app.prompts.edit.diffs import shown_diff
 from serve_app.prompts.edit.messages import REGION_PLACEHOLDER
+from serve_app.prompts.edit.window import WINDOW_CHARS, WINDOW_GRID, WINDOW_LINES
 from tests.fixtures.edit import EXAMPLE
 
 
@@ -27,7 +30,7 @@ def test_messages_show_snippets_file_diffs_then_the_region_and_the_task() -> Non
     assert system["role"] == "system" and "only the rewritten region" in system["content"]
     assert user["role"] == "user"
     text = user["content"]
-    file_block = f"File shop/cart.py:\n```python\n{EXAMPLE.file_text}```"
+    file_block = f"File shop/cart.py:\n```python\n{file_window(EXAMPLE).file_text}```"
     region_block = f"Region:\n```python\n{EXAMPLE.region}\n```"
     assert text.index("shop/models.py") < text.index(file_block) < text.index("```diff")
     assert text.index("```diff") < text.index(region_block)
@@ -215,3 +218,49 @@ def test_the_region_before_the_newest_diff_undoes_its_hunks_found_in_the_region(
     diff = "--- a/x.py\n+++ b/x.py\n@@ -2,2 +2,2 @@\n a = 1\n-b = a\n+b = a + 1"
     assert before_newest_diff("a = 1\nb = a + 1\nc = b", diff) == "a = 1\nb = a\nc = b"
     assert before_newest_diff("elsewhere\nin the file", diff) == "elsewhere\nin the file"
+
+
+def numbered_file_prompt(lines_before: int, lines_after: int, region_lines: int = 3) -> EditPrompt:
+    """A prompt whose file is numbered lines (``line 0`` ...), the region in between."""
+    before = "".join(f"line {n}\n" for n in range(lines_before))
+    region = "\n".join(f"line {n}" for n in range(lines_before, lines_before + region_lines))
+    first_after = lines_before + region_lines
+    after = "".join(f"\nline {n}" for n in range(first_after, first_after + lines_after)) + "\n"
+    return EditPrompt("big.py", before, CURSOR + region, after)
+
+
+def shown_numbers(prompt: EditPrompt) -> list[int]:
+    """The numbers of the file's lines the prompt shows, the region's left out."""
+    user = build_messages(prompt, style="chat_split")[1]["content"]
+    file = user[: user.index("Region:")]
+    return [int(n) for n in re.findall(r"^line (\d+)$", file, flags=re.M)]
+
+
+def test_a_long_file_is_shown_as_a_window_of_lines_on_the_grid() -> None:
+    numbers = shown_numbers(numbered_file_prompt(1000, 1000))
+    above = [n for n in numbers if n < 1000]
+    below = [n for n in numbers if n > 1002]
+    assert numbers == above + below and numbers == sorted(set(numbers))
+    assert above == list(range(above[0], 1000)) and below == list(range(1003, below[-1] + 1))
+    assert WINDOW_LINES <= len(above) < WINDOW_LINES + WINDOW_GRID and above[0] % WINDOW_GRID == 0
+    assert WINDOW_LINES <= len(below) < WINDOW_LINES + WINDOW_GRID
+    assert (below[-1] + 1) % WINDOW_GRID == 0
+
+
+def test_a_file_within_the_window_is_shown_whole() -> None:
+    short = numbered_file_prompt(5, 7)
+    assert file_window(short) == short
+    assert shown_numbers(short) == [*range(5), *range(8, 15)]
+
+
+def test_long_lines_near_the_region_are_cut_to_whole_lines() -> None:
+    """Minified code: a side holds at most ``WINDOW_CHARS`` characters of whole lines."""
+    prompt = numbered_file_prompt(40, 40)
+    huge = "x = " + "1" * WINDOW_CHARS
+    lines = prompt.file_before.split("\n")
+    lines[-4] = huge  # three lines above the region
+    prompt = dataclasses.replace(prompt, file_before="\n".join(lines))
+    shown = file_window(prompt)
+    assert huge not in shown.file_before
+    assert shown.file_before.split("\n")[-3:] == ["line 38", "line 39", ""]
+    assert len(shown.file_after) <= WINDOW_CHARS + 1

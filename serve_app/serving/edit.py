@@ -19,6 +19,7 @@ from serve_app.prompts.edit import (
     fit_to_context,
     parse_edit_prompt,
     read_answer,
+    shown_chars,
 )
 from serve_app.serving.billing import BilledCall
 from serve_app.serving.generation import EDIT_ADAPTER, EngineClient, completion, usage_of
@@ -55,11 +56,12 @@ class EditService:
         self.adapter = adapter
 
     async def complete(self, body: EditCompletionRequest, call: BilledCall) -> EditCompletion:
-        # Text that cannot fit the context is refused unread; the rest is parsed and tokenised
-        # (several times, while fitting) off the event loop: a prompt near the body limit
-        # would otherwise stall every stream of this replica.
-        self.client.check_input_size(len(body.content), "messages")
+        # The prompt is parsed, then what the model would be shown (the file only as a window
+        # around the region) is refused untokenised if it cannot fit the context; the rest is
+        # tokenised (several times, while fitting). Both off the event loop: a prompt near the
+        # body limit would otherwise stall every stream of this replica.
         prompt = await self.client.off_loop(parse_edit_prompt, body.content)
+        self.client.check_input_size(shown_chars(prompt), "messages")
         params = body.to_sampling_params()
         context_length = self.client.model.context_length
         messages, prompt_ids = await self.client.off_loop(

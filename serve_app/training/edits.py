@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from serve_app.prompts.edit.window import WINDOW_LINES
+
 LANGUAGES = {
     ".py": "python",
     ".ts": "typescript",
@@ -43,7 +45,8 @@ CONTEXT = 2  # unchanged lines either side of the expected change in the region
 MAX_CHANGE_LINES = 8  # old or new lines of the expected hunk
 MAX_HISTORY_LINES = 30  # lines of one history hunk, old plus new
 MAX_HISTORY = 3  # hunks (Continue sends up to 6 diffs; 3 keeps a CPU run short)
-WINDOW = 20  # lines of the file kept either side of the region
+# Lines of the file kept either side of the region: as many as the service shows the model.
+WINDOW = WINDOW_LINES
 
 ExampleKind = Literal["edit", "no_change"]
 

@@ -1,6 +1,6 @@
 """Next-edit prompts: parse the tagged user message (``parse``), build the instruct model's
-chat messages, or a plain prompt (``plain``), and fit them to its context (``messages``), read
-the answer back (``extract``)."""
+chat messages, or a plain prompt (``plain``), showing the file as a window around the region
+(``window``), and fit them to its context (``messages``), read the answer back (``extract``)."""
 
 from serve_app.prompts.edit.checks import EditRejection, rejected_edit
 from serve_app.prompts.edit.extract import extract_edited_region, fence_region, read_answer
@@ -24,6 +24,7 @@ from serve_app.prompts.edit.parse import (
     render_edit_prompt,
     split_diffs,
 )
+from serve_app.prompts.edit.window import file_window, shown_chars
 
 __all__ = [
     "CURSOR",
@@ -39,6 +40,7 @@ __all__ = [
     "encode_edit_prompt",
     "extract_edited_region",
     "fence_region",
+    "file_window",
     "fit_to_context",
     "parse_edit_prompt",
     "read_answer",
@@ -46,5 +48,6 @@ __all__ = [
     "region_without_cursor",
     "rejected_edit",
     "render_edit_prompt",
+    "shown_chars",
     "split_diffs",
 ]

@@ -44,6 +44,7 @@ from serve_app.prompts.edit.plain import (
     zeta_pieces,
 )
 from serve_app.prompts.edit.span import numbered
+from serve_app.prompts.edit.window import file_window
 from serve_app.prompts.fim import FimFormat, fim_format_for
 
 # chat: an instruction (system prompt, the sections as markdown, the task last);
@@ -132,11 +133,14 @@ def build_messages(
     the start of the answer, continued by the model), or for ``fim``, ``sweep`` and ``zeta``
     the pieces of a plain prompt (``plain``); ``encode_edit_prompt`` turns either into ids.
 
+    The file is shown as a window of lines around the region (``window``), and
     ``drop_snippets``/``drop_diffs`` leave out that many of the oldest snippets/diffs (used by
     ``fit_to_context``). Empty sections are left out, to keep the prompt short.
     """
     shown = dataclasses.replace(
-        prompt, snippets=prompt.snippets[drop_snippets:], diffs=prompt.diffs[drop_diffs:]
+        file_window(prompt),
+        snippets=prompt.snippets[drop_snippets:],
+        diffs=prompt.diffs[drop_diffs:],
     )
     if style == "fim":
         return fim_pieces(shown)
@@ -359,10 +363,10 @@ def fit_to_context(
     style: EditPromptStyle = "chat",
 ) -> tuple[list[dict[str, str]], list[int]]:
     """Messages (in ``style``) and prompt token ids that fit in ``max_prompt_tokens``: the
-    smallest drop, in ``_drop_plans`` order, that fits. The file and the region are never
-    cut. If even dropping everything does not fit, raise ``ContextLengthExceededError``
-    naming ``context_length`` (the model's, for the message; defaults to
-    ``max_prompt_tokens``).
+    smallest drop, in ``_drop_plans`` order, that fits. The file's window (``window``) and the
+    region are never cut. If even dropping everything does not fit, raise
+    ``ContextLengthExceededError`` naming ``context_length`` (the model's, for the message;
+    defaults to ``max_prompt_tokens``).
 
     The whole prompt is tokenised once; when it is too long, each snippet and diff is
     tokenised once more on its own, and the length of every plan is estimated as the whole
