@@ -144,13 +144,15 @@ class Case:
     shape: str
     scenario: Scenario
     expected: str
+    kind: str = "edit"  # or "no_change": the miner's examples whose answer is the region
 
 
-def load_cases(path: Path, limit: int | None, every: int = 1) -> list[Case]:
+def load_cases(path: Path, limit: int | None, every: int = 1, kind: str = "all") -> list[Case]:
     """The cases, taken round-robin across the repositories (so a run cut short, or every
     ``every``-th case, still covers every language), the first ``limit`` of them. Continue's
     shape for cases at even positions of the file, Zed's for odd ones. ``path``: a JSON list,
-    or JSON lines (``.jsonl``: the miner's splits, e.g. data/next_edit/validation.jsonl)."""
+    or JSON lines (``.jsonl``: the miner's splits, e.g. data/next_edit/validation.jsonl).
+    ``kind``: every case, or only those of one kind ("edit", "no_change")."""
     text = path.read_text()
     raws = (
         [json.loads(line) for line in text.splitlines()]
@@ -159,6 +161,8 @@ def load_cases(path: Path, limit: int | None, every: int = 1) -> list[Case]:
     )
     by_repo: dict[str, list[Case]] = {}
     for index, raw in enumerate(raws):
+        if kind != "all" and raw.get("kind", "edit") != kind:
+            continue
         scenario = Scenario(
             path=raw["path"],
             file=raw["file"],
@@ -168,9 +172,12 @@ def load_cases(path: Path, limit: int | None, every: int = 1) -> list[Case]:
             snippets=tuple(map(tuple, raw["snippets"])),
             hunks=tuple(raw["hunks"]),
         )
-        name = f"{raw['repo']}@{raw['commit'][:8]}:{raw['path']}"
+        # A commit's file can give several examples: the region's line tells them apart.
+        name = f"{raw['repo']}@{raw['commit'][:8]}:{raw['path']}:{raw['first_line'] + 1}"
+        name += " (no change)" if raw.get("kind") == "no_change" else ""
         shape = "continue" if index % 2 == 0 else "zed"
-        by_repo.setdefault(raw["repo"], []).append(Case(name, shape, scenario, raw["expected"]))
+        case = Case(name, shape, scenario, raw["expected"], raw.get("kind", "edit"))
+        by_repo.setdefault(raw["repo"], []).append(case)
     rounds = itertools.zip_longest(*by_repo.values())
     cases = [case for round_ in rounds for case in round_ if case is not None]
     return cases[::every][:limit]
@@ -318,7 +325,7 @@ async def run(args: argparse.Namespace, config: Any = None) -> list[dict]:
     as it comes, so a run cut short still has its figures)."""
     from serve_app.prompts.edit import parse_edit_prompt, rejected_edit
 
-    cases = load_cases(args.data, args.cases, args.every)
+    cases = load_cases(args.data, args.cases, args.every, args.kind)
     rejected = {name: _LastReason() for name in VARIANTS}
     engine, services = start_services(args, rejected, config or app_config(args))
     log, expected_rejected = [], Counter()
@@ -363,10 +370,14 @@ class _LastReason:
 
 
 def tallies_of(log: list[dict], cases: dict[str, Case]) -> dict[str, Tally]:
-    """The figures of each variant from the log of a run (or the part of it that ran)."""
+    """The figures of each variant from the log of a run (or the part of it that ran). Cases
+    whose right answer is no change are tallied apart, in a row of their own: keeping the
+    region scores 100 there, so mixed in they would pass for edits predicted."""
     tallies: dict[str, Tally] = {}
     for entry in log:
-        case, tally = cases[entry["case"]], tallies.setdefault(entry["variant"], Tally())
+        case = cases[entry["case"]]
+        row = entry["variant"] + (", no-change cases" if case.kind == "no_change" else "")
+        tally = tallies.setdefault(row, Tally())
         got, want = normalized(entry["answer"]), normalized(case.expected)
         old = normalized(region_of(case.scenario))
         tally.answered += 1
@@ -442,6 +453,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", type=Path, default=CASES)
     parser.add_argument("--cases", type=int, default=None, help="the first N cases only")
     parser.add_argument("--every", type=int, default=1, help="every K-th case only")
+    parser.add_argument(
+        "--kind",
+        choices=["all", "edit", "no_change"],
+        default="all",
+        help="the miner's cases of one kind only (the bench's own are all edits)",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--prompt-threads", type=int, default=None, help="threads reading prompts (--threads)"
