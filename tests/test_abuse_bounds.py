@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from serve_app.engine.constraints import compile_schema
+from serve_app.prompts.edit import CURSOR
 from tests.clients import tagged_apply
 from tests.conftest import AUTH, TEST_KEY, TINY_ID
 from tests.fixtures.constraints import nested_any_of, ref_chain
@@ -265,8 +266,9 @@ def test_huge_prompt_is_refused_before_tokenising(client, endpoint):
         path = "/v1/chat/completions"
         body = {**CHAT_PROBE, "messages": [{"role": "user", "content": text}]}
     elif endpoint == "edit":
-        head = "current_file_path: shop/cart.py\n"  # a valid prompt whose file is huge
-        content = EXAMPLE_EDIT_CONTENT.replace(head, f"{head}{text}\n", 1)
+        # A valid prompt whose region is huge: the model is shown the region whole (a huge
+        # file far from the region is cut to its window, and served).
+        content = EXAMPLE_EDIT_CONTENT.replace(CURSOR, f"{CURSOR}{text}", 1)
         path, body = (
             "/v1/edit/completions",
             {**CHAT_PROBE, "messages": [{"role": "user", "content": content}]},
