@@ -215,9 +215,15 @@ def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(done, 1.0))))
 
 
-def manifest_version(data: Path) -> str:
-    manifest = data / "manifest.json"
-    return json.loads(manifest.read_text())["version"] if manifest.exists() else "unknown"
+def data_record(data: Path) -> dict[str, Any]:
+    """The data's version and its repositories by split, from the miner's manifest: which
+    repositories an adapter learned from, so a later measurement can tell held-out ones."""
+    path = data / "manifest.json"
+    manifest = json.loads(path.read_text()) if path.exists() else {}
+    splits: dict[str, list[str]] = {}
+    for name, repository in sorted(manifest.get("repositories", {}).items()):
+        splits.setdefault(repository.get("split", "train"), []).append(name)
+    return {"data_version": manifest.get("version", "unknown"), "repositories": splits}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -297,7 +303,7 @@ def finish(args: argparse.Namespace, model: Any, progress: Progress) -> dict:
     record = {
         "base_model": args.model,
         "data": str(args.data),
-        "data_version": manifest_version(args.data),
+        **data_record(args.data),
         "style": args.style,
         "no_change_share": args.no_change,
         "seed": args.seed,
