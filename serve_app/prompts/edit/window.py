@@ -25,35 +25,56 @@ WINDOW_CHARS = 4000  # at most this many characters either side
 
 def file_window(prompt: EditPrompt) -> EditPrompt:
     """``prompt`` with the file cut to the window around its region (snippets, diffs and the
-    region as they were). A file within the window comes back unchanged."""
-    before = prompt.file_before.split("\n")  # the last item is the region's line, before it
-    first = len(before) - 1  # the region's first line in the file
+    region as they were). A file within the window comes back unchanged. Every prompt a
+    request builds shows the window, so it is found by walking out from the region, never by
+    splitting the whole file: a request's cost stays that of its window."""
+    first = prompt.file_before.count("\n")  # the region's first line in the file
     start = max(0, (first - WINDOW_LINES) // WINDOW_GRID * WINDOW_GRID)
-    after = prompt.file_after.split("\n")  # the first item is the region's last line, after it
     last = first + region_without_cursor(prompt).count("\n")
     end = -(-(last + 1 + WINDOW_LINES) // WINDOW_GRID) * WINDOW_GRID  # ceiling: exclusive
-    shown_before = _nearest(before[start:-1], reverse=True) + before[-1:]
-    below, past = after[1 : end - last], after[end - last :]
-    if not any(line.strip() for line in past):  # only blank lines past the window: keep them
-        below += past
-    shown_after = after[:1] + _nearest(below, reverse=False)
     return dataclasses.replace(
-        prompt, file_before="\n".join(shown_before), file_after="\n".join(shown_after)
+        prompt,
+        file_before=_lines_above(prompt.file_before, first - start),
+        file_after=_lines_below(prompt.file_after, end - last - 1),
     )
 
 
-def _nearest(lines: list[str], *, reverse: bool) -> list[str]:
-    """The lines nearest the region (the end of ``lines`` when ``reverse``, else the start)
-    whose characters, newlines included, fit in ``WINDOW_CHARS``."""
-    kept, size = 0, 0
-    for line in reversed(lines) if reverse else lines:
-        size += len(line) + 1
-        if size > WINDOW_CHARS:
+def _lines_above(text: str, count: int) -> str:
+    """The end of ``text`` (the file before the region): its last, partial line (the region's
+    own line, before the region), and up to ``count`` whole lines above it, nearest first,
+    while they fit in ``WINDOW_CHARS``."""
+    line_start = text.rfind("\n") + 1  # where that partial line starts
+    kept = line_start
+    for _ in range(count):
+        if kept == 0:
             break
-        kept += 1
-    if reverse:
-        return lines[len(lines) - kept :]
-    return lines[:kept]
+        above = text.rfind("\n", 0, kept - 1) + 1
+        if line_start - above > WINDOW_CHARS:
+            break
+        kept = above
+    return text[kept:]
+
+
+def _lines_below(text: str, count: int) -> str:
+    """The start of ``text`` (the file after the region): its first, partial line (the rest of
+    the region's last line), and up to ``count`` whole lines below it, nearest first, while
+    they fit in ``WINDOW_CHARS``. Only blank lines past them (the file's last newlines) are
+    kept too, where they fit."""
+    line_end = text.find("\n")  # where that partial line ends
+    if line_end < 0:
+        return text
+    kept = line_end
+    for _ in range(count):
+        if kept == len(text):
+            break
+        below = text.find("\n", kept + 1)
+        below = len(text) if below < 0 else below
+        if below - line_end > WINDOW_CHARS:
+            break
+        kept = below
+    if not text[kept:].strip() and len(text) - line_end <= WINDOW_CHARS:
+        return text
+    return text[:kept]
 
 
 def shown_chars(prompt: EditPrompt) -> int:
