@@ -153,6 +153,46 @@ def test_a_run_resumes_from_its_checkpoint_and_records_the_adapter(
     assert not (tmp_path / "checkpoint.partial").exists()
 
 
+def test_pairs_read_in_one_padded_forward_lose_what_they_lose_alone(tiny_source: str) -> None:
+    """A GPU step reads several pairs in one forward, padded on the right: each pair's loss
+    is the one it has read alone, however long the others are."""
+    import torch
+
+    model = train.with_lora(train.load_base(tiny_source, "cpu", torch.float32), 4, 0)
+    tokenizer = train.load_tokenizer(tiny_source)
+    short = training_pair(example("cart.py"), "\nprint(subtotal(cart))", tokenizer, "chat_split")
+    long = training_pair(example("c.py"), "\nprint(subtotal(cart))\n" * 6, tokenizer, "chat_split")
+    assert len(long.ids) > len(short.ids) + 20
+    model.eval()
+    with torch.no_grad():
+        alone = [float(train.answer_loss(model, [pair], "cpu", 3.0)[0]) for pair in (short, long)]
+        together, read = train.answer_loss(model, [short, long], "cpu", 3.0)
+    assert float(together) == pytest.approx(sum(alone), rel=1e-4)
+    assert read == len(short.ids) + len(long.ids)
+
+
+def test_encoded_pairs_train_where_only_the_manifest_is(
+    tiny_source: str, data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--encode-only writes OUT/pairs.pt; a run given a folder with the manifest alone (a GPU
+    machine's copy) trains on those pairs, and pairs made for another run are not reused."""
+    out = tmp_path / "run"
+    common = ["--out", str(out), "--model", tiny_source, "--batch", "2", "--micro", "2",
+              "--eval-every", "1"]  # fmt: skip
+    train.main(["--data", str(data), *common, "--encode-only"])
+    assert (out / "pairs.pt").exists() and not (out / "adapter").exists()
+    manifest_only = tmp_path / "manifest_only"
+    manifest_only.mkdir()
+    (manifest_only / "manifest.json").write_text((data / "manifest.json").read_text())
+    train.main(["--data", str(manifest_only), *common, "--steps", "1"])
+    record = json.loads((out / "training.json").read_text())
+    assert record["steps"] == 1 and record["data_version"] == "v-test"
+    capsys.readouterr()
+    with pytest.raises(FileNotFoundError, match="train.jsonl"):  # another style: not these pairs
+        train.main(["--data", str(manifest_only), *common, "--steps", "2", "--style", "chat_span"])
+    assert "encoded for another run: encoding again" in capsys.readouterr().err
+
+
 def test_the_mix_keeps_every_edit_and_caps_the_no_change_share() -> None:
     import random
 

@@ -40,6 +40,7 @@ from serve_app.training.render import IGNORED, TrainingPair, training_pair
 
 DEFAULT_MODEL = "embedded:qwen2.5-coder-0.5b"
 STATE_FILE = "state.pt"
+PAIRS_FILE = "pairs.pt"
 
 
 @dataclass
@@ -95,15 +96,20 @@ def train_dtype(device: str) -> torch.dtype:
     return torch.float32
 
 
-def load_base(source: str, device: str, dtype: torch.dtype) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_tokenizer(source: str) -> Any:
+    from transformers import AutoTokenizer
 
     from serve_app.models.loader import resolve_source
 
-    folder = resolve_source(source)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device)
-    return model, tokenizer
+    return AutoTokenizer.from_pretrained(resolve_source(source))
+
+
+def load_base(source: str, device: str, dtype: torch.dtype) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    from serve_app.models.loader import resolve_source
+
+    return AutoModelForCausalLM.from_pretrained(resolve_source(source), dtype=dtype).to(device)
 
 
 # Every linear layer of a decoder block (what peft's "all-linear" picks in Qwen2, less lm_head).
@@ -128,31 +134,44 @@ def with_lora(model: Any, rank: int, layers: int) -> Any:
     return get_peft_model(model, config)
 
 
-def token_losses(model: Any, pair: TrainingPair, device: str) -> tuple[Any, Any]:
-    """Cross-entropy of each answer token, and which of them write a change.
+def token_losses(model: Any, pairs: list[TrainingPair], device: str) -> tuple[Any, Any, Any]:
+    """Cross-entropy of every answer token of ``pairs``, read in one forward, which of them
+    write a change, and the pair (row) each belongs to.
 
-    Only the positions that predict an answer token go through the LM head (136 M of the
-    0.5B's 494 M weights): the prompt's logits would be computed only to be ignored."""
+    The rows are padded on the right and read without a mask: attention is causal, so no real
+    position sees the pads after it, and the pads' own outputs are never scored. Only the
+    positions that predict an answer token go through the LM head (136 M of the 0.5B's 494 M
+    weights): the prompt's logits would be computed only to be ignored."""
     causal = model.get_base_model()
-    ids = torch.tensor([pair.ids], device=device)
-    hidden = causal.model(input_ids=ids).last_hidden_state[0]
-    targets = torch.tensor(pair.labels[1:], device=device)
+    width = max(len(pair.ids) for pair in pairs)
+    ids = torch.zeros((len(pairs), width), dtype=torch.long)
+    labels = torch.full((len(pairs), width), IGNORED, dtype=torch.long)
+    changed = torch.zeros((len(pairs), width), dtype=torch.bool)
+    for row, pair in enumerate(pairs):
+        ids[row, : len(pair.ids)] = torch.tensor(pair.ids)
+        labels[row, : len(pair.ids)] = torch.tensor(pair.labels)
+        changed[row, : len(pair.ids)] = torch.tensor(pair.changed)
+    hidden = causal.model(input_ids=ids.to(device)).last_hidden_state[:, :-1]
+    targets, changed = labels[:, 1:].to(device), changed[:, 1:].to(device)
     answer = targets != IGNORED
-    logits = causal.lm_head(hidden[:-1][answer]).float()
+    logits = causal.lm_head(hidden[answer]).float()
     losses = torch.nn.functional.cross_entropy(logits, targets[answer], reduction="none")
-    return losses, torch.tensor(pair.changed[1:], device=device)[answer]
+    rows = torch.arange(len(pairs), device=device)[:, None].expand_as(answer)[answer]
+    return losses, changed[answer], rows
 
 
 def answer_loss(
-    model: Any, pair: TrainingPair, device: str, change_weight: float = 1.0
+    model: Any, pairs: list[TrainingPair], device: str, change_weight: float = 1.0
 ) -> tuple[Any, int]:
-    """The answer's cross-entropy, tokens that write a change weighing ``change_weight``
-    times the rest, and how many tokens were read. Nearly every token of a rewritten region
-    copies it, so at weight 1 a step's loss is mostly copying: the weight is what makes the
-    few changed tokens count."""
-    losses, changed = token_losses(model, pair, device)
+    """The sum over ``pairs`` of each one's answer cross-entropy, tokens that write a change
+    weighing ``change_weight`` times the rest, and how many tokens were read. Nearly every
+    token of a rewritten region copies it, so at weight 1 a step's loss is mostly copying: the
+    weight is what makes the few changed tokens count."""
+    losses, changed, rows = token_losses(model, pairs, device)
     weights = 1.0 + (change_weight - 1.0) * changed.float()
-    return (losses * weights).sum() / weights.sum(), len(pair.ids)
+    totals = torch.zeros(len(pairs), device=device).index_add(0, rows, losses * weights)
+    sums = torch.zeros(len(pairs), device=device).index_add(0, rows, weights)
+    return (totals / sums).sum(), sum(len(pair.ids) for pair in pairs)
 
 
 @torch.no_grad()
@@ -161,7 +180,7 @@ def validation_loss(model: Any, pairs: list[TrainingPair], device: str) -> tuple
     model.eval()
     total, count, changed_total, changed_count = 0.0, 0, 0.0, 0
     for pair in pairs:
-        losses, changed = token_losses(model, pair, device)
+        losses, changed, _ = token_losses(model, [pair], device)
         total, count = total + float(losses.sum()), count + len(losses)
         changed_total += float(losses[changed].sum())
         changed_count += int(changed.sum())
@@ -226,20 +245,72 @@ def data_record(data: Path) -> dict[str, Any]:
     return {"data_version": manifest.get("version", "unknown"), "repositories": splits}
 
 
-def run(args: argparse.Namespace) -> dict:
-    torch.manual_seed(args.seed)
-    dtype = train_dtype(args.device)
-    base, tokenizer = load_base(args.model, args.device, dtype)
-    model = with_lora(base, args.rank, args.layers)
-    rng = random.Random(args.seed)
+def pack(pairs: list[TrainingPair]) -> dict[str, Any]:
+    """``pairs`` as a few flat tensors: an answer's labels are the tail of its ids."""
+    starts = [pair.labels.index(next(t for t in pair.labels if t != IGNORED)) for pair in pairs]
+    for pair, start in zip(pairs, starts, strict=True):
+        assert pair.labels[start:] == pair.ids[start:] and set(pair.labels[:start]) == {IGNORED}
+    return {
+        "ids": torch.tensor([t for pair in pairs for t in pair.ids], dtype=torch.int32),
+        "changed": torch.tensor([c for pair in pairs for c in pair.changed], dtype=torch.bool),
+        "lengths": torch.tensor([len(pair.ids) for pair in pairs]),
+        "starts": torch.tensor(starts),
+    }
+
+
+def unpack(packed: dict[str, Any]) -> list[TrainingPair]:
+    ids, changed = packed["ids"].tolist(), packed["changed"].tolist()
+    pairs, offset = [], 0
+    for length, start in zip(packed["lengths"].tolist(), packed["starts"].tolist(), strict=True):
+        row = ids[offset : offset + length]
+        labels = [IGNORED] * start + row[start:]
+        pairs.append(TrainingPair(row, labels, changed[offset : offset + length]))
+        offset += length
+    return pairs
+
+
+def encoded_pairs(
+    args: argparse.Namespace, rng: random.Random
+) -> tuple[list[TrainingPair], list[TrainingPair]]:
+    """The run's training and validation pairs, encoded once into ``OUT/pairs.pt`` with what
+    chose them and the random state after choosing, so that a run elsewhere (a GPU machine
+    that has only the data's manifest) reads the same pairs in the same order."""
+    key = {
+        "data_version": data_record(args.data)["data_version"],
+        **{name: getattr(args, name) for name in ("model", "style", "max_tokens", "seed")},
+        **{name: getattr(args, name) for name in ("no_change", "eval_examples")},
+    }
+    path = args.out / PAIRS_FILE
+    if path.exists():
+        cached = torch.load(path, weights_only=False)
+        if cached["key"] == key:
+            rng.setstate(cached["rng"])
+            return unpack(cached["train"]), unpack(cached["validation"])
+        log(f"{path} was encoded for another run: encoding again")
+    tokenizer = load_tokenizer(args.model)
     mix = with_no_change_share(load_examples(args.data / "train.jsonl"), args.no_change, rng)
     train_pairs = encode_all(mix, tokenizer, args.style, args.max_tokens)
     validation_file = args.data / "validation.jsonl"
     held_out = load_examples(validation_file) if validation_file.exists() else []
     held_out = rng.sample(held_out, min(args.eval_examples, len(held_out)))
     validation_pairs = encode_all(held_out, tokenizer, args.style, args.max_tokens)
+    args.out.mkdir(parents=True, exist_ok=True)
+    cached = {"key": key, "rng": rng.getstate()}
+    torch.save(cached | {"train": pack(train_pairs), "validation": pack(validation_pairs)}, path)
+    return train_pairs, validation_pairs
+
+
+def run(args: argparse.Namespace) -> dict:
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    train_pairs, validation_pairs = encoded_pairs(args, rng)
     if not train_pairs:
         raise SystemExit(f"no training example of at most {args.max_tokens} tokens in {args.data}")
+    if args.encode_only:
+        log(f"{len(train_pairs)} training pairs encoded in {args.out / PAIRS_FILE}")
+        return {"encoded": len(train_pairs)}
+    dtype = train_dtype(args.device)
+    model = with_lora(load_base(args.model, args.device, dtype), args.rank, args.layers)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=0.0)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -265,13 +336,11 @@ def run(args: argparse.Namespace) -> dict:
         started = time.monotonic()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(progress.step, args.steps, args.lr, args.warmup)
-        tokens, losses = 0, []
-        for _ in range(args.batch):
-            pair = train_pairs[progress.order[progress.position % len(progress.order)]]
-            progress.position += 1
-            loss, read = answer_loss(model, pair, args.device, args.change_weight)
+        tokens, loss_sum = 0, 0.0
+        for group in micro_batches(next_examples(train_pairs, progress, args.batch), args.micro):
+            loss, read = answer_loss(model, group, args.device, args.change_weight)
             (loss / args.batch).backward()
-            tokens, losses = tokens + read, [*losses, float(loss.detach())]
+            tokens, loss_sum = tokens + read, loss_sum + float(loss.detach())
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -280,7 +349,7 @@ def run(args: argparse.Namespace) -> dict:
         progress.seconds += seconds
         left = (args.steps - progress.step) * progress.seconds / progress.step
         log(
-            f"step {progress.step}/{args.steps} loss {sum(losses) / len(losses):.4f} "
+            f"step {progress.step}/{args.steps} loss {loss_sum / args.batch:.4f} "
             f"{tokens / seconds:.0f} tok/s, {left / 60:.1f} min left"
         )
         if validation_pairs and progress.step % args.eval_every == 0:
@@ -288,6 +357,20 @@ def run(args: argparse.Namespace) -> dict:
         if progress.step % args.save_every == 0 or progress.step == args.steps:
             save_checkpoint(args.out, model, optimizer, progress)
     return finish(args, model, progress)
+
+
+def next_examples(pairs: list[TrainingPair], progress: Progress, count: int) -> list[TrainingPair]:
+    """The next ``count`` examples of the run's order, going round it again at its end."""
+    order, start = progress.order, progress.position
+    progress.position += count
+    return [pairs[order[(start + i) % len(order)]] for i in range(count)]
+
+
+def micro_batches(pairs: list[TrainingPair], size: int) -> list[list[TrainingPair]]:
+    """``pairs`` in forwards of at most ``size``, each of like lengths: padded to its longest,
+    a forward of sorted pairs pads little (one example a forward on a CPU pads nothing)."""
+    ordered = sorted(pairs, key=lambda pair: len(pair.ids))
+    return [ordered[start : start + size] for start in range(0, len(ordered), size)]
 
 
 def evaluate(model: Any, pairs: list[TrainingPair], progress: Progress, device: str) -> None:
@@ -336,6 +419,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--style", default="chat_split", choices=PROMPT_STYLES)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch", type=int, default=4, help="examples per optimizer step")
+    parser.add_argument(
+        "--micro", type=int, default=None,
+        help="examples read in one forward (default: 1 on a CPU, where padding costs, 16 on a GPU)",
+    )  # fmt: skip
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rank", type=int, default=16)
@@ -357,8 +444,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--init-adapter", type=Path, help="start from this adapter's weights (same rank, layers)"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--encode-only", action="store_true",
+        help="write OUT/pairs.pt and stop: a GPU machine then needs only it and the manifest",
+    )  # fmt: skip
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.micro is None:
+        args.micro = 16 if args.device.startswith("cuda") else 1
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
