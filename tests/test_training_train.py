@@ -158,6 +158,8 @@ def test_pairs_read_in_one_padded_forward_lose_what_they_lose_alone(tiny_source:
     is the one it has read alone, however long the others are."""
     import torch
 
+    from serve_app.training.losses import answer_loss
+
     model = train.with_lora(train.load_base(tiny_source, "cpu", torch.float32), 4, 0)
     tokenizer = train.load_tokenizer(tiny_source)
     short = training_pair(example("cart.py"), "\nprint(subtotal(cart))", tokenizer, "chat_split")
@@ -165,8 +167,8 @@ def test_pairs_read_in_one_padded_forward_lose_what_they_lose_alone(tiny_source:
     assert len(long.ids) > len(short.ids) + 20
     model.eval()
     with torch.no_grad():
-        alone = [float(train.answer_loss(model, [pair], "cpu", 3.0)[0]) for pair in (short, long)]
-        together, read = train.answer_loss(model, [short, long], "cpu", 3.0)
+        alone = [float(answer_loss(model, [pair], "cpu", 3.0)[0]) for pair in (short, long)]
+        together, read = answer_loss(model, [short, long], "cpu", 3.0)
     assert float(together) == pytest.approx(sum(alone), rel=1e-4)
     assert read == len(short.ids) + len(long.ids)
 
@@ -191,6 +193,43 @@ def test_encoded_pairs_train_where_only_the_manifest_is(
     with pytest.raises(FileNotFoundError, match="train.jsonl"):  # another style: not these pairs
         train.main(["--data", str(manifest_only), *common, "--steps", "2", "--style", "chat_span"])
     assert "encoded for another run: encoding again" in capsys.readouterr().err
+
+
+def test_dpo_starts_level_and_learns_to_prefer_the_edit_to_the_no_op(
+    tiny_source: str, data: Path, tmp_path: Path
+) -> None:
+    """Against the starting model the margin is nil (the loss is log 2); a few DPO steps make
+    the expected edit likelier than keeping the region, next to what the start thought."""
+    import math
+
+    import torch
+
+    from serve_app.training.losses import sequence_log_probs, token_losses
+    from serve_app.training.preference import Reference, preference_loss, preference_pairs
+
+    tokenizer = train.load_tokenizer(tiny_source)
+    (chosen, *_), rejected = preference_pairs([example("cart.py")], tokenizer, "chat_split", 4096)
+    assert tokenizer.decode([t for t in rejected[0].labels if t >= 0]).count("print(total(")
+    model = train.with_lora(train.load_base(tiny_source, "cpu", torch.float32), 4, 1)
+    loss, _ = preference_loss(model, Reference(model), chosen, rejected[0], "cpu", 0.5, 0.0)
+    assert float(loss) == pytest.approx(math.log(2), abs=1e-4)
+
+    def margin(adapter: Path | None) -> float:
+        model = train.with_lora(train.load_base(tiny_source, "cpu", torch.float32), 4, 1)
+        if adapter:
+            train.load_adapter_weights(model, adapter)
+        model.eval()
+        with torch.no_grad():
+            losses, _, rows = token_losses(model, [chosen, rejected[0]], "cpu")
+            chosen_lp, rejected_lp = sequence_log_probs(losses, rows, 2).tolist()
+        return chosen_lp - rejected_lp
+
+    out = tmp_path / "dpo"
+    train.main(["--data", str(data), "--out", str(out), "--model", tiny_source, "--steps", "4",
+                "--batch", "2", "--layers", "1", "--rank", "4", "--lr", "0.02", "--warmup", "1",
+                "--objective", "dpo", "--beta", "0.5", "--sft-weight", "0"])  # fmt: skip
+    assert json.loads((out / "training.json").read_text())["objective"] == "dpo"
+    assert margin(out / "adapter") > margin(None) + 0.5
 
 
 def test_the_mix_keeps_every_edit_and_caps_the_no_change_share() -> None:

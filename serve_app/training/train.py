@@ -27,6 +27,7 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ import torch
 from serve_app.models.loader import TRAINING_RECORD
 from serve_app.prompts.edit.messages import PROMPT_STYLES
 from serve_app.training.edits import EditExample
+from serve_app.training.losses import answer_loss, token_losses
+from serve_app.training.preference import Reference, preference_loss, preference_pairs
 from serve_app.training.render import IGNORED, TrainingPair, training_pair
 
 DEFAULT_MODEL = "embedded:qwen2.5-coder-0.5b"
@@ -134,46 +137,6 @@ def with_lora(model: Any, rank: int, layers: int) -> Any:
     return get_peft_model(model, config)
 
 
-def token_losses(model: Any, pairs: list[TrainingPair], device: str) -> tuple[Any, Any, Any]:
-    """Cross-entropy of every answer token of ``pairs``, read in one forward, which of them
-    write a change, and the pair (row) each belongs to.
-
-    The rows are padded on the right and read without a mask: attention is causal, so no real
-    position sees the pads after it, and the pads' own outputs are never scored. Only the
-    positions that predict an answer token go through the LM head (136 M of the 0.5B's 494 M
-    weights): the prompt's logits would be computed only to be ignored."""
-    causal = model.get_base_model()
-    width = max(len(pair.ids) for pair in pairs)
-    ids = torch.zeros((len(pairs), width), dtype=torch.long)
-    labels = torch.full((len(pairs), width), IGNORED, dtype=torch.long)
-    changed = torch.zeros((len(pairs), width), dtype=torch.bool)
-    for row, pair in enumerate(pairs):
-        ids[row, : len(pair.ids)] = torch.tensor(pair.ids)
-        labels[row, : len(pair.ids)] = torch.tensor(pair.labels)
-        changed[row, : len(pair.ids)] = torch.tensor(pair.changed)
-    hidden = causal.model(input_ids=ids.to(device)).last_hidden_state[:, :-1]
-    targets, changed = labels[:, 1:].to(device), changed[:, 1:].to(device)
-    answer = targets != IGNORED
-    logits = causal.lm_head(hidden[answer]).float()
-    losses = torch.nn.functional.cross_entropy(logits, targets[answer], reduction="none")
-    rows = torch.arange(len(pairs), device=device)[:, None].expand_as(answer)[answer]
-    return losses, changed[answer], rows
-
-
-def answer_loss(
-    model: Any, pairs: list[TrainingPair], device: str, change_weight: float = 1.0
-) -> tuple[Any, int]:
-    """The sum over ``pairs`` of each one's answer cross-entropy, tokens that write a change
-    weighing ``change_weight`` times the rest, and how many tokens were read. Nearly every
-    token of a rewritten region copies it, so at weight 1 a step's loss is mostly copying: the
-    weight is what makes the few changed tokens count."""
-    losses, changed, rows = token_losses(model, pairs, device)
-    weights = 1.0 + (change_weight - 1.0) * changed.float()
-    totals = torch.zeros(len(pairs), device=device).index_add(0, rows, losses * weights)
-    sums = torch.zeros(len(pairs), device=device).index_add(0, rows, weights)
-    return (totals / sums).sum(), sum(len(pair.ids) for pair in pairs)
-
-
 @torch.no_grad()
 def validation_loss(model: Any, pairs: list[TrainingPair], device: str) -> tuple[float, float]:
     """Mean cross-entropy over every answer token, and over those that write a change."""
@@ -269,41 +232,48 @@ def unpack(packed: dict[str, Any]) -> list[TrainingPair]:
     return pairs
 
 
-def encoded_pairs(
-    args: argparse.Namespace, rng: random.Random
-) -> tuple[list[TrainingPair], list[TrainingPair]]:
-    """The run's training and validation pairs, encoded once into ``OUT/pairs.pt`` with what
-    chose them and the random state after choosing, so that a run elsewhere (a GPU machine
-    that has only the data's manifest) reads the same pairs in the same order."""
+Encoded = tuple[list[TrainingPair], dict[int, TrainingPair], list[TrainingPair]]
+
+
+def encoded_pairs(args: argparse.Namespace, rng: random.Random) -> Encoded:
+    """The run's training pairs, the no-op answers rejected for them (``--objective dpo``;
+    keyed by the pair's index) and the validation pairs, encoded once into ``OUT/pairs.pt``
+    with what chose them and the random state after choosing, so that a run elsewhere (a GPU
+    machine that has only the data's manifest) reads the same pairs in the same order."""
     key = {
         "data_version": data_record(args.data)["data_version"],
         **{name: getattr(args, name) for name in ("model", "style", "max_tokens", "seed")},
-        **{name: getattr(args, name) for name in ("no_change", "eval_examples")},
+        **{name: getattr(args, name) for name in ("no_change", "eval_examples", "objective")},
     }
     path = args.out / PAIRS_FILE
     if path.exists():
         cached = torch.load(path, weights_only=False)
         if cached["key"] == key:
             rng.setstate(cached["rng"])
-            return unpack(cached["train"]), unpack(cached["validation"])
+            rejected = dict(zip(cached["rejected_of"], unpack(cached["rejected"]), strict=True))
+            return unpack(cached["train"]), rejected, unpack(cached["validation"])
         log(f"{path} was encoded for another run: encoding again")
     tokenizer = load_tokenizer(args.model)
     mix = with_no_change_share(load_examples(args.data / "train.jsonl"), args.no_change, rng)
-    train_pairs = encode_all(mix, tokenizer, args.style, args.max_tokens)
+    if args.objective == "dpo":
+        train_pairs, rejected = preference_pairs(mix, tokenizer, args.style, args.max_tokens)
+    else:
+        train_pairs, rejected = encode_all(mix, tokenizer, args.style, args.max_tokens), {}
     validation_file = args.data / "validation.jsonl"
     held_out = load_examples(validation_file) if validation_file.exists() else []
     held_out = rng.sample(held_out, min(args.eval_examples, len(held_out)))
     validation_pairs = encode_all(held_out, tokenizer, args.style, args.max_tokens)
     args.out.mkdir(parents=True, exist_ok=True)
-    cached = {"key": key, "rng": rng.getstate()}
-    torch.save(cached | {"train": pack(train_pairs), "validation": pack(validation_pairs)}, path)
-    return train_pairs, validation_pairs
+    cached = {"key": key, "rng": rng.getstate(), "rejected_of": list(rejected)}
+    cached |= {"rejected": pack(list(rejected.values())), "train": pack(train_pairs)}
+    torch.save(cached | {"validation": pack(validation_pairs)}, path)
+    return train_pairs, rejected, validation_pairs
 
 
 def run(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    train_pairs, validation_pairs = encoded_pairs(args, rng)
+    train_pairs, rejected, validation_pairs = encoded_pairs(args, rng)
     if not train_pairs:
         raise SystemExit(f"no training example of at most {args.max_tokens} tokens in {args.data}")
     if args.encode_only:
@@ -314,9 +284,12 @@ def run(args: argparse.Namespace) -> dict:
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=0.0)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.init_adapter:
+        load_adapter_weights(model, args.init_adapter)
+    # DPO's reference: the adapter the run starts from (none: the base model), not a resumed one.
+    reference = Reference(model) if args.objective == "dpo" else None
     progress = resume(args.out, model, optimizer)
     if progress is None and args.init_adapter:
-        load_adapter_weights(model, args.init_adapter)
         log(f"starting from {args.init_adapter}")
     if progress is None:
         order = list(range(len(train_pairs)))
@@ -337,8 +310,8 @@ def run(args: argparse.Namespace) -> dict:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(progress.step, args.steps, args.lr, args.warmup)
         tokens, loss_sum = 0, 0.0
-        for group in micro_batches(next_examples(train_pairs, progress, args.batch), args.micro):
-            loss, read = answer_loss(model, group, args.device, args.change_weight)
+        chosen = next_examples(progress, args.batch)
+        for loss, read in step_losses(model, args, train_pairs, chosen, rejected, reference):
             (loss / args.batch).backward()
             tokens, loss_sum = tokens + read, loss_sum + float(loss.detach())
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -359,11 +332,33 @@ def run(args: argparse.Namespace) -> dict:
     return finish(args, model, progress)
 
 
-def next_examples(pairs: list[TrainingPair], progress: Progress, count: int) -> list[TrainingPair]:
+def next_examples(progress: Progress, count: int) -> list[int]:
     """The next ``count`` examples of the run's order, going round it again at its end."""
     order, start = progress.order, progress.position
     progress.position += count
-    return [pairs[order[(start + i) % len(order)]] for i in range(count)]
+    return [order[(start + i) % len(order)] for i in range(count)]
+
+
+def step_losses(
+    model: Any,
+    args: argparse.Namespace,
+    pairs: list[TrainingPair],
+    chosen: list[int],
+    rejected: dict[int, TrainingPair],
+    reference: Reference | None,
+) -> Iterator[tuple[Any, int]]:
+    """The losses of a step's examples ``chosen`` (each a sum over the pairs it read), and the
+    tokens read: by cross-entropy, ``--micro`` pairs a forward, or by DPO, one example's
+    answers (the expected, the no-op) a forward."""
+    if reference is None:
+        for group in micro_batches([pairs[index] for index in chosen], args.micro):
+            yield answer_loss(model, group, args.device, args.change_weight)
+        return
+    for index in chosen:
+        yield preference_loss(
+            model, reference, pairs[index], rejected.get(index), args.device, args.beta,
+            args.sft_weight,
+        )  # fmt: skip
 
 
 def micro_batches(pairs: list[TrainingPair], size: int) -> list[list[TrainingPair]]:
@@ -397,6 +392,8 @@ def finish(args: argparse.Namespace, model: Any, progress: Progress) -> dict:
         "max_tokens": args.max_tokens,
         "lr": args.lr,
         "change_weight": args.change_weight,
+        "objective": args.objective,
+        **({"beta": args.beta, "sft_weight": args.sft_weight} if args.objective == "dpo" else {}),
         "init_adapter": str(args.init_adapter) if args.init_adapter else None,
         "validation_loss": progress.validation,
         "validation_loss_changed_tokens": progress.validation_changed,
@@ -440,6 +437,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--change-weight", type=float, default=1.0,
         help="loss weight of answer tokens that write a change (the rest weigh 1)",
     )  # fmt: skip
+    parser.add_argument(
+        "--objective", default="sft", choices=["sft", "dpo"],
+        help="sft: the expected answer's cross-entropy; dpo: the expected answer preferred to "
+        "the no-op one, against the starting adapter (training.preference)",
+    )  # fmt: skip
+    parser.add_argument("--beta", type=float, default=0.1, help="DPO's beta")
+    parser.add_argument(
+        "--sft-weight", type=float, default=1.0, help="DPO: weight of the expected answer's loss"
+    )
     parser.add_argument(
         "--init-adapter", type=Path, help="start from this adapter's weights (same rank, layers)"
     )

@@ -1,0 +1,55 @@
+"""What a training step minimises: the answer's cross-entropy, read for several examples in
+one forward, with the tokens that write a change weighed apart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from serve_app.training.render import IGNORED, TrainingPair
+
+
+def token_losses(model: Any, pairs: list[TrainingPair], device: str) -> tuple[Any, Any, Any]:
+    """Cross-entropy of every answer token of ``pairs``, read in one forward, which of them
+    write a change, and the pair (row) each belongs to.
+
+    The rows are padded on the right and read without a mask: attention is causal, so no real
+    position sees the pads after it, and the pads' own outputs are never scored. Only the
+    positions that predict an answer token go through the LM head (136 M of the 0.5B's 494 M
+    weights): the prompt's logits would be computed only to be ignored."""
+    causal = model.get_base_model()
+    width = max(len(pair.ids) for pair in pairs)
+    ids = torch.zeros((len(pairs), width), dtype=torch.long)
+    labels = torch.full((len(pairs), width), IGNORED, dtype=torch.long)
+    changed = torch.zeros((len(pairs), width), dtype=torch.bool)
+    for row, pair in enumerate(pairs):
+        ids[row, : len(pair.ids)] = torch.tensor(pair.ids)
+        labels[row, : len(pair.ids)] = torch.tensor(pair.labels)
+        changed[row, : len(pair.ids)] = torch.tensor(pair.changed)
+    hidden = causal.model(input_ids=ids.to(device)).last_hidden_state[:, :-1]
+    targets, changed = labels[:, 1:].to(device), changed[:, 1:].to(device)
+    answer = targets != IGNORED
+    logits = causal.lm_head(hidden[answer]).float()
+    losses = torch.nn.functional.cross_entropy(logits, targets[answer], reduction="none")
+    rows = torch.arange(len(pairs), device=device)[:, None].expand_as(answer)[answer]
+    return losses, changed[answer], rows
+
+
+def answer_loss(
+    model: Any, pairs: list[TrainingPair], device: str, change_weight: float = 1.0
+) -> tuple[Any, int]:
+    """The sum over ``pairs`` of each one's answer cross-entropy, tokens that write a change
+    weighing ``change_weight`` times the rest, and how many tokens were read. Nearly every
+    token of a rewritten region copies it, so at weight 1 a step's loss is mostly copying: the
+    weight is what makes the few changed tokens count."""
+    losses, changed, rows = token_losses(model, pairs, device)
+    weights = 1.0 + (change_weight - 1.0) * changed.float()
+    totals = torch.zeros(len(pairs), device=device).index_add(0, rows, losses * weights)
+    sums = torch.zeros(len(pairs), device=device).index_add(0, rows, weights)
+    return (totals / sums).sum(), sum(len(pair.ids) for pair in pairs)
+
+
+def sequence_log_probs(losses: torch.Tensor, rows: torch.Tensor, count: int) -> torch.Tensor:
+    """Each of ``count`` pairs' answer log-probability, from ``token_losses``' answer tokens."""
+    return -torch.zeros(count, device=losses.device).index_add(0, rows, losses.float())
