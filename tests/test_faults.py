@@ -2,8 +2,9 @@
 
 - On the real graph (``graph`` fixture): the FimModel replica's actor is killed with
   ``ray.kill`` while FIM requests run on it. Requests in flight get a contract-shaped 503
-  (502 allowed), a stream already under way ends with an error event and ``[DONE]``, the other
-  deployments keep answering, Serve replaces the replica without the app restarting, and new
+  (502 allowed; 504 for one that waited on the replacement past its deadline), a stream
+  already under way ends with an error event and ``[DONE]``, the other deployments keep
+  answering, Serve replaces the replica without the app restarting, and new
   requests succeed. The test waits for that recovery, so later tests get a healthy graph.
 - In-process, at the service level: closing a FIM stream after one chunk frees the engine
   slot at the loop's next step (``num_running`` back to 0).
@@ -91,14 +92,18 @@ def test_killing_the_fim_replica_fails_in_flight_requests_cleanly_and_recovers(g
         assert_unavailable(json.loads(rest[-2][6:]))
         # a blocking request running on the replica gets a 503 (or 502). One still on its way
         # there when it died (two routers: the three need not arrive before the stream's
-        # first chunk) is served by the new replica instead: a whole answer, never a cut one.
-        failed = [(response, at) for response, at in answers if response.status_code != 200]
+        # first chunk) is served by the new replica instead: a whole answer, never a cut one;
+        # or, where the new replica starts past the request's deadline on a loaded box, a
+        # contract-shaped 504.
+        failed = [(r, at) for r, at in answers if r.status_code in (502, 503)]
         for response, _ in answers:
             if response.status_code == 200:
                 assert response.json()["usage"]["completion_tokens"] == LONG_FIM["max_tokens"]
-                continue
-            assert response.status_code in (502, 503), response.text
-            assert_unavailable(response.json())
+            elif response.status_code == 504:
+                assert ErrorResponse.model_validate(response.json()).error.code == "timeout"
+            else:
+                assert response.status_code in (502, 503), response.text
+                assert_unavailable(response.json())
         assert failed, "no blocking request was on the replica when it was killed"
         answered = max(at for _, at in failed) - killed_at
         print(
