@@ -87,3 +87,39 @@ def test_the_tuned_variant_answers_with_the_adapter(tmp_path: Path) -> None:
     answers = {e["variant"]: e["answer"] for e in map(json.loads, log.read_text().splitlines())}
     assert set(answers) == {"chat_split/as-sent", "tuned/as-sent"}
     assert answers["tuned/as-sent"] == answers["chat_split/as-sent"]
+
+
+def test_edit_support_splits_a_logged_run_by_what_the_prompt_shows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Carrying the history's rename on is shown by the prompt; a call seen nowhere is not.
+    Each part is tallied as bench.next_edit tallies a whole run."""
+    from bench import edit_support
+
+    invented = {**CASE, "path": "invented.py", "expected": "\nprint(apply_discount(cart, 0.1))"}
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps([CASE, invented]))
+    names = [case.name for case in next_edit.load_cases(cases, None)]
+    answers = [CASE["expected"], "\nprint(total(cart))"]  # the first exact, the second a no-op
+    log = tmp_path / "log.jsonl"
+    log.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "case": name,
+                    "variant": "chat_split/as-sent",
+                    "answer": answer,
+                    "tokens": [100, 0, 10],
+                    "rejected": None,
+                    "cold_s": 1.0,
+                }
+            )
+            + "\n"
+            for name, answer in zip(names, answers, strict=True)
+        )  # fmt: skip
+    )
+    edit_support.main(["--from-log", str(log), "--data", str(cases)])
+    out = capsys.readouterr().out
+    shown, not_shown = out.split("not shown")
+    assert "1 cases" in shown and "| chat_split/as-sent | 1/1 " in shown, out
+    assert "1 cases" in not_shown and "| chat_split/as-sent | 0/1 " in not_shown, out

@@ -19,9 +19,11 @@ The file is sent as an excerpt of ``WINDOW`` lines either side of the region, as
 from __future__ import annotations
 
 import difflib
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from serve_app.prompts.edit.window import WINDOW_LINES
 
@@ -47,6 +49,10 @@ MAX_HISTORY_LINES = 30  # lines of one history hunk, old plus new
 MAX_HISTORY = 3  # hunks (Continue sends up to 6 diffs; 3 keeps a CPU run short)
 # Lines of the file kept either side of the region: as many as the service shows the model.
 WINDOW = WINDOW_LINES
+# Code tokens (words, numbers, single symbols) and the run of them an edit's new text must share
+# with the prompt to count as shown there (``context_support``).
+CODE_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+|\S")
+SUPPORT_GRAM = 2
 
 ExampleKind = Literal["edit", "no_change"]
 
@@ -86,6 +92,46 @@ class EditExample:
     def region(self) -> str:
         lines = self.file.split("\n")
         return "\n".join(lines[self.first_line : self.last_line + 1])
+
+    def context_support(self) -> float:
+        return context_support(self, self.expected)
+
+
+def _grams(text: str) -> set[tuple[str, ...]]:
+    tokens = CODE_TOKEN.findall(text)
+    return {tuple(tokens[i : i + SUPPORT_GRAM]) for i in range(len(tokens) - SUPPORT_GRAM + 1)}
+
+
+class ShownContext(Protocol):
+    """What the prompt shows besides the region (``EditExample``, the bench's scenarios)."""
+
+    file: str
+    first_line: int
+    last_line: int
+    hunks: Sequence[str]
+    snippets: Sequence[Sequence[str]]
+
+
+def context_support(context: ShownContext, expected: str) -> float:
+    """The share of the expected edit's new text (bigrams of code tokens in the lines it
+    writes) that the prompt already shows: the file, the history, the snippets. An edit that
+    carries on what the user just did scores near 1; one that writes code from nowhere (a new
+    call, a new constant), near 0: no editor state foretells it. 1 when it writes no bigram (a
+    deletion)."""
+    lines = context.file.split("\n")
+    region = lines[context.first_line : context.last_line + 1]
+    new_lines = expected.split("\n")
+    matcher = difflib.SequenceMatcher(None, region, new_lines, autojunk=False)
+    written = [
+        "\n".join(new_lines[j1:j2]) for tag, _, _, j1, j2 in matcher.get_opcodes() if tag != "equal"
+    ]
+    new = _grams("\n".join(written))
+    if not new:
+        return 1.0
+    shown = "\n".join(
+        [context.file, *context.hunks, *(snippet[-1] for snippet in context.snippets)]
+    )
+    return len(new & _grams(shown)) / len(new)
 
 
 def language_of(path: str) -> str | None:
