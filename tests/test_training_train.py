@@ -239,9 +239,23 @@ def test_the_mix_keeps_every_edit_and_caps_the_no_change_share() -> None:
     quiet = [example(f"q{i}.py", expected=FILE) for i in range(10)]
     for item in quiet:
         item.kind = "no_change"
-    mix = train.with_no_change_share(edits + quiet, 0.2, random.Random(0))
+    mix = train.with_no_change_share(edits + quiet, 0.2, 0.0, random.Random(0))
     assert [e for e in mix if e.kind == "edit"] == edits
     assert sum(e.kind == "no_change" for e in mix) == 2  # 2 of 10: a fifth
+
+
+def test_the_mix_can_keep_only_edits_the_prompt_shows() -> None:
+    """``--min-support``: carrying the history's rename on is shown by the prompt; a call
+    with a name and arguments seen nowhere is not; a deletion writes nothing new."""
+    import random
+
+    carried = example("carried.py")
+    invented = example("invented.py", expected="\nprint(apply_discount(cart, rate=0.1))")
+    deleted = example("deleted.py", expected="")
+    assert carried.context_support() >= 0.8 > 0.3 > invented.context_support()
+    assert deleted.context_support() == 1.0
+    mix = train.with_no_change_share([carried, invented, deleted], 0.2, 0.8, random.Random(0))
+    assert mix == [carried, deleted]
 
 
 def test_an_exported_adapter_serves_and_names_its_base(

@@ -69,11 +69,16 @@ def load_examples(path: Path) -> list[EditExample]:
 
 
 def with_no_change_share(
-    examples: list[EditExample], share: float, rng: random.Random
+    examples: list[EditExample], share: float, min_support: float, rng: random.Random
 ) -> list[EditExample]:
-    """Every edit example, and no-change ones drawn to make at most ``share`` of the whole:
-    the miner keeps them all, the mix a model learns from is chosen here."""
-    edits = [example for example in examples if example.kind == "edit"]
+    """The edit examples whose new text the prompt shows at least ``min_support`` of
+    (``EditExample.context_support``), and no-change ones drawn to make at most ``share`` of
+    the whole: the miner keeps them all, the mix a model learns from is chosen here."""
+    edits = [
+        example
+        for example in examples
+        if example.kind == "edit" and example.context_support() >= min_support
+    ]
     quiet = [example for example in examples if example.kind != "edit"]
     wanted = round(len(edits) * share / (1 - share)) if share < 1 else len(quiet)
     return edits + rng.sample(quiet, min(wanted, len(quiet)))
@@ -244,6 +249,7 @@ def encoded_pairs(args: argparse.Namespace, rng: random.Random) -> Encoded:
         "data_version": data_record(args.data)["data_version"],
         **{name: getattr(args, name) for name in ("model", "style", "max_tokens", "seed")},
         **{name: getattr(args, name) for name in ("no_change", "eval_examples", "objective")},
+        **({"min_support": args.min_support} if args.min_support else {}),
     }
     path = args.out / PAIRS_FILE
     if path.exists():
@@ -254,7 +260,8 @@ def encoded_pairs(args: argparse.Namespace, rng: random.Random) -> Encoded:
             return unpack(cached["train"]), rejected, unpack(cached["validation"])
         log(f"{path} was encoded for another run: encoding again")
     tokenizer = load_tokenizer(args.model)
-    mix = with_no_change_share(load_examples(args.data / "train.jsonl"), args.no_change, rng)
+    examples = load_examples(args.data / "train.jsonl")
+    mix = with_no_change_share(examples, args.no_change, args.min_support, rng)
     if args.objective == "dpo":
         train_pairs, rejected = preference_pairs(mix, tokenizer, args.style, args.max_tokens)
     else:
@@ -384,6 +391,7 @@ def finish(args: argparse.Namespace, model: Any, progress: Progress) -> dict:
         **data_record(args.data),
         "style": args.style,
         "no_change_share": args.no_change,
+        "min_support": args.min_support,
         "seed": args.seed,
         "steps": progress.step,
         "batch": args.batch,
@@ -433,6 +441,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--no-change", type=float, default=0.2, help="at most this share of no-change examples"
     )
+    parser.add_argument(
+        "--min-support", type=float, default=0.0,
+        help="train on the edits whose new text the prompt shows at least this share of "
+        "(EditExample.context_support; 0: every edit)",
+    )  # fmt: skip
     parser.add_argument(
         "--change-weight", type=float, default=1.0,
         help="loss weight of answer tokens that write a change (the rest weigh 1)",
