@@ -116,7 +116,7 @@ def test_edit_support_splits_a_logged_run_by_what_the_prompt_shows(
             )
             + "\n"
             for name, answer in zip(names, answers, strict=True)
-        )  # fmt: skip
+        )
     )
     edit_support.main(["--from-log", str(log), "--data", str(cases)])
     out = capsys.readouterr().out

@@ -11,7 +11,7 @@ import pytest
 
 from serve_app.prompts.edit import CURSOR
 from serve_app.training import train
-from serve_app.training.edits import EditExample
+from serve_app.training.edits import EditExample, context_support
 from serve_app.training.render import IGNORED, training_pair
 
 pytest.importorskip("peft")
@@ -239,7 +239,7 @@ def test_the_mix_keeps_every_edit_and_caps_the_no_change_share() -> None:
     quiet = [example(f"q{i}.py", expected=FILE) for i in range(10)]
     for item in quiet:
         item.kind = "no_change"
-    mix = train.with_no_change_share(edits + quiet, 0.2, 0.0, random.Random(0))
+    mix = train.training_mix(edits + quiet, 0.2, 0.0, random.Random(0))
     assert [e for e in mix if e.kind == "edit"] == edits
     assert sum(e.kind == "no_change" for e in mix) == 2  # 2 of 10: a fifth
 
@@ -252,9 +252,10 @@ def test_the_mix_can_keep_only_edits_the_prompt_shows() -> None:
     carried = example("carried.py")
     invented = example("invented.py", expected="\nprint(apply_discount(cart, rate=0.1))")
     deleted = example("deleted.py", expected="")
-    assert carried.context_support() >= 0.8 > 0.3 > invented.context_support()
-    assert deleted.context_support() == 1.0
-    mix = train.with_no_change_share([carried, invented, deleted], 0.2, 0.8, random.Random(0))
+    support = {e.path: context_support(e, e.expected) for e in (carried, invented, deleted)}
+    assert support["carried.py"] >= 0.8 > 0.3 > support["invented.py"]
+    assert support["deleted.py"] == 1.0
+    mix = train.training_mix([carried, invented, deleted], 0.2, 0.8, random.Random(0))
     assert mix == [carried, deleted]
 
 

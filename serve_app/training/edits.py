@@ -93,9 +93,6 @@ class EditExample:
         lines = self.file.split("\n")
         return "\n".join(lines[self.first_line : self.last_line + 1])
 
-    def context_support(self) -> float:
-        return context_support(self, self.expected)
-
 
 def _grams(text: str) -> set[tuple[str, ...]]:
     tokens = CODE_TOKEN.findall(text)
@@ -118,8 +115,7 @@ def context_support(context: ShownContext, expected: str) -> float:
     carries on what the user just did scores near 1; one that writes code from nowhere (a new
     call, a new constant), near 0: no editor state foretells it. 1 when it writes no bigram (a
     deletion)."""
-    lines = context.file.split("\n")
-    region = lines[context.first_line : context.last_line + 1]
+    region = context.file.split("\n")[context.first_line : context.last_line + 1]
     new_lines = expected.split("\n")
     matcher = difflib.SequenceMatcher(None, region, new_lines, autojunk=False)
     written = [

@@ -36,7 +36,7 @@ import torch
 
 from serve_app.models.loader import TRAINING_RECORD
 from serve_app.prompts.edit.messages import PROMPT_STYLES
-from serve_app.training.edits import EditExample
+from serve_app.training.edits import EditExample, context_support
 from serve_app.training.losses import answer_loss, token_losses
 from serve_app.training.preference import Reference, preference_loss, preference_pairs
 from serve_app.training.render import IGNORED, TrainingPair, training_pair
@@ -68,16 +68,16 @@ def load_examples(path: Path) -> list[EditExample]:
     return examples
 
 
-def with_no_change_share(
+def training_mix(
     examples: list[EditExample], share: float, min_support: float, rng: random.Random
 ) -> list[EditExample]:
     """The edit examples whose new text the prompt shows at least ``min_support`` of
-    (``EditExample.context_support``), and no-change ones drawn to make at most ``share`` of
+    (``training.edits.context_support``), and no-change ones drawn to make at most ``share`` of
     the whole: the miner keeps them all, the mix a model learns from is chosen here."""
     edits = [
         example
         for example in examples
-        if example.kind == "edit" and example.context_support() >= min_support
+        if example.kind == "edit" and context_support(example, example.expected) >= min_support
     ]
     quiet = [example for example in examples if example.kind != "edit"]
     wanted = round(len(edits) * share / (1 - share)) if share < 1 else len(quiet)
@@ -261,7 +261,7 @@ def encoded_pairs(args: argparse.Namespace, rng: random.Random) -> Encoded:
         log(f"{path} was encoded for another run: encoding again")
     tokenizer = load_tokenizer(args.model)
     examples = load_examples(args.data / "train.jsonl")
-    mix = with_no_change_share(examples, args.no_change, args.min_support, rng)
+    mix = training_mix(examples, args.no_change, args.min_support, rng)
     if args.objective == "dpo":
         train_pairs, rejected = preference_pairs(mix, tokenizer, args.style, args.max_tokens)
     else:
@@ -444,7 +444,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--min-support", type=float, default=0.0,
         help="train on the edits whose new text the prompt shows at least this share of "
-        "(EditExample.context_support; 0: every edit)",
+        "(training.edits.context_support; 0: every edit)",
     )  # fmt: skip
     parser.add_argument(
         "--change-weight", type=float, default=1.0,
