@@ -153,6 +153,23 @@ def test_a_run_resumes_from_its_checkpoint_and_records_the_adapter(
     assert not (tmp_path / "checkpoint.partial").exists()
 
 
+def test_a_run_given_minutes_ends_by_then_with_its_adapter(
+    tiny_source: str, data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A deadline far shorter than the asked steps take: the steps are cut to what fits, and
+    the run still ends as a finished one (adapter, record, checkpoint at its last step)."""
+    args = ["--data", str(data), "--out", str(tmp_path), "--model", tiny_source, "--batch", "1"]
+    train.main([*args, "--steps", "40", "--eval-every", "100", "--minutes", "1e-5"])
+    record = json.loads((tmp_path / "training.json").read_text())
+    assert record["steps"] < 40
+    assert f"fit {record['steps']} steps" in capsys.readouterr().err
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+    import torch
+
+    state = torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=False)
+    assert state["progress"]["step"] == record["steps"]
+
+
 def test_pairs_read_in_one_padded_forward_lose_what_they_lose_alone(tiny_source: str) -> None:
     """A GPU step reads several pairs in one forward, padded on the right: each pair's loss
     is the one it has read alone, however long the others are."""

@@ -97,11 +97,12 @@ def encode_all(
 
 
 def train_dtype(device: str) -> torch.dtype:
+    if device.startswith("cuda"):
+        return torch.bfloat16
+    # Imported here: a GPU machine trains without the serving engine's packages (pydantic).
     from serve_app.engine.runner.prepare import cpu_has_bf16_compute
 
-    if device.startswith("cuda") or cpu_has_bf16_compute():
-        return torch.bfloat16
-    return torch.float32
+    return torch.bfloat16 if cpu_has_bf16_compute() else torch.float32
 
 
 def load_tokenizer(source: str) -> Any:
@@ -278,6 +279,7 @@ def encoded_pairs(args: argparse.Namespace, rng: random.Random) -> Encoded:
 
 
 def run(args: argparse.Namespace) -> dict:
+    clock = RunClock(args.minutes)  # loading and the first evaluation count against it
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     train_pairs, rejected, validation_pairs = encoded_pairs(args, rng)
@@ -332,11 +334,39 @@ def run(args: argparse.Namespace) -> dict:
             f"step {progress.step}/{args.steps} loss {loss_sum / args.batch:.4f} "
             f"{tokens / seconds:.0f} tok/s, {left / 60:.1f} min left"
         )
+        if (fit := clock.steps_that_fit(progress.step)) < args.steps:
+            log(f"{args.minutes} minutes fit {fit} steps: the run ends there")
+            args.steps = fit
         if validation_pairs and progress.step % args.eval_every == 0:
             evaluate(model, validation_pairs, progress, args.device)
         if progress.step % args.save_every == 0 or progress.step == args.steps:
             save_checkpoint(args.out, model, optimizer, progress)
     return finish(args, model, progress)
+
+
+class RunClock:
+    """How many steps fit before a run's deadline (``--minutes``), measured as it goes: the
+    run's steps are cut to that, never raised, so the learning rate's cosine comes down by the
+    deadline instead of stopping halfway down a curve drawn for steps it never reaches (a GPU
+    lease, or two runs sharing one GPU, ends at a time, not at a step)."""
+
+    WARM = 3  # steps before the first cut: the first ones pay for kernels' warm-up
+
+    def __init__(self, minutes: float | None) -> None:
+        self.deadline = time.monotonic() + 60 * minutes if minutes else None
+        self.steps_done, self.since = 0, time.monotonic()
+
+    def steps_that_fit(self, step: int) -> int:
+        """``step`` plus the steps the rest of the time holds at this run's pace (every step
+        after the first, evaluations included); no limit without a deadline or before WARM."""
+        self.steps_done += 1
+        now = time.monotonic()
+        if self.steps_done == 1:
+            self.since = now
+        if self.deadline is None or self.steps_done < self.WARM:
+            return sys.maxsize
+        pace = (now - self.since) / (self.steps_done - 1)
+        return step + max(0, int((self.deadline - now) / pace))
 
 
 def next_examples(progress: Progress, count: int) -> list[int]:
@@ -462,6 +492,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--init-adapter", type=Path, help="start from this adapter's weights (same rank, layers)"
     )
+    parser.add_argument(
+        "--minutes", type=float, default=None,
+        help="end by then: the steps are cut to what fits at the pace measured so far",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--encode-only", action="store_true",
