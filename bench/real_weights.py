@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -46,80 +45,14 @@ from bench.common import ROOT, cpu_flags, table
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
 from serve_app.engine_config import NO_SPECULATION, EngineConfig
-from serve_app.models.embedded import DEFAULT_MODEL, get_embedded_model, part_paths
+from serve_app.models.embedded import DEFAULT_MODEL
+from serve_app.models.embedded.pieces import join_pieces, split_model
 from serve_app.models.loader import LoadedModel, load_model
 
-MANIFEST, REFERENCE = "manifest.json", "reference.json"
+REFERENCE = "reference.json"
 SHARED_CASES = ROOT.parent / "shared" / "data" / "next_edit_cases.json"
 VALIDATION = ROOT / "data" / "next_edit" / "validation.jsonl"
 FIM_TOKENS, EDIT_TOKENS, EDIT_PROMPT_TOKENS = 48, 256, 3072
-_CHUNK = 8 << 20
-
-
-# --- the pieces ---------------------------------------------------------------------------------
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as source:
-        while chunk := source.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def split_files(sources: list[Path], out: Path, piece_bytes: int) -> list[dict[str, Any]]:
-    """The concatenation of ``sources`` cut into pieces ``piece-NN`` of ``piece_bytes`` (the
-    last shorter) under ``out``: each piece's name, size and sha256."""
-    pieces: list[dict[str, Any]] = []
-    target: Any = None
-    for source_path in sources:
-        with open(source_path, "rb") as source:
-            while chunk := source.read(_CHUNK):
-                while chunk:
-                    if target is None or pieces[-1]["size"] == piece_bytes:
-                        if target is not None:
-                            target.close()
-                        pieces.append({"name": f"piece-{len(pieces) + 1:02d}", "size": 0})
-                        target, digest = open(out / pieces[-1]["name"], "wb"), hashlib.sha256()  # noqa: SIM115
-                    take = chunk[: piece_bytes - pieces[-1]["size"]]
-                    target.write(take)
-                    digest.update(take)
-                    pieces[-1]["size"] += len(take)
-                    pieces[-1]["sha256"] = digest.hexdigest()
-                    chunk = chunk[len(take) :]
-    if target is not None:
-        target.close()
-    return pieces
-
-
-def split_model(out: Path, piece_bytes: int) -> dict[str, Any]:
-    """The embedded default model's GGUF (its PyPI parts, joined) as pieces under ``out``, and
-    the manifest that checks them: each piece's digest and the whole file's published one."""
-    spec = get_embedded_model(DEFAULT_MODEL)
-    pieces = split_files([Path(p) for p in part_paths(spec)], out, piece_bytes)
-    manifest = {"model": spec.name, "file": spec.file_name, "size": spec.size}
-    manifest |= {"sha256": spec.sha256, "pieces": pieces}
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    return manifest
-
-
-def join_pieces(out: Path) -> Path:
-    """The GGUF put together from ``out``'s pieces, each piece and the whole checked against
-    the manifest; ValueError naming the first that differs."""
-    manifest = json.loads((out / MANIFEST).read_text())
-    target = out / manifest["file"]
-    whole = hashlib.sha256()
-    with open(target, "wb") as joined:
-        for piece in manifest["pieces"]:
-            data = (out / piece["name"]).read_bytes()
-            if len(data) != piece["size"] or hashlib.sha256(data).hexdigest() != piece["sha256"]:
-                raise ValueError(f"{piece['name']}: not the piece the manifest names")
-            joined.write(data)
-            whole.update(data)
-    if whole.hexdigest() != manifest["sha256"]:
-        target.unlink()
-        raise ValueError(f"{target.name}: the joined file's sha256 is not the published one")
-    return target
 
 
 # --- the prompts --------------------------------------------------------------------------------

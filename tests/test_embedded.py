@@ -230,6 +230,28 @@ def test_failed_conversion_leaves_no_folder(fake_model: dict, monkeypatch) -> No
     assert sorted(path.name for path in cache.iterdir()) == [f"{spec.name}.lock"]
 
 
+def test_a_gguf_that_came_another_way_is_installed_as_the_parts_would_be(
+    fake_model: dict, tmp_path: Path
+) -> None:
+    """A GPU machine has no PyPI parts: the GGUF sent there in pieces is installed under the
+    same name and marker, and kept where it lies; a file that is not the registry's is refused,
+    naming it, before anything is converted."""
+    spec, cache = fake_model["spec"], fake_model["cache"]
+    whole = b"".join(path.read_bytes() for path in _fake_parts(tmp_path / "again"))
+    damaged = tmp_path / "damaged.gguf"
+    damaged.write_bytes(whole[:-1] + bytes([whole[-1] ^ 1]))
+    with pytest.raises(EmbeddedModelError, match="damaged.gguf"):
+        embedded.install_gguf(spec.name, damaged, cache)
+    assert fake_model["calls"] == []
+    arrived = tmp_path / "arrived.gguf"
+    arrived.write_bytes(whole)
+    folder = embedded.install_gguf(spec.name, arrived, cache)
+    assert folder == cache / spec.name and embedded.is_complete(folder, spec)
+    assert arrived.exists() and len(fake_model["calls"]) == 1
+    assert ensure_embedded_model(spec.name, cache_dir=cache) == folder
+    assert len(fake_model["calls"]) == 1  # what it installed is what the service finds
+
+
 def test_cli_prints_the_folder(fake_model: dict, capsys) -> None:
     spec, cache = fake_model["spec"], fake_model["cache"]
     assert main([spec.name, "--cache-dir", str(cache)]) == 0

@@ -313,6 +313,27 @@ def test_an_exported_adapter_serves_and_names_its_base(
     assert str(shipped) in str(raised.value)
 
 
+def test_a_run_on_a_lent_gpu_comes_back_exported_in_pieces(
+    tiny_source: str, data: Path, tmp_path: Path
+) -> None:
+    """What a GPU machine's call brings back is at most 16 MiB a file: a run's exported adapter
+    goes as tar pieces, and here they are put together into the export, file for file."""
+    from serve_app.training import lease
+    from serve_app.training.export import export
+
+    run = tmp_path / "run"
+    train.main(["--data", str(data), "--out", str(run), "--model", tiny_source, "--steps", "1",
+                "--batch", "1", "--layers", "1"])  # fmt: skip
+    sent = lease.send_back(run, "span", tmp_path / "out", piece_bytes=4096)
+    assert len(sent) > 1 and all(path.stat().st_size <= 4096 for path in sent)
+    (tmp_path / "out" / "span.log").write_text("step 1/1\n")
+    [adapter] = lease.unpack(tmp_path / "out", tmp_path / "adapters")
+    expected = export(run, tmp_path / "expected")
+    for path in expected.iterdir():
+        assert (adapter / path.name).read_bytes() == path.read_bytes()
+    assert (adapter / "train.log").read_text() == "step 1/1\n"
+
+
 def test_an_adapter_asked_in_another_layout_than_it_learned_fails_at_start(
     tmp_path: Path,
 ) -> None:

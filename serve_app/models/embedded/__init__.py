@@ -30,6 +30,7 @@ from pathlib import Path
 from serve_app.models.embedded.assemble import assemble_parts
 from serve_app.models.embedded.convert import EOS_TOKENS, FIM_TOKENS, convert_gguf
 from serve_app.models.embedded.locking import exclusive_lock
+from serve_app.models.embedded.pieces import sha256_of
 from serve_app.models.embedded.registry import (
     CACHE_ENV,
     DEFAULT_MODEL,
@@ -60,6 +61,7 @@ __all__ = [
     "embedded_name",
     "ensure_embedded_model",
     "get_embedded_model",
+    "install_gguf",
     "is_complete",
     "part_paths",
 ]
@@ -92,8 +94,24 @@ def is_complete(folder: Path, spec: EmbeddedModel) -> bool:
     return marker.get("sha256") == spec.sha256 and (folder / "config.json").is_file()
 
 
-def _build(spec: EmbeddedModel, folder: Path) -> None:
-    """Assemble, convert and publish ``folder``; the caller holds the lock."""
+def install_gguf(name: str, gguf_path: Path, cache_dir: str | Path | None = None) -> Path:
+    """Embedded model ``name`` built from its GGUF that came another way than its PyPI parts
+    (a GPU machine reaches no package index; ``embedded.pieces``): the file must be the
+    registry's (size and sha256), then it is converted and published as the parts would be,
+    so ``embedded:<name>`` names it there too."""
+    spec = get_embedded_model(name)
+    if gguf_path.stat().st_size != spec.size or sha256_of(gguf_path) != spec.sha256:
+        raise EmbeddedModelError(f"{gguf_path}: not {spec.name}'s {spec.file_name}")
+    folder = (Path(cache_dir).expanduser() if cache_dir else default_cache_dir()) / spec.name
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(folder.parent / f"{spec.name}.lock"):
+        _build(spec, folder, gguf_path)
+    return folder
+
+
+def _build(spec: EmbeddedModel, folder: Path, gguf: Path | None = None) -> None:
+    """Assemble the parts (or take the checked file ``gguf``), convert and publish
+    ``folder``; the caller holds the lock."""
     started = time.monotonic()
     logger.info(
         "first start: preparing embedded model %s (%s) in %s; this converts the model once, "
@@ -106,12 +124,16 @@ def _build(spec: EmbeddedModel, folder: Path) -> None:
     staging = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     staging.mkdir(parents=True)
     try:
-        gguf_path = assemble_parts(spec, part_paths(spec), staging / spec.file_name)
-        logger.info(
-            "assembled and verified %s in %.1fs", spec.file_name, time.monotonic() - started
-        )
+        if gguf is None:
+            gguf_path = assemble_parts(spec, part_paths(spec), staging / spec.file_name)
+            logger.info(
+                "assembled and verified %s in %.1fs", spec.file_name, time.monotonic() - started
+            )
+        else:
+            gguf_path = gguf
         convert_gguf(gguf_path, staging)
-        gguf_path.unlink()  # reassemblable from the packages: not worth 0.5-1 GB of disk
+        if gguf is None:
+            gguf_path.unlink()  # reassemblable from the packages: not worth 0.5-1 GB of disk
         _write_marker(staging, spec)
         for path in staging.iterdir():
             path.chmod(0o644)  # safetensors writes 0600; replicas may run as others
