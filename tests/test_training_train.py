@@ -4,6 +4,7 @@ its checkpoint, and the adapter is written with its record."""
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import asdict
 from pathlib import Path
 
@@ -274,6 +275,25 @@ def test_the_mix_can_keep_only_edits_the_prompt_shows() -> None:
     assert support["deleted.py"] == 1.0
     mix = train.training_mix([carried, invented, deleted], 0.2, 0.8, random.Random(0))
     assert mix == [carried, deleted]
+
+
+def test_a_typing_example_is_the_edit_caught_halfway_through_its_first_new_line() -> None:
+    """What an IDE sends at a pause in typing: the edit's first new line typed in part (the
+    line it replaces gone), the cursor after it, the typing the newest diff; the answer is
+    still the whole edit. A deletion has nothing to type."""
+    from serve_app.training.edits import typing_example
+
+    edit = example("cart.py")
+    for seed in range(20):
+        typed = typing_example(edit, random.Random(seed))
+        line = typed.file.split("\n")[typed.cursor[0]]
+        assert typed.cursor == (4, len(line)) and 0 < len(line) < len("print(subtotal(cart))")
+        assert "print(subtotal(cart))".startswith(line) and typed.expected == edit.expected
+        assert typed.region == "\n" + line and typed.hunks[0] == RENAME
+        assert "-print(total(cart))" in typed.hunks[-1] and f"+{line}" in typed.hunks[-1]
+    assert typing_example(example("deleted.py", expected="\n"), random.Random(0)) is None
+    mix = train.training_mix([edit], 0.0, 0.0, random.Random(0), typing=1.0)
+    assert mix[0] == edit and mix[1].cursor[0] == 4 and len(mix) == 2
 
 
 def test_an_exported_adapter_serves_and_names_its_base(

@@ -9,6 +9,11 @@ apart merged), in file order. The user is taken to make them in that order:
   current file, the editable region is hunk ``i``'s old lines with ``CONTEXT`` lines either
   side, the cursor at the start of its first changed line's code, and the expected region is
   the same lines with hunk ``i`` applied.
+- **A typing example** (``typing_example``, made from an edit example when a run asks for
+  them): the user is halfway through typing the edit's first new line, the old lines it
+  replaces gone, the cursor after what is typed, the typing the newest diff; the expected
+  region is the edit's. Commits hold finished code only, but an IDE asks at every pause in
+  typing, mostly with a line left unfinished at the cursor.
 - **A no-change example**: every hunk applied, the region around the last one (the edit the
   user just finished), the cursor at the end of its last changed line. Nothing more is to be
   done there, so the expected region is the region itself.
@@ -18,7 +23,9 @@ The file is sent as an excerpt of ``WINDOW`` lines either side of the region, as
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -217,6 +224,32 @@ def no_change_example(
         "\n".join(new[first : last + 1]),
         snippets,
         "no_change",
+    )
+
+
+def typing_example(example: EditExample, rng: random.Random) -> EditExample | None:
+    """``example`` caught while its first new line is being typed (module docstring); None
+    for an edit that writes no line with code to type (a deletion, a blank line)."""
+    lines = example.file.split("\n")
+    region, expected = example.region.split("\n"), example.expected.split("\n")
+    matcher = difflib.SequenceMatcher(None, region, expected, autojunk=False)
+    change = next((op for op in matcher.get_opcodes() if op[0] != "equal"), None)
+    if change is None or change[3] == change[4]:
+        return None
+    _, i1, i2, j1, _ = change
+    line = expected[j1]
+    indent = len(line) - len(line.lstrip())
+    if len(line) - indent < 2:
+        return None
+    typed = line[: rng.randrange(indent + 1, len(line))]  # at least a character, never all
+    at = example.first_line + i1
+    typing = lines[:at] + [typed] + lines[example.first_line + i2 :]
+    return dataclasses.replace(
+        example,
+        file="\n".join(typing),
+        last_line=example.last_line - (i2 - i1) + 1,
+        cursor=(at, len(typed)),
+        hunks=[*example.hunks, unified_hunk(lines, typing)][-MAX_HISTORY:],
     )
 
 

@@ -36,7 +36,7 @@ import torch
 
 from serve_app.models.loader import TRAINING_RECORD
 from serve_app.prompts.edit.messages import PROMPT_STYLES
-from serve_app.training.edits import EditExample, context_support
+from serve_app.training.edits import EditExample, context_support, typing_example
 from serve_app.training.losses import answer_loss, token_losses
 from serve_app.training.preference import Reference, preference_loss, preference_pairs
 from serve_app.training.render import IGNORED, TrainingPair, training_pair
@@ -69,16 +69,24 @@ def load_examples(path: Path) -> list[EditExample]:
 
 
 def training_mix(
-    examples: list[EditExample], share: float, min_support: float, rng: random.Random
+    examples: list[EditExample],
+    share: float,
+    min_support: float,
+    rng: random.Random,
+    typing: float = 0.0,
 ) -> list[EditExample]:
     """The edit examples whose new text the prompt shows at least ``min_support`` of
-    (``training.edits.context_support``), and no-change ones drawn to make at most ``share`` of
-    the whole: the miner keeps them all, the mix a model learns from is chosen here."""
+    (``training.edits.context_support``), a ``typing`` share of them again as caught halfway
+    through typing (``training.edits.typing_example``), and no-change ones drawn to make at
+    most ``share`` of the whole: the miner keeps them all, the mix a model learns from is
+    chosen here."""
     edits = [
         example
         for example in examples
         if example.kind == "edit" and context_support(example, example.expected) >= min_support
     ]
+    typed = [typing_example(e, rng) for e in rng.sample(edits, round(len(edits) * typing))]
+    edits += [example for example in typed if example is not None]
     quiet = [example for example in examples if example.kind != "edit"]
     wanted = round(len(edits) * share / (1 - share)) if share < 1 else len(quiet)
     return edits + rng.sample(quiet, min(wanted, len(quiet)))
@@ -251,6 +259,7 @@ def encoded_pairs(args: argparse.Namespace, rng: random.Random) -> Encoded:
         **{name: getattr(args, name) for name in ("model", "style", "max_tokens", "seed")},
         **{name: getattr(args, name) for name in ("no_change", "eval_examples", "objective")},
         **({"min_support": args.min_support} if args.min_support else {}),
+        **({"typing": args.typing} if args.typing else {}),
     }
     path = args.out / PAIRS_FILE
     if path.exists():
@@ -262,7 +271,7 @@ def encoded_pairs(args: argparse.Namespace, rng: random.Random) -> Encoded:
         log(f"{path} was encoded for another run: encoding again")
     tokenizer = load_tokenizer(args.model)
     examples = load_examples(args.data / "train.jsonl")
-    mix = training_mix(examples, args.no_change, args.min_support, rng)
+    mix = training_mix(examples, args.no_change, args.min_support, rng, args.typing)
     if args.objective == "dpo":
         train_pairs, rejected = preference_pairs(mix, tokenizer, args.style, args.max_tokens)
     else:
@@ -422,6 +431,7 @@ def finish(args: argparse.Namespace, model: Any, progress: Progress) -> dict:
         "style": args.style,
         "no_change_share": args.no_change,
         "min_support": args.min_support,
+        "typing": args.typing,
         "seed": args.seed,
         "steps": progress.step,
         "batch": args.batch,
@@ -475,6 +485,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--min-support", type=float, default=0.0,
         help="train on the edits whose new text the prompt shows at least this share of "
         "(training.edits.context_support; 0: every edit)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--typing", type=float, default=0.0,
+        help="this share of the edits again, caught halfway through typing their first new "
+        "line (training.edits.typing_example)",
     )  # fmt: skip
     parser.add_argument(
         "--change-weight", type=float, default=1.0,
