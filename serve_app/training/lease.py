@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     back.add_argument("--out", type=Path, default=Path("data/adapters"))
     args = parser.parse_args(argv)
     if args.verb == "pack":
-        runs = {spec.split()[0]: shlex.split(spec)[1:] for spec in args.run}
+        runs = {name: rest for name, *rest in map(shlex.split, args.run)}
         pack(args.out, args.data, runs, args.piece_mb << 20)
     elif args.verb == "train":
         train_there(args.pack, args.pieces, args.seconds, args.out, args.work)

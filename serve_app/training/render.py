@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import torch
+
 from serve_app.prompts.chat_encoding import encode_untrusted
 from serve_app.prompts.edit.extract import fence_region, model_answer
 from serve_app.prompts.edit.messages import (
@@ -135,3 +137,27 @@ def tokens_touching(ids: list[int], marked: list[bool], tokenizer: Any) -> list[
         start, end = end, end + max(0, added)
         touching.append(any(marked[start:end]))
     return touching
+
+
+def pack(pairs: list[TrainingPair]) -> dict[str, Any]:
+    """``pairs`` as a few flat tensors: an answer's labels are the tail of its ids."""
+    starts = [pair.labels.index(next(t for t in pair.labels if t != IGNORED)) for pair in pairs]
+    for pair, start in zip(pairs, starts, strict=True):
+        assert pair.labels[start:] == pair.ids[start:] and set(pair.labels[:start]) == {IGNORED}
+    return {
+        "ids": torch.tensor([t for pair in pairs for t in pair.ids], dtype=torch.int32),
+        "changed": torch.tensor([c for pair in pairs for c in pair.changed], dtype=torch.bool),
+        "lengths": torch.tensor([len(pair.ids) for pair in pairs]),
+        "starts": torch.tensor(starts),
+    }
+
+
+def unpack(packed: dict[str, Any]) -> list[TrainingPair]:
+    ids, changed = packed["ids"].tolist(), packed["changed"].tolist()
+    pairs, offset = [], 0
+    for length, start in zip(packed["lengths"].tolist(), packed["starts"].tolist(), strict=True):
+        row = ids[offset : offset + length]
+        labels = [IGNORED] * start + row[start:]
+        pairs.append(TrainingPair(row, labels, changed[offset : offset + length]))
+        offset += length
+    return pairs

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import shutil
 import sys
@@ -39,7 +38,8 @@ from serve_app.prompts.edit.messages import PROMPT_STYLES
 from serve_app.training.edits import EditExample, context_support, typing_example
 from serve_app.training.losses import answer_loss, token_losses
 from serve_app.training.preference import Reference, preference_loss, preference_pairs
-from serve_app.training.render import IGNORED, TrainingPair, training_pair
+from serve_app.training.render import TrainingPair, pack, training_pair, unpack
+from serve_app.training.schedule import RunClock, learning_rate
 
 DEFAULT_MODEL = "embedded:qwen2.5-coder-0.5b"
 STATE_FILE = "state.pt"
@@ -203,14 +203,6 @@ def resume(out: Path, model: Any, optimizer: Any) -> Progress | None:
     return progress
 
 
-def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
-    """Linear warm-up, then cosine down to a tenth of the peak."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    done = (step - warmup) / max(1, steps - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(done, 1.0))))
-
-
 def data_record(data: Path) -> dict[str, Any]:
     """The data's version and its repositories by split, from the miner's manifest: which
     repositories an adapter learned from, so a later measurement can tell held-out ones."""
@@ -220,30 +212,6 @@ def data_record(data: Path) -> dict[str, Any]:
     for name, repository in sorted(manifest.get("repositories", {}).items()):
         splits.setdefault(repository.get("split", "train"), []).append(name)
     return {"data_version": manifest.get("version", "unknown"), "repositories": splits}
-
-
-def pack(pairs: list[TrainingPair]) -> dict[str, Any]:
-    """``pairs`` as a few flat tensors: an answer's labels are the tail of its ids."""
-    starts = [pair.labels.index(next(t for t in pair.labels if t != IGNORED)) for pair in pairs]
-    for pair, start in zip(pairs, starts, strict=True):
-        assert pair.labels[start:] == pair.ids[start:] and set(pair.labels[:start]) == {IGNORED}
-    return {
-        "ids": torch.tensor([t for pair in pairs for t in pair.ids], dtype=torch.int32),
-        "changed": torch.tensor([c for pair in pairs for c in pair.changed], dtype=torch.bool),
-        "lengths": torch.tensor([len(pair.ids) for pair in pairs]),
-        "starts": torch.tensor(starts),
-    }
-
-
-def unpack(packed: dict[str, Any]) -> list[TrainingPair]:
-    ids, changed = packed["ids"].tolist(), packed["changed"].tolist()
-    pairs, offset = [], 0
-    for length, start in zip(packed["lengths"].tolist(), packed["starts"].tolist(), strict=True):
-        row = ids[offset : offset + length]
-        labels = [IGNORED] * start + row[start:]
-        pairs.append(TrainingPair(row, labels, changed[offset : offset + length]))
-        offset += length
-    return pairs
 
 
 Encoded = tuple[list[TrainingPair], dict[int, TrainingPair], list[TrainingPair]]
@@ -351,31 +319,6 @@ def run(args: argparse.Namespace) -> dict:
         if progress.step % args.save_every == 0 or progress.step == args.steps:
             save_checkpoint(args.out, model, optimizer, progress)
     return finish(args, model, progress)
-
-
-class RunClock:
-    """How many steps fit before a run's deadline (``--minutes``), measured as it goes: the
-    run's steps are cut to that, never raised, so the learning rate's cosine comes down by the
-    deadline instead of stopping halfway down a curve drawn for steps it never reaches (a GPU
-    lease, or two runs sharing one GPU, ends at a time, not at a step)."""
-
-    WARM = 3  # steps before the first cut: the first ones pay for kernels' warm-up
-
-    def __init__(self, minutes: float | None) -> None:
-        self.deadline = time.monotonic() + 60 * minutes if minutes else None
-        self.steps_done, self.since = 0, time.monotonic()
-
-    def steps_that_fit(self, step: int) -> int:
-        """``step`` plus the steps the rest of the time holds at this run's pace (every step
-        after the first, evaluations included); no limit without a deadline or before WARM."""
-        self.steps_done += 1
-        now = time.monotonic()
-        if self.steps_done == 1:
-            self.since = now
-        if self.deadline is None or self.steps_done < self.WARM:
-            return sys.maxsize
-        pace = (now - self.since) / (self.steps_done - 1)
-        return step + max(0, int((self.deadline - now) / pace))
 
 
 def next_examples(progress: Progress, count: int) -> list[int]:
