@@ -55,13 +55,17 @@ def p50_p90(seconds: list[float]) -> str:
 
 def role_config(config_path: Path, model: str, threads: int) -> Any:
     """``config_path``'s application config with ``model`` (an embedded model, with the
-    settings the config's first model has) serving every role on ``threads`` torch threads."""
+    settings the config gives it, or those of its first model) serving every role on
+    ``threads`` torch threads."""
     from serve_app.config import AppConfig
 
     document = yaml.safe_load(config_path.read_text())
     args = document["applications"][0]["args"]
-    first = args["models"][0]
-    served = {**first, "id": model, "source": f"embedded:{model}", "aliases": []}
+    source = f"embedded:{model}"
+    declared = [m for m in args["models"] if m["source"] == source] or args["models"][:1]
+    served = {**declared[0], "id": model, "source": source, "aliases": []}
+    if declared[0]["source"] != source:  # another model's adapter does not fit this one
+        served.pop("edit_adapter", None)
     served.pop("openrouter_slug", None)
     engine = {**args.get("engine", {}), "torch_threads": threads}
     roles = {"fim": model, "edit": model, "decisions": model}

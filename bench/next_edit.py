@@ -12,6 +12,7 @@ Every variant (a prompt style and its decoding) answers every case, interleaved.
 - delta chrF: Zed's edit-prediction score (character n-grams up to 6, beta 2, whitespace
   ignored) on what changed: n-grams the edit added or removed, so copying the region scores 0;
 - no-op: the answer is the region unchanged; reversal: it undoes part of the newest diff;
+- drops a line: the answer lacks a line of the region that the expected edit keeps;
 - rejected: answers the service's checks replaced by "no change", by reason;
 - latency p50/p90, cold (the first request for this file) and repeat (one more keystroke:
   the first character of the expected edit typed, and its diff added to the history).
@@ -25,6 +26,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import random
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -33,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import cpu_flags, percentile, table
-from serve_app.training.edits import unified_hunk
+from bench.edit_scores import delta_chrf, drops_kept_line, normalized, reverses
+from serve_app.training.edits import EditExample, typing_example, unified_hunk
 from tests.fixtures.edit_clients import (
     ClientCall,
     Scenario,
@@ -70,71 +73,6 @@ VARIANTS: dict[str, tuple[str | None, dict[str, Any], bool]] = {
 }
 BASELINE = "chat/as-sent (today)"
 
-# --- scores -------------------------------------------------------------------------------------
-
-
-def normalized(text: str) -> str:
-    """Trailing whitespace trimmed: of every line, and blank lines at the end."""
-    return "\n".join(line.rstrip() for line in text.split("\n")).rstrip("\n")
-
-
-def _ngrams(text: str, n: int) -> Counter:
-    return Counter(text[i : i + n] for i in range(len(text) - n + 1))
-
-
-def _delta(after: Counter, before: Counter) -> Counter:
-    """The n-grams an edit added, and (marked with a leading "-") those it removed."""
-    delta: Counter = Counter()
-    for gram in set(after) | set(before):
-        change = after[gram] - before[gram]
-        if change:
-            delta[gram if change > 0 else "-" + gram] = abs(change)
-    return delta
-
-
-def delta_chrf(original: str, expected: str, actual: str, order: int = 6, beta: float = 2.0):
-    """Zed's delta chrF (0-100): chrF between the edit expected and the edit made, each as
-    the character n-grams it added or removed (whitespace ignored). An unchanged answer to a
-    real edit scores 0; the expected edit 100."""
-    texts = ["".join(text.split()) for text in (original, expected, actual)]
-    if texts[0] == texts[1] == texts[2]:
-        return 100.0
-    precision = recall = 0.0
-    for n in range(1, order + 1):
-        before, want, got = (_ngrams(text, n) for text in texts)
-        want, got = _delta(want, before), _delta(got, before)
-        if not want and not got:
-            precision, recall = precision + 1, recall + 1
-            continue
-        hits = sum((want & got).values())
-        precision += hits / sum(got.values()) if got else 0.0
-        recall += hits / sum(want.values()) if want else 0.0
-    precision, recall = precision / order, recall / order
-    if precision + recall == 0:
-        return 0.0
-    return 100 * (1 + beta**2) * precision * recall / (beta**2 * precision + recall)
-
-
-def _changed_lines(diff: str, marker: str) -> set[str]:
-    return {
-        line[1:].strip()
-        for line in diff.split("\n")
-        if line.startswith(marker) and not line.startswith(marker * 3) and line[1:].strip()
-    }
-
-
-def reverses(region: str, expected: str, answer: str, last_diff: str) -> bool:
-    """The answer undoes part of the newest diff: it brings back a line that diff removed, or
-    takes out a line that diff added (and the expected edit keeps)."""
-    region_lines = {line.strip() for line in region.split("\n")}
-    answer_lines = {line.strip() for line in answer.split("\n")}
-    expected_lines = {line.strip() for line in expected.split("\n")}
-    removed, added = _changed_lines(last_diff, "-"), _changed_lines(last_diff, "+")
-    back = (removed - region_lines - expected_lines) & answer_lines
-    gone = (added & region_lines & expected_lines) - answer_lines
-    return bool(back or gone)
-
-
 # --- cases --------------------------------------------------------------------------------------
 
 
@@ -147,12 +85,16 @@ class Case:
     kind: str = "edit"  # or "no_change": the miner's examples whose answer is the region
 
 
-def load_cases(path: Path, limit: int | None, every: int = 1, kind: str = "all") -> list[Case]:
+def load_cases(
+    path: Path, limit: int | None, every: int = 1, kind: str = "all", cursor: str = "as-cut"
+) -> list[Case]:
     """The cases, taken round-robin across the repositories (so a run cut short, or every
     ``every``-th case, still covers every language), the first ``limit`` of them. Continue's
     shape for cases at even positions of the file, Zed's for odd ones. ``path``: a JSON list,
     or JSON lines (``.jsonl``: the miner's splits, e.g. data/next_edit/validation.jsonl).
-    ``kind``: every case, or only those of one kind ("edit", "no_change")."""
+    ``kind``: every case, or only those of one kind ("edit", "no_change"). ``cursor``: where
+    the request puts the cursor (``with_cursor``)."""
+    rng = random.Random(7)
     text = path.read_text()
     raws = (
         [json.loads(line) for line in text.splitlines()]
@@ -162,6 +104,9 @@ def load_cases(path: Path, limit: int | None, every: int = 1, kind: str = "all")
     by_repo: dict[str, list[Case]] = {}
     for index, raw in enumerate(raws):
         if kind != "all" and raw.get("kind", "edit") != kind:
+            continue
+        raw = with_cursor(raw, cursor, rng)
+        if raw is None:
             continue
         scenario = Scenario(
             path=raw["path"],
@@ -181,6 +126,36 @@ def load_cases(path: Path, limit: int | None, every: int = 1, kind: str = "all")
     rounds = itertools.zip_longest(*by_repo.values())
     cases = [case for round_ in rounds for case in round_ if case is not None]
     return cases[::every][:limit]
+
+
+def with_cursor(raw: dict, cursor: str, rng: random.Random) -> dict | None:
+    """The case as cut (the cursor at the start of the code of the line the edit begins on),
+    with the cursor at that line's end, or caught mid-line: its first new line half typed,
+    the cursor after it (``training.edits.typing_example``; None for an edit that writes no
+    line). An editor sends the cursor where the user stopped typing."""
+    if cursor == "line-end":
+        row = raw["cursor"][0]
+        return {**raw, "cursor": [row, len(raw["file"].split("\n")[row].rstrip())]}
+    if cursor == "region-start":
+        return _region_from_cursor(raw)
+    if cursor == "mid-line":
+        fields = {"cursor": tuple(raw["cursor"]), "snippets": list(map(tuple, raw["snippets"]))}
+        typed = typing_example(EditExample(**{**raw, **fields}), rng)
+        return None if typed is None else dataclasses.asdict(typed)
+    return raw
+
+
+def _region_from_cursor(raw: dict) -> dict | None:
+    """The case with its region cut as Continue cuts it: from the cursor's line, 6 lines at
+    least; the cases' own regions hold 2 lines before the edit (None where those change)."""
+    lines, row = raw["file"].split("\n"), raw["cursor"][0]
+    first, last = raw["first_line"], raw["last_line"]
+    expected = raw["expected"].split("\n")
+    if not first <= row <= last or expected[: row - first] != lines[first:row]:
+        return None
+    end = max(last, min(row + 5, len(lines) - 1))
+    expected = expected[row - first :] + lines[last + 1 : end + 1]
+    return {**raw, "first_line": row, "last_line": end, "expected": "\n".join(expected)}
 
 
 def region_of(scenario: Scenario) -> str:
@@ -224,6 +199,7 @@ class Tally:
     chrf: float = 0.0
     noop: int = 0
     reversal: int = 0
+    lossy: int = 0
     answered: int = 0
     cold: list[float] = dataclasses.field(default_factory=list)
     repeat: list[float] = dataclasses.field(default_factory=list)
@@ -239,8 +215,9 @@ def app_config(args: argparse.Namespace) -> Any:
 
     if args.config:
         config = serve_file_configs(args.config)[0]
-        if args.source:  # e.g. bench.random_checkpoint's folder in place of a hub id
-            edit = config.model(config.roles.edit).model_copy(update={"source": args.source})
+        if args.source:  # e.g. bench.random_checkpoint's folder: not the adapter's model
+            update = {"source": args.source, "edit_adapter": None}
+            edit = config.model(config.roles.edit).model_copy(update=update)
             models = [edit if m.id == edit.id else m for m in config.models]
             config = config.model_copy(update={"models": models})
         return config
@@ -325,7 +302,7 @@ async def run(args: argparse.Namespace, config: Any = None) -> list[dict]:
     as it comes, so a run cut short still has its figures)."""
     from serve_app.prompts.edit import parse_edit_prompt, rejected_edit
 
-    cases = load_cases(args.data, args.cases, args.every, args.kind)
+    cases = load_cases(args.data, args.cases, args.every, args.kind, args.cursor)
     rejected = {name: _LastReason() for name in VARIANTS}
     engine, services = start_services(args, rejected, config or app_config(args))
     log, expected_rejected = [], Counter()
@@ -385,6 +362,7 @@ def tallies_of(log: list[dict], cases: dict[str, Case]) -> dict[str, Tally]:
         tally.chrf += delta_chrf(old, want, got)
         tally.noop += got == old
         tally.reversal += reverses(old, want, got, case.scenario.hunks[-1])
+        tally.lossy += drops_kept_line(old, want, got)
         tally.cold.append(entry["cold_s"])
         if entry.get("repeat_s") is not None:
             tally.repeat.append(entry["repeat_s"])
@@ -396,7 +374,8 @@ def tallies_of(log: list[dict], cases: dict[str, Case]) -> dict[str, Tally]:
 
 
 def rows(tallies: dict[str, Tally]) -> list[list[str]]:
-    header = ["variant", "exact", "delta chrF", "x today", "no-op", "reversal", "rejected"]
+    header = ["variant", "exact", "delta chrF", "x today", "no-op", "reversal", "drops a line"]
+    header += ["rejected"]
     header += ["cold p50/p90 s", "repeat p50/p90 s", "repeats following the prediction"]
     out = [header]
     base = tallies.get(BASELINE)
@@ -412,6 +391,7 @@ def rows(tallies: dict[str, Tally]) -> list[list[str]]:
                 ratio,
                 f"{tally.noop / n:.0%}",
                 f"{tally.reversal / n:.0%}",
+                f"{tally.lossy / n:.0%}",
                 ", ".join(f"{k} {v}" for k, v in sorted(tally.rejected.items())) or "-",
                 latency(tally.cold),
                 latency(tally.repeat),
@@ -458,6 +438,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["all", "edit", "no_change"],
         default="all",
         help="the miner's cases of one kind only (the bench's own are all edits)",
+    )
+    parser.add_argument(
+        "--cursor",
+        choices=["as-cut", "line-end", "mid-line", "region-start"],
+        default="as-cut",
+        help="where requests put the cursor: as the cases were cut, at that line's end, "
+        "after the first new line half typed, or on the region's first line (its region cut "
+        "from there, as Continue cuts it)",
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
@@ -509,7 +497,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.adapter:
             print(f"adapter: {args.adapter} {adapter_record(args.adapter)}")
         log = asyncio.run(run(args))
-    cases = {case.name: case for case in load_cases(args.data, None)}
+    cases = {case.name: case for case in load_cases(args.data, None, 1, args.kind, args.cursor)}
     print(table(rows(tallies_of(log, cases))))
 
 

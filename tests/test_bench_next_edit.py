@@ -123,3 +123,33 @@ def test_edit_support_splits_a_logged_run_by_what_the_prompt_shows(
     shown, not_shown = out.split("not shown")
     assert "1 cases" in shown and "| chat_split/as-sent | 1/1 " in shown, out
     assert "1 cases" in not_shown and "| chat_split/as-sent | 0/1 " in not_shown, out
+
+
+def test_the_cases_can_put_the_cursor_where_editors_do(tmp_path: Path) -> None:
+    """``--cursor``: at the line's end; after the first new line half typed (the region holds
+    a beginning of it, the cursor after that); on the region's first line, the region cut from
+    there as Continue cuts it, the expected region with it."""
+    from bench.next_edit import region_of
+
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps([CASE]))
+    (at_end,) = next_edit.load_cases(cases, None, cursor="line-end")
+    assert at_end.scenario.cursor == (4, len("print(total(cart))"))
+    (typing,) = next_edit.load_cases(cases, None, cursor="mid-line")
+    row, column = typing.scenario.cursor
+    typed = typing.scenario.file.split("\n")[row]
+    assert column == len(typed) and "print(subtotal(cart))".startswith(typed)
+    assert typed not in ("", "print(subtotal(cart))") and typing.expected == CASE["expected"]
+    (cut,) = next_edit.load_cases(cases, None, cursor="region-start")
+    assert cut.scenario.first_line == 4 and region_of(cut.scenario).startswith("print(total")
+    assert cut.expected.startswith("print(subtotal(cart))")
+
+
+def test_an_answer_is_counted_as_losing_a_line_only_where_the_expected_edit_keeps_it() -> None:
+    from bench.edit_scores import drops_kept_line
+
+    region, expected = "a\n  b\nc\nc", "a\n  B\nc\nc"
+    assert drops_kept_line(region, expected, "a\n  B\nc")  # one of the two c lines lost
+    assert not drops_kept_line(region, expected, expected)
+    assert not drops_kept_line(region, expected, region)  # a no-op loses nothing
+    assert not drops_kept_line(region, "a\nc\nc", "a\n    c\nc")  # b deleted, as expected
