@@ -3,6 +3,7 @@ is an edit before it is sent."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -16,6 +17,7 @@ from serve_app.prompts.edit import (
     fence_region,
     parse_edit_prompt,
     read_answer,
+    region_without_cursor,
     rejected_edit,
 )
 from serve_app.prompts.edit.extract import model_answer
@@ -296,17 +298,105 @@ def test_every_span_answer_round_trips(old: list[str], new: list[str]) -> None:
 
 
 def test_the_span_prompt_numbers_the_regions_lines_and_the_answer_is_read_back() -> None:
+    """The region is shown numbered, from two lines above the cursor's line, as the trained
+    examples are cut: the example's region starts at the cursor, so the file's two lines above
+    it come first; the answer is read back onto the region sent."""
     messages = build_messages(EXAMPLE, style="chat_span")
     region_shown = messages[-1]["content"].rsplit("Region:\n", 1)[1]
-    for number, line in enumerate(EXAMPLE.region.split("\n"), 1):
+    above = EXAMPLE.file_before.split("\n")[-3:-1]
+    for number, line in enumerate([*above, *EXAMPLE.region.split("\n")], 1):
         assert f"{number}|{line}\n" in region_shown
     answer = model_answer(RENAMED, EXAMPLE, "chat_span")
     assert answer.startswith("@@ ") and "```" not in answer
     assert read_answer(answer, EXAMPLE, "stop", "chat_span") == (RENAMED, None)
 
 
+@pytest.mark.parametrize("typed", ["        if to", "        if total < 0:", "    ", ""])
+def test_the_span_prompt_shows_the_cursor_where_its_lines_code_starts(typed: str) -> None:
+    """Wherever an editor puts the cursor on its line (mid-word, at the end, in the
+    indentation), chat_span shows it at the start of the line's code, as the adapter's
+    examples have it; the region's text is unchanged, and chat_split shows it as sent."""
+    line = "        if total < 0:"
+    sent = line[: len(typed)] + CURSOR + line[len(typed) :]
+    as_fixture = f"        {CURSOR}if total < 0:"
+    prompt = dataclasses.replace(EXAMPLE, region=EXAMPLE.region.replace(as_fixture, sent))
+    assert prompt.region.count(CURSOR) == 1 and sent in prompt.region
+    span_shown = build_messages(prompt, style="chat_span")[-1]["content"]
+    assert f"3|        {CURSOR}if total < 0:\n4|            total = 0.0\n" in span_shown
+    assert sent in build_messages(prompt, style="chat_split")[-1]["content"]
+
+
+HALF_TYPED = "    def most_expensive(self):\n        if not self.items:\n            return None\n"
+COMPLETED = "        return max(self.items, key=lambda item: item.price)"
+
+
+def test_a_span_that_completes_the_cursors_line_keeps_the_lines_its_header_took_in() -> None:
+    """A half-typed line completed under a header one line too wide on either side (what the
+    adapter wrote) replaces that line only: the ``return None`` before it and the blank line
+    after it stay. The same text under a header that names the line alone reads the same."""
+    region = HALF_TYPED + f"        return max(self.items, key=lambda item: item.{CURSOR}\n\n"
+    region += "    def is_empty(self):\n        return not self.items"
+    prompt = dataclasses.replace(EXAMPLE, region=region)
+    completed = region_without_cursor(prompt).replace("item.\n", "item.price)\n")
+    # Shown from the line above ``return None`` (two lines above the cursor's): numbered 1.
+    for header in ("@@ 2,3", "@@ 2,2", "@@ 3,2", "@@ 3,1"):
+        assert read_answer(f"{header}\n{COMPLETED}", prompt, "stop", "chat_span") == (
+            completed,
+            None,
+        ), header
+
+
+def test_a_span_is_read_as_written_where_it_does_not_complete_the_cursors_line() -> None:
+    """Only a completion of the cursor's line narrows a span: a deletion written as a wider
+    span, a line written unchanged, and a completion of a line the cursor is not on (three
+    lines joined into one) are what their headers say."""
+    region = f"{CURSOR}use a::{{\n    b,\n    c}};\nfn main() {{}}"
+    prompt = dataclasses.replace(EXAMPLE, region=region)
+    joined = "use a::{b, c};\nfn main() {}"
+    assert read_answer("@@ 3,3\nuse a::{b, c};", prompt, "stop", "chat_span") == (joined, None)
+    cursor_on_b = dataclasses.replace(
+        prompt, region=region.replace(CURSOR, "").replace("    b,", f"    {CURSOR}b,")
+    )
+    deleted = "use a::{\n    c};\nfn main() {}"
+    assert read_answer("@@ 2,2\nuse a::{", cursor_on_b, "stop", "chat_span") == (deleted, None)
+
+
+def test_a_span_answer_is_read_back_onto_the_region_sent_however_it_was_cut() -> None:
+    """Lines the prompt adds above the region sent are not the client's to change: an answer
+    that edits them is no change. Lines of a region sent above the shown one (its cursor
+    further down) come back as they were, with the answer's edit below them."""
+    above = EXAMPLE.file_before.split("\n")[-3:-1]
+    renamed_first = REGION.replace("if total", "if subtotal")
+    assert read_answer("@@ 3,1\n        if subtotal < 0:", EXAMPLE, "stop", "chat_span") == (
+        renamed_first,
+        None,
+    )
+    assert read_answer(f"@@ 2,1\n{above[1]}  # x", EXAMPLE, "stop", "chat_span") == (
+        REGION,
+        "outside_region",
+    )
+    lower = dataclasses.replace(
+        EXAMPLE,
+        file_before=EXAMPLE.file_before.removesuffix(f"{above[0]}\n{above[1]}\n"),
+        region=f"{above[0]}\n{above[1]}\n{EXAMPLE.region}".replace(
+            f"        {CURSOR}if total", "        if total"
+        ).replace("        return add_tax", f"        {CURSOR}return add_tax"),
+    )
+    shown = build_messages(lower, style="chat_span")[-1]["content"].rsplit("Region:\n", 1)[1]
+    assert "\n1|        if total < 0:\n" in shown and above[0] not in shown
+    answer = read_answer("@@ 3,1\n        return add_tax(subtotal)", lower, "stop", "chat_span")
+    assert answer == (
+        region_without_cursor(lower).replace("add_tax(total)", "add_tax(subtotal)"),
+        None,
+    )
+    assert (
+        read_answer(model_answer(answer[0], lower, "chat_span"), lower, "stop", "chat_span")
+        == answer
+    )
+
+
 def test_a_span_answer_that_is_not_an_edit_of_this_region_is_no_change() -> None:
-    lines = len(REGION.split("\n"))
+    lines = len(REGION.split("\n")) + 2  # as shown: two lines of the file above it
     assert read_answer("", EXAMPLE, "stop", "chat_span") == (REGION, None)
     assert read_answer("<|im_end|>", EXAMPLE, "stop", "chat_span") == (REGION, None)
     for answer in ("Sure, here:", "@@ 0,1\nx", f"@@ 2,{lines}\nx", "@@ -1,1 +1,1 @@\n-a\n+b"):
@@ -317,7 +407,7 @@ def test_a_span_answer_that_is_not_an_edit_of_this_region_is_no_change() -> None
         "cut_off",
     )
     # A whole span that fails a check: every line deleted is not an edit to show.
-    assert read_answer(f"@@ 1,{lines}", EXAMPLE, "stop", "chat_span")[1] == "dropped_lines"
+    assert read_answer(f"@@ 3,{lines - 2}", EXAMPLE, "stop", "chat_span")[1] == "dropped_lines"
 
 
 # --- the plain layouts of trained next-edit models (sweep, zeta) ------------------------------

@@ -59,7 +59,9 @@ def test_only_the_answer_carries_labels(tiny_source: str) -> None:
 
 
 def test_a_span_example_is_trained_on_the_changed_lines_alone(tiny_source: str) -> None:
-    """chat_span's answer names the region's changed line and writes only its new text."""
+    """chat_span's answer names the region's changed line and writes only its new text; the
+    region is shown from two lines above the cursor's line (one line of the file more here),
+    the cursor at the start of its line's code, as serving shows it."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_source.removeprefix("tiny:"))
@@ -67,8 +69,8 @@ def test_a_span_example_is_trained_on_the_changed_lines_alone(tiny_source: str) 
     ids, labels = pair.ids, pair.labels
     answer = [label for label in labels if label != IGNORED]
     assert all(pair.changed[len(ids) - len(answer) : -1])  # a span is all change
-    assert tokenizer.decode(answer[:-1]) == "@@ 2,1\nprint(subtotal(cart))"
-    assert f"2|print({CURSOR}total(cart))" in tokenizer.decode(ids[: len(ids) - len(answer)])
+    assert tokenizer.decode(answer[:-1]) == "@@ 3,1\nprint(subtotal(cart))"
+    assert f"3|{CURSOR}print(total(cart))" in tokenizer.decode(ids[: len(ids) - len(answer)])
 
 
 def test_the_tokens_that_write_the_change_are_marked_and_only_they(tiny_source: str) -> None:

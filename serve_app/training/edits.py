@@ -6,7 +6,7 @@ apart merged), in file order. The user is taken to make them in that order:
 - **An edit example** for hunk ``i`` (``i >= 1``) lying within ``NEAR`` lines of hunk
   ``i - 1``: the hunks before it are the edit history (the last ``MAX_HISTORY`` as unified
   diffs, each against the file as the one before left it), the file with them applied is the
-  current file, the editable region is hunk ``i``'s old lines with ``CONTEXT`` lines either
+  current file, the editable region is hunk ``i``'s old lines with ``CONTEXT_LINES`` lines either
   side, the cursor at the start of its first changed line's code, and the expected region is
   the same lines with hunk ``i`` applied.
 - **A typing example** (``typing_example``, made from an edit example when a run asks for
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+from serve_app.prompts.edit.recut import CONTEXT_LINES
 from serve_app.prompts.edit.window import WINDOW_LINES
 
 LANGUAGES = {
@@ -50,7 +51,6 @@ LANGUAGES = {
     ".hpp": "cpp",
 }
 NEAR = 40  # lines between the last history hunk and the expected one
-CONTEXT = 2  # unchanged lines either side of the expected change in the region
 MAX_CHANGE_LINES = 8  # old or new lines of the expected hunk
 MAX_HISTORY_LINES = 30  # lines of one history hunk, old plus new
 MAX_HISTORY = 3  # hunks (Continue sends up to 6 diffs; 3 keeps a CPU run short)
@@ -210,8 +210,8 @@ def no_change_example(
     last_hunk = hunks[-1]
     if last_hunk.b_end == last_hunk.b_start:
         return None  # a deletion: no line of it to sit on
-    first = max(0, last_hunk.b_start - CONTEXT)
-    last = min(len(new), last_hunk.b_end + CONTEXT) - 1
+    first = max(0, last_hunk.b_start - CONTEXT_LINES)
+    last = min(len(new), last_hunk.b_end + CONTEXT_LINES) - 1
     cursor_line = last_hunk.b_end - 1
     return _example(
         repo,
@@ -271,8 +271,8 @@ def _edit_example(
     current = applied(old, new, done[-1])
     shift = done[-1].b_end - done[-1].a_end  # where the target's old lines sit in ``current``
     start, end = target.a_start + shift, target.a_end + shift
-    first = max(0, start - CONTEXT)
-    last = min(len(current), end + CONTEXT) - 1
+    first = max(0, start - CONTEXT_LINES)
+    last = min(len(current), end + CONTEXT_LINES) - 1
     if last < first:
         return None
     region_new = current[first:start] + new[target.b_start : target.b_end] + current[end : last + 1]

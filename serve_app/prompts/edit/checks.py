@@ -38,6 +38,7 @@ EditRejection = Literal[
     "history_copy",
     "reformat_only",
     "instruction_echo",
+    "outside_region",
 ]
 
 _HUNK_HEADER = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@")

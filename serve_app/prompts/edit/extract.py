@@ -8,6 +8,7 @@ from serve_app.prompts.edit.checks import EditRejection, rejected_edit
 from serve_app.prompts.edit.messages import EditPromptStyle
 from serve_app.prompts.edit.parse import EditPrompt, region_without_cursor
 from serve_app.prompts.edit.plain import ZETA_REGION_END, plain_answer
+from serve_app.prompts.edit.recut import recut, shown_expected
 from serve_app.prompts.edit.span import apply_span, span_answer
 
 # Styles whose answer is the region as plain text, no fence (``plain``).
@@ -139,8 +140,12 @@ def model_answer(expected: str, prompt: EditPrompt, style: EditPromptStyle) -> s
     after the edit): the region fenced, for ``chat_span`` the changed lines only, for the
     plain layouts the region as text. What ``read_answer`` reads back, and what an adapter is
     trained to write."""
-    if style == "chat_span":
-        return span_answer(region_without_cursor(prompt), expected)
+    if style == "chat_span":  # over the region as shown (``recut``), where it shows the edit
+        cut = recut(prompt)
+        shown = shown_expected(cut, expected)
+        if shown is None:
+            return span_answer(region_without_cursor(prompt), expected)
+        return span_answer(region_without_cursor(cut.shown), shown)
     if style in PLAIN_ANSWERS:
         return plain_answer(expected, style)
     return fence_region(expected)
@@ -169,13 +174,21 @@ def read_answer(
 def _read_span(
     text: str, prompt: EditPrompt, finish_reason: str | None
 ) -> tuple[str, EditRejection | None]:
-    original = region_without_cursor(prompt)
+    sent = region_without_cursor(prompt)
     if finish_reason == "length":
-        return original, "cut_off"
-    region = apply_span(_strip_tags(text, keep=set(_TAG.findall(original))), original)
+        return sent, "cut_off"
+    cut = recut(prompt)  # the region the model was shown (``build_messages``)
+    shown = cut.shown
+    original = region_without_cursor(shown)
+    cursor_line = shown.region[: shown.cursor_offset].count("\n")
+    answer = _strip_tags(text, keep=set(_TAG.findall(original)))
+    region = apply_span(answer, original, cursor_line)
     if region is None:
-        return original, "unusable"
-    return _checked(region, original, prompt)
+        return sent, "unusable"
+    region = cut.sent_region(region)
+    if region is None:
+        return sent, "outside_region"
+    return _checked(region, sent, prompt)
 
 
 def _read_plain(

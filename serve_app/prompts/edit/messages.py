@@ -43,7 +43,8 @@ from serve_app.prompts.edit.plain import (
     sweep_pieces,
     zeta_pieces,
 )
-from serve_app.prompts.edit.span import numbered
+from serve_app.prompts.edit.recut import recut
+from serve_app.prompts.edit.span import shown_region
 from serve_app.prompts.edit.window import file_window
 from serve_app.prompts.fim import FimFormat, fim_format_for
 
@@ -137,6 +138,8 @@ def build_messages(
     ``drop_snippets``/``drop_diffs`` leave out that many of the oldest snippets/diffs (used by
     ``fit_to_context``). Empty sections are left out, to keep the prompt short.
     """
+    if style == "chat_span":  # the region as its trained examples are cut (``recut``)
+        prompt = recut(prompt).shown
     shown = dataclasses.replace(
         file_window(prompt),
         snippets=prompt.snippets[drop_snippets:],
@@ -185,7 +188,7 @@ def _instruction(prompt: EditPrompt, *, split: bool = False, span: bool = False)
     parts.append(f"File {prompt.file_path}:\n{_fenced(file, language)}")
     if prompt.diffs:
         parts.append(_history_section([shown_diff(diff) for diff in prompt.diffs]))
-    region = numbered(prompt.region) if span else prompt.region
+    region = shown_region(prompt.region, CURSOR) if span else prompt.region
     task = _task(prompt, prompt.diffs, span=span)
     parts.append(f"Region:\n{_fenced(region, language)}\n{task}")
     return "\n\n".join(parts)

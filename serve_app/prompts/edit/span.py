@@ -18,9 +18,23 @@ import re
 _HEADER = re.compile(r"@@ (\d+),(\d+)[ \t]*")
 
 
-def numbered(region: str) -> str:
-    """The region's lines as the prompt shows them: ``1|first line``, ``2|...``."""
-    return "\n".join(f"{number}|{line}" for number, line in enumerate(region.split("\n"), 1))
+def shown_region(region: str, cursor: str) -> str:
+    """The region (with its ``cursor`` marker) as the prompt shows it: its lines numbered,
+    ``1|first line``, ``2|...``, and the cursor at the start of its line's code.
+
+    The cursor moves because the examples an adapter learns this layout from are cut from
+    commits, which place it where the next edit begins, at the start of a line's code, while
+    an editor sends it where the user stopped typing: mid-line or at the line's end. The
+    shipped adapter, shown such a cursor, answered "no change" to 92% of bench/next_edit's
+    edits (0 of 40 exact, against 13 with the cursor at the line's code). Its line is still
+    the one it names, and the line as typed so far is in the region and the newest diff."""
+    lines = region.split("\n")
+    for index, line in enumerate(lines):
+        if cursor in line:
+            line = line.replace(cursor, "")
+            indent = len(line) - len(line.lstrip())
+            lines[index] = line[:indent] + cursor + line[indent:]
+    return "\n".join(f"{number}|{line}" for number, line in enumerate(lines, 1))
 
 
 def span_answer(original: str, expected: str) -> str:
@@ -41,10 +55,10 @@ def span_answer(original: str, expected: str) -> str:
     return header + "".join(f"\n{line}" for line in lines)
 
 
-def apply_span(answer: str, original: str) -> str | None:
+def apply_span(answer: str, original: str, cursor_line: int | None = None) -> str | None:
     """The region after ``answer`` (``span_answer``'s shape); ``original`` for an empty
     answer; None when the answer is not a span of this region (no header, or lines it does
-    not have)."""
+    not have). ``cursor_line``: the region's line (0-based) the cursor is on (``_narrowed``)."""
     if not answer.strip():
         return original
     header, newline, body = answer.lstrip("\n").partition("\n")
@@ -56,4 +70,39 @@ def apply_span(answer: str, original: str) -> str | None:
     if first < 1 or first - 1 + count > len(old):
         return None
     lines = body.split("\n") if newline else []
-    return "\n".join(old[: first - 1] + lines + old[first - 1 + count :])
+    start, end = first - 1, first - 1 + count
+    if cursor_line is not None and lines:
+        start, end = _narrowed(old, start, end, lines, cursor_line)
+    return "\n".join(old[:start] + lines + old[end:])
+
+
+def _narrowed(
+    old: list[str], start: int, end: int, lines: list[str], cursor: int
+) -> tuple[int, int]:
+    """The part of ``old[start:end]`` that ``lines`` replace where they complete the cursor's
+    line: from that line where the first of ``lines`` completes it and none of the lines
+    before it is written again; up to it where the last completes it and only blank lines
+    follow.
+
+    The adapter, shown a half-typed line, completes it under a header that starts a line early
+    or ends late (``@@ 3,3`` over a ``return None``, the half-typed line and a blank line, to
+    write the one completed line): read as written, the answer deletes lines the user never
+    touched. A line completes another when it is longer and starts with all of it (trailing
+    whitespace aside), so a line written unchanged completes nothing and a deletion written
+    as a wider span stays one. Read back from the mined edits' own answers (cursor on the
+    edit's first line), 1 of 13,556 comes out otherwise than written."""
+    if not start <= cursor < end:
+        return start, end
+    written = {line.strip() for line in lines}
+    rewritten_before = any(line.strip() in written for line in old[start:cursor])
+    if _completes(lines[0], old[cursor]) and not rewritten_before:
+        start = cursor
+    code_after = any(line.strip() for line in old[cursor + 1 : end])
+    if _completes(lines[-1], old[cursor]) and not code_after:
+        end = cursor + 1
+    return start, end
+
+
+def _completes(written: str, line: str) -> bool:
+    typed = line.rstrip()
+    return bool(typed.strip()) and len(written.rstrip()) > len(typed) and written.startswith(typed)
