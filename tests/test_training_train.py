@@ -73,6 +73,26 @@ def test_a_span_example_is_trained_on_the_changed_lines_alone(tiny_source: str) 
     assert f"3|{CURSOR}print(total(cart))" in tokenizer.decode(ids[: len(ids) - len(answer)])
 
 
+def test_a_span_example_whose_edit_the_prompt_does_not_show_is_left_out(tiny_source: str) -> None:
+    """chat_span shows the region to two lines below the cursor's: an edit of a line further
+    down cannot be written there, so the example is left out; the whole-region layout keeps
+    it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_source.removeprefix("tiny:"))
+    lines = [f"x{i} = {i}" for i in range(8)]
+    far = EditExample(
+        repo="tests/far", commit="0" * 40, path="far.py", language="python",
+        file="\n".join(lines) + "\n", first_line=0, last_line=7, cursor=(0, 0),
+        expected="\n".join(lines).replace("x6 = 6", "x6 = 60"), hunks=[], snippets=[],
+    )  # fmt: skip
+    assert training_pair(far, far.expected, tokenizer, "chat_span") is None
+    assert training_pair(far, far.expected, tokenizer, "chat_split") is not None
+    near = far.expected.replace("x6 = 60", "x6 = 6").replace("x1 = 1", "x1 = 10")
+    assert training_pair(far, near, tokenizer, "chat_span") is not None
+    assert train.encode_all([far], tokenizer, "chat_span", 4096) == []
+
+
 def test_the_tokens_that_write_the_change_are_marked_and_only_they(tiny_source: str) -> None:
     """The region is two lines; the edit rewrites the second. The tokens writing the new
     line are marked, the fence, the kept blank line and the end of the turn are not."""

@@ -32,10 +32,12 @@ def preference_pairs(
     rejected: dict[int, TrainingPair] = {}
     for example in examples:
         pair = training_pair(example, example.expected, tokenizer, style)
-        if len(pair.ids) > max_tokens:
+        if pair is None or len(pair.ids) > max_tokens:
             continue
         if example.kind == "edit":
-            rejected[len(chosen)] = training_pair(example, example.region, tokenizer, style)
+            no_op = training_pair(example, example.region, tokenizer, style)
+            if no_op is not None:  # the region unchanged: an answer every prompt can show
+                rejected[len(chosen)] = no_op
         chosen.append(pair)
     return chosen, rejected
 

@@ -95,11 +95,12 @@ def training_mix(
 def encode_all(
     examples: list[EditExample], tokenizer: Any, style: str, max_tokens: int
 ) -> list[TrainingPair]:
-    """Each example's tokens; those over ``max_tokens`` are left out."""
+    """Each example's tokens; those over ``max_tokens``, or that ``style`` cannot show
+    (``training_pair``), are left out."""
     pairs = []
     for example in examples:
         pair = training_pair(example, example.expected, tokenizer, style)
-        if len(pair.ids) <= max_tokens:
+        if pair is not None and len(pair.ids) <= max_tokens:
             pairs.append(pair)
     return pairs
 

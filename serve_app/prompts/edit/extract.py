@@ -135,17 +135,16 @@ def fence_region(region: str) -> str:
     return f"```\n{region}\n```"
 
 
-def model_answer(expected: str, prompt: EditPrompt, style: EditPromptStyle) -> str:
+def model_answer(expected: str, prompt: EditPrompt, style: EditPromptStyle) -> str | None:
     """What a model asked in ``style`` writes when its answer is ``expected`` (the region
     after the edit): the region fenced, for ``chat_span`` the changed lines only, for the
     plain layouts the region as text. What ``read_answer`` reads back, and what an adapter is
-    trained to write."""
-    if style == "chat_span":  # over the region as shown (``recut``), where it shows the edit
+    trained to write. None where no answer can write it: a ``chat_span`` edit of lines the
+    region as shown (``recut``) leaves out."""
+    if style == "chat_span":
         cut = recut(prompt)
         shown = shown_expected(cut, expected)
-        if shown is None:
-            return span_answer(region_without_cursor(prompt), expected)
-        return span_answer(region_without_cursor(cut.shown), shown)
+        return None if shown is None else span_answer(region_without_cursor(cut.shown), shown)
     if style in PLAIN_ANSWERS:
         return plain_answer(expected, style)
     return fence_region(expected)
