@@ -130,9 +130,10 @@ def load_cases(
 
 def with_cursor(raw: dict, cursor: str, rng: random.Random) -> dict | None:
     """The case as cut (the cursor at the start of the code of the line the edit begins on),
-    with the cursor at that line's end, or caught mid-line: its first new line half typed,
-    the cursor after it (``training.edits.typing_example``; None for an edit that writes no
-    line). An editor sends the cursor where the user stopped typing."""
+    with the cursor at that line's end, with its region cut from the cursor's line
+    (``_region_from_cursor``), or caught mid-line: its first new line half typed, the cursor
+    after it (``training.edits.typing_example``). None where the case cannot be cut so. An
+    editor sends the cursor where the user stopped typing."""
     if cursor == "line-end":
         row = raw["cursor"][0]
         return {**raw, "cursor": [row, len(raw["file"].split("\n")[row].rstrip())]}

@@ -1,14 +1,16 @@
 """The region re-cut the way a trained layout's examples are cut, and its answer read back.
 
-Mined examples (``training.edits``) hold ``CONTEXT_LINES`` lines above the line the edit
-begins on, where the cursor sits; a model trained on them learns that the edit begins on the
-region's third line, whatever the cursor says. Clients cut regions otherwise: Continue's starts
-at the cursor's line, Zed's excerpt holds it anywhere. On the bench's edits with Continue's cut,
-the shipped adapter got 0 of 40 exact and wrote on the wrong lines, losing one of the user's
-lines in 57% of its answers (docs/next_edit.md). So, for such a layout, the model is shown the
-region from ``CONTEXT_LINES`` lines above the cursor's line (lines the region lacks taken from
-the file above it, lines above them left out of it) to the region's end, and its answer is read
-back onto the region the client sent: a line it changed outside that region makes it no change.
+Mined examples (``training.edits``) hold ``CONTEXT_LINES`` lines either side of the edit, the
+cursor on its first line; a model trained on them learns that the edit begins on the region's
+third line and is as long as the region less ``CONTEXT_LINES`` at each end, whatever the cursor
+says. Clients cut regions otherwise: Continue's starts at the cursor's line, Zed's excerpt holds
+it anywhere. On the bench's edits with Continue's cut, the shipped adapter got 0 of 40 exact and
+wrote on the wrong lines, losing one of the user's lines in 57% of its answers
+(docs/next_edit.md). So, for such a layout, the model is shown the region from
+``CONTEXT_LINES`` lines above the cursor's line to as many below it (lines the sent region lacks
+above taken from the file, its other lines left out), the same window in training and serving,
+and its answer is read back onto the region the client sent: a line it changed outside that
+region makes it no change.
 """
 
 from __future__ import annotations
