@@ -149,6 +149,7 @@ def test_a_run_can_start_from_an_adapter_and_weighs_changed_tokens(
                 "--init-adapter", str(first), "--change-weight", "5"])  # fmt: skip
     record = json.loads((tmp_path / "second" / "training.json").read_text())
     assert record["change_weight"] == 5 and record["init_adapter"] == str(first)
+    assert record["init_record"]["steps"] == 1 and record["init_record"]["lr"] == 0.5
     assert [s for s, _ in record["validation_loss_changed_tokens"]] == [0, 1]
     before = load_file(str(first / "adapter_model.safetensors"))
     after = load_file(str(tmp_path / "second" / "adapter" / "adapter_model.safetensors"))

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from serve_app.models.loader import TRAINING_RECORD
+from serve_app.models.loader import TRAINING_RECORD, training_record
 from serve_app.prompts.edit.messages import PROMPT_STYLES
 from serve_app.training.edits import EditExample, context_support, typing_example
 from serve_app.training.losses import answer_loss, token_losses
@@ -387,6 +387,9 @@ def finish(args: argparse.Namespace, model: Any, progress: Progress) -> dict:
         "objective": args.objective,
         **({"beta": args.beta, "sft_weight": args.sft_weight} if args.objective == "dpo" else {}),
         "init_adapter": str(args.init_adapter) if args.init_adapter else None,
+        # A continued adapter keeps the record of the one it started from: its data, steps
+        # and scores are half of what it learned.
+        **({"init_record": started} if (started := _starting_record(args.init_adapter)) else {}),
         "validation_loss": progress.validation,
         "validation_loss_changed_tokens": progress.validation_changed,
         "hours": round(progress.seconds / 3600, 3),
@@ -394,6 +397,14 @@ def finish(args: argparse.Namespace, model: Any, progress: Progress) -> dict:
     (args.out / TRAINING_RECORD).write_text(json.dumps(record, indent=1) + "\n")
     log(f"adapter: {args.out / 'adapter'}")
     return record
+
+
+def _starting_record(init_adapter: Path | None) -> dict[str, Any]:
+    """The training record of ``--init-adapter``: in its folder where it was exported
+    (``training.export``), beside it where it is a run's ``OUT/adapter``; {} for none."""
+    if init_adapter is None:
+        return {}
+    return training_record(init_adapter) or training_record(init_adapter.parent)
 
 
 def log(message: str) -> None:
