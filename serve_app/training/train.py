@@ -387,9 +387,9 @@ def finish(args: argparse.Namespace, model: Any, progress: Progress) -> dict:
         "objective": args.objective,
         **({"beta": args.beta, "sft_weight": args.sft_weight} if args.objective == "dpo" else {}),
         "init_adapter": str(args.init_adapter) if args.init_adapter else None,
-        # A continued adapter keeps the record of the one it started from: its data, steps
-        # and scores are half of what it learned.
-        **({"init_record": started} if (started := _starting_record(args.init_adapter)) else {}),
+        # A continued adapter learned part of what it knows from the one it started from:
+        # that adapter's own record (data, steps, scores) is kept with it.
+        "init_record": _starting_record(args.init_adapter) or None,
         "validation_loss": progress.validation,
         "validation_loss_changed_tokens": progress.validation_changed,
         "hours": round(progress.seconds / 3600, 3),
