@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from serve_app.engine.constraints import compile_schema
 from serve_app.prompts.edit import CURSOR
 from tests.clients import tagged_apply
 from tests.conftest import AUTH, TEST_KEY, TINY_ID
@@ -92,11 +91,6 @@ def assert_never_blocks(client, send: Callable[[int], Any], fim: bool = False) -
 
 
 @pytest.mark.parametrize("schema", [ref_chain(16), nested_any_of(16)], ids=["refs", "anyOf"])
-def test_schema_compile_work_is_linear_in_the_schema(schema):
-    assert compile_schema(schema).compile_nodes <= 4 * 16 + 8
-
-
-@pytest.mark.parametrize("schema", [ref_chain(16), nested_any_of(16)], ids=["refs", "anyOf"])
 def test_deep_schema_never_blocks_the_replica(client, schema):
     response = assert_never_blocks(
         client,
@@ -123,8 +117,9 @@ def test_backtracking_pattern_never_blocks_the_replica(client):
             headers=AUTH,
         ),
     )
-    # The only document the grammar allows fails the pattern: the model's answer is refused.
-    assert response.status_code == 502, response.text
+    # The enum's one value fails the pattern: the grammar engine finds no document, a 400.
+    assert response.status_code == 400, response.text
+    assert "unsatisfiable" in response.json()["error"]["message"]
 
 
 def test_backreference_pattern_is_refused_naming_pattern(client):
@@ -132,7 +127,8 @@ def test_backreference_pattern_is_refused_naming_pattern(client):
     response = client.post("/v1/chat/completions", json=chat_with_schema(schema), headers=AUTH)
     assert response.status_code == 400
     error = response.json()["error"]
-    assert error["param"] == "response_format" and "pattern" in error["message"]
+    assert error["param"] == "response_format.json_schema.schema.properties.a.pattern"
+    assert "backreferences" in error["message"]
 
 
 @pytest.fixture
@@ -173,7 +169,7 @@ def test_a_schema_cannot_make_the_service_fetch_a_url_or_read_a_file(client, lis
         body = {**chat_with_schema(schema), "stream": stream}
         response = client.post("/v1/chat/completions", json=body, headers=AUTH)
         assert response.status_code == 400, (schema, response.text)
-        assert response.json()["error"]["param"] == "response_format"
+        assert response.json()["error"]["param"].startswith("response_format.json_schema.schema")
     assert hits == []
 
 
@@ -201,7 +197,8 @@ def test_a_schema_its_meta_schema_refuses_is_a_400_before_generation(client, sch
     response = client.post("/v1/chat/completions", json=chat_with_schema(schema), headers=AUTH)
     assert response.status_code == 400, response.text  # was a 502 after billed generation
     error = response.json()["error"]
-    assert error["param"] == "response_format" and "not a valid JSON schema" in error["message"]
+    assert error["param"].startswith("response_format.json_schema.schema.")
+    assert "not a valid JSON schema" in error["message"]
 
 
 def test_a_recursive_schema_that_reads_the_answer_still_works(client):

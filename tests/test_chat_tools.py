@@ -11,12 +11,13 @@ import pytest
 from tests.conftest import AUTH, TINY_ID
 from tests.test_contract_generation import assert_invalid, sse_events
 
+# Bounded values (enforced while decoding), so the random weights finish a call in a few tokens.
 WEATHER = {
     "type": "object",
     "properties": {
-        "city": {"type": "string"},
+        "city": {"type": "string", "maxLength": 12},
         "unit": {"enum": ["celsius", "fahrenheit"]},
-        "days": {"type": "integer"},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
     },
     "required": ["city", "unit"],
 }
@@ -233,11 +234,19 @@ def test_history_arguments_that_are_not_json(client):
 
 
 @pytest.mark.parametrize(
-    "parameters", [{"type": "object", "properties": {"a": {"type": "nonsense"}}}, {"anyOf": []}]
+    "parameters, where",
+    [
+        ({"type": "object", "properties": {"a": {"type": "nonsense"}}}, ".properties.a.type"),
+        ({"anyOf": []}, ".anyOf"),
+        ({"type": "object", "properties": 7}, ".properties"),
+        ({"type": "object", "properties": {"a": {"not": {}}}}, ""),
+    ],
 )
-def test_a_malformed_schema(client, parameters):
-    tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
-    assert_invalid(chat(client, tools=tools, tool_choice="required"), "tools")
+def test_a_malformed_schema_is_named_by_its_tool(client, parameters, where):
+    tools = [TOOLS[1], {"type": "function", "function": {"name": "f", "parameters": parameters}}]
+    for tool_choice in ("required", "auto", {"type": "function", "function": {"name": "f"}}):
+        response = chat(client, tools=tools, tool_choice=tool_choice)
+        assert_invalid(response, f"tools[1].function.parameters{where}")
 
 
 def test_functions_must_be_named_apart(client):

@@ -120,16 +120,26 @@ def test_sdk_raises_typed_errors(sdk):
         bad.models.list()
 
 
-def test_chat_json_mode_through_the_sdk(sdk):
-    import json
-
+def test_chat_json_schema_through_the_sdk(sdk):
+    """Bounded values, so the random weights finish (json_object on the embedded model:
+    tests/test_structured_behaviour.py)."""
+    schema = {
+        "type": "object",
+        "properties": {"mood": {"enum": ["calm", "busy"]}, "n": {"type": "integer", "maximum": 9}},
+        "required": ["mood", "n"],
+        "additionalProperties": False,
+    }
     completion = sdk.chat.completions.create(
         model=MODEL,
-        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        messages=[{"role": "user", "content": "Describe a mood as JSON."}],
         max_tokens=40,
-        response_format={"type": "json_object"},
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "mood", "schema": schema, "strict": True},
+        },
     )
-    assert isinstance(json.loads(completion.choices[0].message.content), dict)
+    answer = json.loads(completion.choices[0].message.content)
+    assert answer["mood"] in {"calm", "busy"} and isinstance(answer["n"], int)
 
 
 WEATHER_TOOL = {

@@ -12,7 +12,6 @@ from typing import Any
 
 from serve_app.engine.constraints import (
     AnswerPrefixConstraint,
-    SchemaError,
     TokenTexts,
     attach_constraint,
     constraint_for_response_format,
@@ -29,6 +28,7 @@ from serve_app.engine.sampling import Sampler, TokenHistory
 from serve_app.engine.text import IncrementalDetokenizer, StopMatcher
 from serve_app.engine.tool_calls import ToolCallConstraint, tool_call_tokens
 from serve_app.errors import ContextLengthExceededError, InvalidRequestError
+from serve_app.grammar.matcher import GrammarTokenizer
 
 
 class RequestStatus(enum.Enum):
@@ -210,19 +210,22 @@ def new_request_state(
         raise ContextLengthExceededError.for_limit(context_length, context_param)
     try:
         sampler = Sampler(params, default_seed)
-        constraint = constraint_for_response_format(
-            params.response_format,
-            token_texts,
-            eos_token_ids,
-            max_tokens=params.max_tokens,
-        )
-    except SchemaError as e:
-        raise InvalidRequestError(str(e), param="response_format") from e
+        if params.response_format is not None or params.tool_calls is not None:
+            grammar_tokenizer = GrammarTokenizer.for_tokenizer(tokenizer, sorted(eos_token_ids))
+            attach_constraint(
+                sampler,
+                constraint_for_response_format(
+                    params.response_format, grammar_tokenizer, eos_token_ids
+                ),
+            )
+            if params.tool_calls is not None:
+                attach_constraint(
+                    sampler, tool_constraint(params, tokenizer, grammar_tokenizer, eos_token_ids)
+                )
+    except InvalidRequestError:
+        raise
     except ValueError as e:
         raise InvalidRequestError(str(e)) from e
-    attach_constraint(sampler, constraint)
-    if params.tool_calls is not None:
-        attach_constraint(sampler, tool_constraint(params, tokenizer, token_texts, eos_token_ids))
     if request.answer_prefix:  # token healing: the output spells the prefix first
         attach_constraint(sampler, AnswerPrefixConstraint(request.answer_prefix, token_texts))
     return RequestState(
@@ -243,10 +246,13 @@ def new_request_state(
 
 
 def tool_constraint(
-    params: SamplingParams, tokenizer: Any, token_texts: TokenTexts, eos_token_ids: frozenset[int]
+    params: SamplingParams,
+    tokenizer: Any,
+    grammar_tokenizer: GrammarTokenizer,
+    eos_token_ids: frozenset[int],
 ) -> ToolCallConstraint:
     """The decoding constraint of a request's tool calls; 4xx for a model without tool-call
-    markers or a function whose parameters schema does not compile."""
+    markers (a function whose parameters this service does not decode under: ``SchemaError``)."""
     markers = tool_call_tokens(tokenizer)
     if markers is None:
         raise InvalidRequestError(
@@ -254,9 +260,4 @@ def tool_constraint(
             param="tools",
         )
     assert params.tool_calls is not None
-    try:
-        return ToolCallConstraint(
-            params.tool_calls, markers, token_texts, eos_token_ids, max_tokens=params.max_tokens
-        )
-    except SchemaError as e:
-        raise InvalidRequestError(f"a function's parameters: {e}", param="tools") from e
+    return ToolCallConstraint(params.tool_calls, markers, grammar_tokenizer, eos_token_ids)

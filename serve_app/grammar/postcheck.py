@@ -1,22 +1,17 @@
-"""The after-the-fact check of a constrained answer, with every regex bounded.
-
-The automaton does not enforce value checks such as ``pattern``; ``validate_output`` runs
-them with ``jsonschema``. A stranger writes those patterns, and Python's ``re`` backtracks
-(``^(.|.)*Z$`` took 8.8 s on 26 characters), so:
-
-- ``check_patterns`` refuses, when the schema is compiled, the constructs no engine can run
-  in linear time (backreferences, lookaround) and over-long patterns;
-- ``pattern`` and ``patternProperties`` are evaluated with the ``regex`` module under a
-  per-match timeout; a pattern that runs out of time counts as not matching, so the answer
-  fails validation instead of holding a thread.
+"""The reference validator's side of a schema: its meta-schema and references before decoding,
+and the answer after, with every regex bounded.
 
 References stay inside the schema: left to itself, ``jsonschema`` fetches a ``$ref`` to an
 ``http://`` or ``file://`` address (with no timeout), which would let a request make a model
-replica read URLs and files of an attacker's choosing. So ``check_references`` refuses any
-``$ref`` that is not a local ``#...`` pointer, and the ``$dynamicRef``/``$recursiveRef``
-keywords, when the schema is compiled; validation runs over a registry that retrieves nothing;
-and a schema whose references loop without reading the answer (``{"$ref": "#"}``) is refused
-by a trial validation instead of ending in a RecursionError after the answer was generated.
+replica read URLs and files of an attacker's choosing. So ``schema_problem`` finds any
+``$ref`` that is not a local ``#...`` pointer, and ``$dynamicRef``/``$recursiveRef``;
+validation runs over a registry that retrieves nothing; and a schema whose references loop
+without reading the answer (``{"$ref": "#"}``) is found by a trial validation instead of
+ending in a RecursionError after the answer was generated.
+
+A stranger writes the patterns too, and Python's ``re`` backtracks (``^(.|.)*Z$`` took 8.8 s
+on 26 characters), so ``pattern`` and ``patternProperties`` are evaluated with the ``regex``
+module under a per-match timeout; a pattern that runs out of time counts as not matching.
 """
 
 from __future__ import annotations
@@ -27,101 +22,47 @@ from typing import Any
 
 import regex
 
-from serve_app.grammar.nodes import SchemaError
-
-MAX_PATTERN_CHARS = 1000
 PATTERN_TIMEOUT_S = 0.05
-# Backreferences (\1, \k<name>, (?P=name)) and lookaround need backtracking in any engine.
-_NON_LINEAR = regex.compile(r"\\[1-9]|\\k<|\(\?P=|\(\?<?[=!]")
 
 
-def check_patterns(schema: Any) -> None:
-    """Raise ``SchemaError`` naming ``pattern`` for a pattern that cannot be run safely."""
-    for where, pattern in _patterns(schema):
-        if not isinstance(pattern, str):
-            raise SchemaError(f"response_format.json_schema: pattern at {where} is not a string.")
-        if len(pattern) > MAX_PATTERN_CHARS:
-            raise SchemaError(
-                f"response_format.json_schema: pattern at {where} is longer than "
-                f"{MAX_PATTERN_CHARS} characters."
-            )
-        if _NON_LINEAR.search(pattern):
-            raise SchemaError(
-                f"response_format.json_schema: pattern at {where} uses a backreference or "
-                "lookaround, which this service does not run."
-            )
-        try:
-            regex.compile(pattern)
-        except regex.error as e:
-            raise SchemaError(
-                f"response_format.json_schema: pattern at {where} is not a valid regex: {e}."
-            ) from None
-
-
-def check_references(schema: Any) -> None:
-    """Raise ``SchemaError`` for a reference that leaves the schema or loops on itself."""
-    for where, node in _nodes(schema):
-        for keyword in ("$dynamicRef", "$recursiveRef"):
-            if keyword in node:
-                raise SchemaError(
-                    f"response_format.json_schema: {keyword} at {where} is not supported."
-                )
-        ref = node.get("$ref")
-        if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
-            raise SchemaError(
-                f"response_format.json_schema: $ref {ref!r} at {where} is not a local "
-                "reference (#/...); references to other documents are not fetched."
-            )
-    if isinstance(schema, Mapping):
-        validator = _validator(schema)
-        _check_against_meta_schema(validator, schema)
-        try:
-            for sample in (None, {}, [], "", 0):
-                validator.is_valid(sample)
-        except RecursionError:
-            raise SchemaError(
-                "response_format.json_schema: its $ref chain refers back to itself without "
-                "reading any part of the answer."
-            ) from None
-        except Exception as e:  # an unresolvable pointer, a malformed keyword
-            raise SchemaError(f"response_format.json_schema: {e}") from None
-
-
-def _check_against_meta_schema(validator: Any, schema: Mapping[str, Any]) -> None:
-    """A schema its own draft's meta-schema refuses (``maxLength: -5``, ``required: "a"``)
-    is a 400 now, not a failed check after the answer was generated and billed."""
+def schema_problem(schema: Mapping[str, Any]) -> tuple[str, list[str | int]] | None:
+    """Why the reference validator cannot take ``schema`` (its meta-schema refuses it, or a
+    reference leaves the schema or loops on itself), with where; None when it can."""
     import jsonschema
 
+    for path, node in _nodes(schema):
+        for keyword in ("$dynamicRef", "$recursiveRef"):
+            if keyword in node:
+                return f"{keyword} is not supported.", [*path, keyword]
+        ref = node.get("$ref")
+        if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
+            reason = f"$ref {ref!r} is not a local reference (#/...); documents are not fetched."
+            return reason, [*path, "$ref"]
+    validator = _validator(schema)
     try:
         type(validator).check_schema(schema)
     except jsonschema.SchemaError as e:
-        where = "/".join(str(part) for part in e.absolute_path) or "the root"
-        raise SchemaError(
-            f"response_format.json_schema is not a valid JSON schema at {where}: {e.message}"
-        ) from None
+        return f"not a valid JSON schema: {e.message}", list(e.absolute_path)
+    try:
+        for sample in (None, {}, [], "", 0):
+            validator.is_valid(sample)
+    except RecursionError:
+        return "its $ref chain refers back to itself without reading any of the answer.", []
+    except Exception as e:  # an unresolvable pointer, a malformed keyword
+        return (str(e).splitlines() or [type(e).__name__])[0], []
+    return None
 
 
-def _nodes(schema: Any) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """Every object in the schema with its location, iteratively (no recursion limit)."""
-    stack: list[tuple[str, Any]] = [("#", schema)]
+def _nodes(schema: Any) -> Iterator[tuple[list[str | int], Mapping[str, Any]]]:
+    """Every object in the schema with its path, iteratively (no recursion limit)."""
+    stack: list[tuple[list[str | int], Any]] = [([], schema)]
     while stack:
-        where, node = stack.pop()
+        path, node = stack.pop()
         if isinstance(node, Mapping):
-            yield where, node
-            stack.extend((f"{where}/{k}", v) for k, v in node.items())
+            yield path, node
+            stack.extend(([*path, k], v) for k, v in node.items())
         elif isinstance(node, list):
-            stack.extend((f"{where}/{i}", v) for i, v in enumerate(node))
-
-
-def _patterns(schema: Any) -> Iterator[tuple[str, Any]]:
-    """Every ``pattern`` value and ``patternProperties`` key."""
-    for where, node in _nodes(schema):
-        if "pattern" in node and not isinstance(node["pattern"], Mapping):
-            yield f"{where}/pattern", node["pattern"]
-        pattern_properties = node.get("patternProperties")
-        if isinstance(pattern_properties, Mapping):
-            for key in pattern_properties:
-                yield f"{where}/patternProperties", key
+            stack.extend(([*path, i], v) for i, v in enumerate(node))
 
 
 def pattern_search(pattern: str, text: str) -> bool:
@@ -134,10 +75,7 @@ def pattern_search(pattern: str, text: str) -> bool:
 
 def validate_output(text: str, schema: Mapping[str, Any] | None) -> str | None:
     """Why ``text`` is not a valid answer (None when it is): parse, top-level object or schema.
-
-    The post-check for schemas the automaton does not fully enforce (``Grammar.notes``), and a
-    way to tell a caller that a length-cut answer is not JSON.
-    """
+    The grammar makes every answer that ends valid; this is the belt to its braces."""
     try:
         value = json.loads(text)
     except ValueError as e:
@@ -146,8 +84,7 @@ def validate_output(text: str, schema: Mapping[str, Any] | None) -> str | None:
         return None if isinstance(value, dict) else "the top-level value is not an object"
     import jsonschema
 
-    check_patterns(schema)
-    try:  # references were checked at compile; the registry fetches nothing regardless
+    try:  # references were checked before decoding; the registry fetches nothing regardless
         _validator(schema).validate(value)
     except jsonschema.ValidationError as e:
         return f"does not match the schema: {e.message}"
@@ -164,7 +101,7 @@ def _validator(schema: Mapping[str, Any]) -> Any:
 
 
 def _retrieve_nothing(uri: str) -> Any:
-    raise SchemaError(f"response_format.json_schema: $ref to {uri!r} is not fetched.")
+    raise ValueError(f"$ref to {uri!r} is not fetched.")
 
 
 def _bounded_validator(base: type) -> type:

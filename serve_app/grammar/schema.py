@@ -1,289 +1,247 @@
-"""JSON schema -> grammar nodes, with every cost a stranger controls bounded.
+"""A client's JSON schema -> an llguidance grammar, or a 400 that names where and why.
 
-A schema arrives in a request body, so compiling it must not cost more than a cap: each
-``$ref`` is compiled once (a 16-level chain of double references is 16 nodes, not 65,536),
-nested ``anyOf`` are flattened and their distinct alternatives capped (the automaton tries each
-at every value's first byte), objects, enums and the whole grammar have size caps, and a
-deadline stops a compile that still runs long. A cap answers ``SchemaTooComplexError`` (a 400
-naming the schema feature). Patterns are checked here too (``postcheck.check_patterns``).
+A schema arrives in a request body, so it is checked before any of it is compiled, in the
+order that gives the clearest answer: the shape and the caps on what it may cost (this
+module's walk: subschemas, properties, enum values, anyOf/oneOf alternatives, pattern
+length), the JSON Schema meta-schema (``properties: 7`` is named there, not a TypeError),
+references that leave the document or loop without reading the answer (``postcheck``),
+then llguidance itself, which refuses what it cannot enforce (``not``, ``uniqueItems``,
+``if``/``then``, unknown formats) and bounds its own compile and per-token work with
+``LIMITS``. Every refusal is a ``SchemaError``: an ``InvalidRequestError`` whose ``param`` is
+the request field (``response_format.json_schema.schema``, ``tools[0].function.parameters``)
+followed by the place inside the schema where that is known.
+
+Compiled grammars are kept (LRU, by the schema's canonical JSON), so the check a service runs
+off its event loop makes the engine's compile of the same schema a lookup.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import OrderedDict
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from serve_app.grammar.nodes import (
-    ANY,
-    ANY_ARRAY,
-    ANY_OBJECT,
-    ArrayNode,
-    LiteralNode,
-    Node,
-    NumberNode,
-    ObjectNode,
-    SchemaError,
-    StringNode,
-    UnionNode,
-    dumps_value,
-)
-from serve_app.grammar.postcheck import check_patterns, check_references
+import llguidance
 
-# Caps on what one schema may cost (OpenAI structured outputs has similar ones).
-MAX_SCHEMA_NODES = 2000  # subschemas compiled, $refs counted once
-MAX_OBJECT_PROPERTIES = 256  # keys of one object: the automaton scans them per key byte
-MAX_ANYOF_OPTIONS = 64  # distinct alternatives of one anyOf/type list, nested ones flattened
+from serve_app.errors import InvalidRequestError
+from serve_app.grammar.postcheck import schema_problem
+
+# Caps on what one schema may cost (OpenAI's structured outputs has caps of the same kind);
+# its nesting is capped where every request body's is (``api.common.MAX_NESTING``).
+MAX_SCHEMA_NODES = 2000  # objects and arrays anywhere in the schema document
+MAX_OBJECT_PROPERTIES = 256
+MAX_ANYOF_OPTIONS = 64
 MAX_ENUM_VALUES = 1024
-MAX_COMPILE_SECONDS = 2.0
+MAX_PATTERN_CHARS = 1000
 CACHE_SIZE = 64
+
+# Compile and per-token work llguidance may spend on a stranger's grammar: the lexer's fuel
+# (~50k a ms to build, ~14k a ms a step) and the parser's items a step (~20k a ms), so a mask
+# never costs more than ~15 ms and a compile a few tens of ms before the grammar is refused.
+LIMITS = llguidance.LLParserLimits(
+    initial_lexer_fuel=1_000_000,
+    step_lexer_fuel=200_000,
+    step_max_items=50_000,
+    max_grammar_size=200_000,
+    verbose_errors=False,
+)
+
+# How the output is laid out, whatever the schema's own ``x-guidance`` asks: ``json.dumps``'s
+# separators and no other whitespace (a model cannot loop on newlines), every keyword enforced
+# or the schema refused (``lenient`` would ignore what it cannot enforce).
+JSON_OPTIONS: Mapping[str, Any] = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "lenient": False,
+    "coerce_one_of": False,
+    "json_allow_general_unicode_escapes": True,  # "\u00e9" as models trained on ASCII JSON write
+}
+
+# The grammar of ``response_format: json_object``: any object.
+ANY_OBJECT_SCHEMA: Mapping[str, Any] = {"type": "object"}
 
 _CACHE: OrderedDict[str, Grammar] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 
 
-class SchemaTooComplexError(SchemaError):
-    """The schema is valid but over a cap on the work it may cost; ``feature`` names it."""
+class SchemaError(InvalidRequestError):
+    """A schema this service does not decode under: ``param`` says where, the message why."""
 
-    def __init__(self, feature: str, where: str, detail: str) -> None:
-        self.feature = feature
-        super().__init__(f"response_format.json_schema: {feature} at {where}: {detail}.")
+    def __init__(self, reason: str, param: str, path: Sequence[str | int] = ()) -> None:
+        where = param + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+        self.reason = reason
+        super().__init__(f"{where}: {reason}", param=where)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Grammar:
-    """A compiled schema: ``root`` node; ``notes`` list what the automaton does not enforce."""
+    """An llguidance grammar (its serialized text) checked against ``LIMITS``; the matchers
+    that walk it come from ``serve_app.grammar.matcher``."""
 
-    root: Node
-    schema: Mapping[str, Any] | None = None
-    notes: list[str] = field(default_factory=list)
-    compile_nodes: int = 0  # subschemas compiled: the work this schema cost
-
-    @property
-    def fully_enforced(self) -> bool:
-        """True when every completed output is valid against the schema by construction."""
-        return not self.notes
+    text: str
 
 
-_ANNOTATIONS = frozenset(
-    {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated"}
-    | {"readOnly", "writeOnly", "$defs", "definitions", "strict", "name"}
-)
-_VALUE_CHECKS = frozenset(
-    {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength"}
-    | {"maxLength", "pattern", "format", "uniqueItems", "minProperties", "maxProperties"}
-    | {"contentEncoding", "contentMediaType"}
-)
-_HANDLED = frozenset(
-    {"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems"}
-    | {"enum", "const", "anyOf", "allOf", "$ref"}
-)
-_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
-
-
-def compile_schema(
-    schema: Mapping[str, Any] | bool, *, deadline_s: float = MAX_COMPILE_SECONDS
-) -> Grammar:
-    """Compile a JSON schema into a grammar (see ``serve_app.engine.constraints`` for the
-    subset), or raise ``SchemaError`` (``SchemaTooComplexError`` when a cap is hit).
-
-    Compiled grammars are kept (LRU, by the schema's canonical JSON), so the validation a
-    service runs off the event loop makes the engine's own compile of the same schema free.
-    """
+def compile_schema(schema: Any, param: str) -> Grammar:
+    """The grammar of documents valid against ``schema``, or ``SchemaError`` naming ``param``."""
     key = _cache_key(schema)
-    if key is not None:
-        with _CACHE_LOCK:
-            hit = _CACHE.get(key)
-            if hit is not None:
-                _CACHE.move_to_end(key)
-                return hit
-    check_patterns(schema)
-    compiler = _SchemaCompiler(schema, time.monotonic() + deadline_s)
-    root = compiler.node(schema, "#")
-    check_references(schema)  # after the compiler's caps: it runs a trial validation
-    grammar = Grammar(
-        root, schema if isinstance(schema, Mapping) else None, compiler.notes, compiler.count
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            return hit
+    check_schema(schema, param)
+    grammar = checked_grammar(
+        llguidance.LLMatcher.grammar_from_json_schema(enforced(schema)), param
     )
-    if key is not None:
-        with _CACHE_LOCK:
-            _CACHE[key] = grammar
-            while len(_CACHE) > CACHE_SIZE:
-                _CACHE.popitem(last=False)
+    with _CACHE_LOCK:
+        _CACHE[key] = grammar
+        while len(_CACHE) > CACHE_SIZE:
+            _CACHE.popitem(last=False)
     return grammar
 
 
-def _cache_key(schema: Any) -> str | None:
-    try:
-        return json.dumps(schema, sort_keys=True, separators=(",", ":"))
-    except (TypeError, ValueError):
-        return None
+def enforced(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` as it is decoded: objects closed (``closed_objects``), and this service's
+    layout options (``JSON_OPTIONS``) in its ``x-guidance``, which llguidance reads whether the
+    schema is a document or a ``%json`` in a Lark grammar."""
+    return {**closed_objects(schema), "x-guidance": dict(JSON_OPTIONS)}
 
 
-class _SchemaCompiler:
-    def __init__(self, root: Any, deadline: float) -> None:
-        self.root = root
-        self.deadline = deadline
-        self.notes: list[str] = []
-        self.resolving: set[str] = set()
-        self.refs: dict[str, Node] = {}  # each $ref compiled once, however often it is used
-        self.count = 0
+# Keywords whose value is a subschema, a list of them, or a map of names to them.
+_SUBSCHEMA = ("additionalProperties", "items", "not", "if", "then", "else", "contains")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 
-    def node(self, s: Any, where: str) -> Node:
-        self._tick(where)
-        node = self._node(s, where)
-        if isinstance(node, UnionNode) and len(node.options) > MAX_ANYOF_OPTIONS:
-            raise SchemaTooComplexError(
-                "anyOf", where, f"more than {MAX_ANYOF_OPTIONS} distinct alternatives"
-            )
+
+_OPENNESS = frozenset({"allOf", "oneOf", "not", "if"})
+
+
+def closed_objects(schema: Any) -> Any:
+    """Structured outputs' reading of an object that lists ``properties``: only those keys,
+    as if ``additionalProperties: false`` were written (a model left free invents keys); a
+    schema that says otherwise keeps its word. Closing only narrows what each object takes, so
+    every answer stays valid against the original, except under the keywords that read an
+    object's openness (``allOf`` parts combine, ``oneOf`` must match once, ``not``, ``if``):
+    a schema using one is decoded as written."""
+    if any(isinstance(node, Mapping) and _OPENNESS & node.keys() for _, node in _walk(schema)):
+        return schema
+    return _closed(schema)
+
+
+def _closed(node: Any) -> Any:
+    if not isinstance(node, Mapping):
         return node
-
-    def _tick(self, where: str) -> None:
-        """Count compiled subschemas; stop at the cap or the deadline."""
-        self.count += 1
-        if self.count > MAX_SCHEMA_NODES:
-            raise SchemaTooComplexError(
-                "size", where, f"more than {MAX_SCHEMA_NODES} subschemas to compile"
-            )
-        if time.monotonic() > self.deadline:
-            raise SchemaTooComplexError("size", where, "compiling it took too long")
-
-    def _node(self, s: Any, where: str) -> Node:
-        if s is True:
-            return ANY
-        if s is False:
-            raise SchemaError(f"schema at {where} is false: no value is valid")
-        if not isinstance(s, Mapping):
-            raise SchemaError(f"schema at {where} is not an object")
-        if "$ref" in s:
-            return self._ref(s, where)
-        checks = sorted(set(s) & _VALUE_CHECKS)
-        if checks:
-            self.notes.append(f"{where}: not enforced while decoding: {', '.join(checks)}")
-        unknown = sorted(set(s) - _HANDLED - _VALUE_CHECKS - _ANNOTATIONS)
-        all_of = s.get("allOf")
-        if all_of is not None and not (isinstance(all_of, list) and len(all_of) == 1):
-            unknown.append("allOf")
-        if unknown:
-            self.notes.append(f"{where}: unsupported {', '.join(unknown)}: any value of its type")
-            return self._typed_only(s, where)
-        if all_of is not None:
-            rest = {k: v for k, v in s.items() if k != "allOf"}
-            return self.node(_merge(rest, all_of[0]), where)
-        if "anyOf" in s:
-            rest = {k: v for k, v in s.items() if k != "anyOf"}
-            options = s["anyOf"]
-            if not isinstance(options, list):
-                raise SchemaError(f"anyOf at {where} must be a list")
-            branches = [_merge(rest, o) for o in options]
-            return UnionNode([self.node(b, f"{where}/anyOf/{i}") for i, b in enumerate(branches)])
-        types = self._types(s, where)
-        if "const" in s or "enum" in s:
-            values = [s["const"]] if "const" in s else list(s["enum"])
-            if len(values) > MAX_ENUM_VALUES:
-                raise SchemaTooComplexError("enum", where, f"more than {MAX_ENUM_VALUES} values")
-            values = [v for v in values if any(_has_type(v, t) for t in types)]
-            return LiteralNode(dumps_value(v) for v in values)
-        nodes = [self._typed(t, s, where) for t in types]
-        return nodes[0] if len(nodes) == 1 else UnionNode(nodes)
-
-    def _ref(self, s: Mapping[str, Any], where: str) -> Node:
-        ref = s["$ref"]
-        if not isinstance(ref, str) or not ref.startswith("#") or ref in self.resolving:
-            self.notes.append(f"{where}: $ref {ref!r} (recursive or not local): any value")
-            return ANY
-        target: Any = self.root
-        for part in filter(None, ref[1:].split("/")):
-            part = part.replace("~1", "/").replace("~0", "~")
-            if not isinstance(target, Mapping) or part not in target:
-                raise SchemaError(f"$ref {ref!r} at {where} does not resolve")
-            target = target[part]
-        if ref in self.refs:
-            return self.refs[ref]
-        self.resolving.add(ref)
-        try:
-            node = self.refs[ref] = self.node(target, ref)
-        finally:
-            self.resolving.discard(ref)
-        return node
-
-    def _types(self, s: Mapping[str, Any], where: str) -> list[str]:
-        t = s.get("type")
-        if t is None:
-            if {"properties", "required", "additionalProperties"} & s.keys():
-                return ["object"]
-            if {"items", "minItems", "maxItems"} & s.keys():
-                return ["array"]
-            return list(_TYPES)
-        types = [t] if isinstance(t, str) else list(t)
-        bad = [x for x in types if x not in _TYPES]
-        if bad or not types:
-            raise SchemaError(f"unknown type {t!r} at {where}")
-        if "number" in types and "integer" in types:
-            types.remove("integer")
-        return types
-
-    def _typed_only(self, s: Mapping[str, Any], where: str) -> Node:
-        """Fallback for unsupported keywords: any value of the declared type(s)."""
-        if "type" not in s:
-            return ANY
-        simple = {"object": ANY_OBJECT, "array": ANY_ARRAY}
-        nodes = [simple.get(t) or self._typed(t, {}, where) for t in self._types(s, where)]
-        return nodes[0] if len(nodes) == 1 else UnionNode(nodes)
-
-    def _typed(self, t: str, s: Mapping[str, Any], where: str) -> Node:
-        if t == "object":
-            return self._object(s, where)
-        if t == "array":
-            items = s.get("items", True)
-            if isinstance(items, list):  # draft-4 tuple form
-                self.notes.append(f"{where}: tuple items: any items")
-                items = True
-            max_items = s.get("maxItems")
-            return ArrayNode(
-                self.node(items, f"{where}/items"),
-                int(s.get("minItems", 0)),
-                None if max_items is None else int(max_items),
-            )
-        if t == "string":
-            return StringNode()
-        if t in ("number", "integer"):
-            return NumberNode(integer=t == "integer")
-        return LiteralNode([b"true", b"false"] if t == "boolean" else [b"null"])
-
-    def _object(self, s: Mapping[str, Any], where: str) -> Node:
-        props = dict(s.get("properties") or {})
-        required = list(s.get("required") or [])
-        if len(props.keys() | set(map(str, required))) > MAX_OBJECT_PROPERTIES:
-            raise SchemaTooComplexError(
-                "properties", where, f"more than {MAX_OBJECT_PROPERTIES} properties in one object"
-            )
-        for key in required:
-            props.setdefault(key, True)  # required but undeclared: any value
-        nodes = {k: self.node(v, f"{where}/properties/{k}") for k, v in props.items()}
-        extra = s.get("additionalProperties", True)
-        additional = None if extra is False or props else self.node(extra, f"{where}/*")
-        return ObjectNode(nodes, required, additional)
+    out = dict(node)
+    for key in _SUBSCHEMA:
+        if key in out:
+            out[key] = _closed(out[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_closed(item) for item in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {name: _closed(item) for name, item in out[key].items()}
+    if isinstance(out.get("properties"), Mapping) and not (
+        {"additionalProperties", "patternProperties", "unevaluatedProperties"} & out.keys()
+    ):
+        out["additionalProperties"] = False
+    return out
 
 
-def _merge(outer: Mapping[str, Any], inner: Any) -> Any:
-    """A subschema (anyOf branch, allOf item) with the keywords around it applied too."""
-    if isinstance(inner, Mapping):
-        return {**outer, **inner}
-    return inner if inner is False or not outer else dict(outer)
+def checked_grammar(text: str, param: str) -> Grammar:
+    """``text`` as a ``Grammar`` once llguidance has built it within ``LIMITS``."""
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, limits=LIMITS)
+    if is_error:
+        raise SchemaError(_library_reason(messages[0]), param)
+    return Grammar(text)
 
 
-def _has_type(value: Any, t: str) -> bool:
-    if t == "integer":
-        return (
-            isinstance(value, int)
-            and not isinstance(value, bool)
-            or (isinstance(value, float) and value.is_integer())
-        )
-    kinds = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
-    if t == "number":
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    return isinstance(value, kinds[t])
+def _library_reason(message: str) -> str:
+    """llguidance's refusal in one line: a regex error's own ``error:`` line, else its first."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    errors = [line.removeprefix("error:").strip() for line in lines if line.startswith("error:")]
+    return f"not supported by the grammar engine: {(errors or lines or ['unknown'])[0]}"
+
+
+def check_schema(schema: Any, param: str) -> None:
+    """Every check but llguidance's (module docstring), cheapest first."""
+    if not isinstance(schema, Mapping):
+        raise SchemaError("a schema must be a JSON object.", param)
+    _check_costs(schema, param)
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise SchemaError(problem[0], param, problem[1])
+
+
+def _check_costs(schema: Mapping[str, Any], param: str) -> None:
+    nodes = 0
+    for path, node in _walk(schema):
+        nodes += 1
+        if nodes > MAX_SCHEMA_NODES:
+            raise SchemaError(f"more than {MAX_SCHEMA_NODES} objects and arrays.", param)
+        if not isinstance(node, Mapping):
+            continue
+        _check_keyword_sizes(node, param, path)
+
+
+# A keyword's size cap: the keyword, its most entries, and what an entry is called.
+_SIZE_CAPS = (
+    ("properties", MAX_OBJECT_PROPERTIES, "properties in one object"),
+    ("required", MAX_OBJECT_PROPERTIES, "required properties in one object"),
+    ("anyOf", MAX_ANYOF_OPTIONS, "alternatives"),
+    ("oneOf", MAX_ANYOF_OPTIONS, "alternatives"),
+    ("enum", MAX_ENUM_VALUES, "values"),
+)
+
+
+def _check_keyword_sizes(node: Mapping[str, Any], param: str, path: list[str | int]) -> None:
+    for keyword, cap, what in _SIZE_CAPS:
+        value = node.get(keyword)
+        if isinstance(value, Mapping | list) and len(value) > cap:
+            raise SchemaError(f"more than {cap} {what}.", param, [*path, keyword])
+    for where, pattern in _patterns(node, path):
+        _check_pattern(pattern, param, where)
+
+
+def _patterns(node: Mapping[str, Any], path: list[str | int]) -> Iterator[tuple[list, Any]]:
+    """A node's ``pattern`` and ``patternProperties`` regexes, each with its path."""
+    if "pattern" in node:
+        yield [*path, "pattern"], node["pattern"]
+    pattern_properties = node.get("patternProperties")
+    if isinstance(pattern_properties, Mapping):
+        for key in pattern_properties:
+            yield [*path, "patternProperties", key], key
+
+
+def _check_pattern(pattern: Any, param: str, path: list[str | int]) -> None:
+    """A regex the grammar engine cannot run (backreferences, lookaround, bad syntax) is
+    named here, where its path is known; llguidance's own check has no path."""
+    if not isinstance(pattern, str):
+        return  # the meta-schema names it
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise SchemaError(f"pattern longer than {MAX_PATTERN_CHARS} characters.", param, path)
+    problem = llguidance.LLMatcher.validate_grammar(
+        llguidance.LLMatcher.grammar_from_regex(pattern), limits=LIMITS
+    )
+    if problem:
+        raise SchemaError(f"pattern {_library_reason(problem)}", param, path)
+
+
+def _walk(schema: Any) -> Iterator[tuple[list[str | int], Any]]:
+    """Every object and array in the document, with its path, iteratively."""
+    stack: list[tuple[list[str | int], Any]] = [([], schema)]
+    while stack:
+        path, node = stack.pop()
+        yield path, node
+        children = node.items() if isinstance(node, Mapping) else enumerate(node)
+        for key, value in children:
+            if isinstance(value, Mapping | list):
+                stack.append(([*path, key], value))
+
+
+def _cache_key(schema: Any) -> str:
+    return json.dumps(schema, separators=(",", ":"))

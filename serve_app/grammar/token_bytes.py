@@ -15,8 +15,6 @@ from typing import Any
 
 import torch
 
-from serve_app.grammar.automaton import WS
-
 logger = logging.getLogger(__name__)
 
 
@@ -49,7 +47,6 @@ class TokenTexts:
         self.token_bytes = [
             b"" if i in self.special_ids else bytes(b) for i, b in enumerate(token_bytes)
         ]
-        self.whitespace_ids = [i for i, b in enumerate(self.token_bytes) if b and set(b) <= WS]
         self.byte_token_ids: dict[int, int] = {}  # byte -> the token that is just that byte
         for i, b in enumerate(self.token_bytes):
             if len(b) == 1:

@@ -18,9 +18,12 @@ from serve_app.api.chat import (
     ChatDelta,
     ChatResponseMessage,
 )
-from serve_app.engine.constraints import SchemaError, compile_schema, validate_output
-from serve_app.engine.protocol import GenerationChunk, GenerationRequest
-from serve_app.errors import InvalidRequestError, UpstreamBadResponseError
+from serve_app.engine.constraints import RESPONSE_FORMAT_SCHEMA, compile_schema, validate_output
+from serve_app.engine.protocol import GenerationChunk, GenerationRequest, ToolCallFormat
+from serve_app.engine.tool_calls import NO_PARAMETERS, call_grammar
+from serve_app.errors import UpstreamBadResponseError
+from serve_app.grammar.matcher import GrammarTokenizer
+from serve_app.grammar.schema import ANY_OBJECT_SCHEMA
 from serve_app.prompts.chat_encoding import encode_chat
 from serve_app.serving.billing import BilledCall
 from serve_app.serving.generation import EngineClient, chunk_maker, completion, usage_of
@@ -40,12 +43,9 @@ class ChatService:
         messages = [message.to_template() for message in body.messages]
         if body.json_mode is not None:
             messages = [{"role": "system", "content": json_instruction(body)}, *messages]
-        schema = requested_schema(body)
-        if schema is not None:  # first: a schema over a cap is named, whatever its size
-            try:  # cached: the engine's compile of the same schema is then a lookup
-                await self.client.off_loop(compile_schema, schema)
-            except SchemaError as e:
-                raise InvalidRequestError(str(e), param="response_format") from None
+        # First: a schema over a cap is named, whatever the prompt's size; then the engine's
+        # compile of the same grammars is a lookup, and the request's matcher a copy.
+        await self.client.off_loop(self._prepare_grammars, body, calls)
         chars = sum(len(message["content"]) for message in messages)
         chars += len(json.dumps(tools)) if tools else 0
         self.client.check_input_size(chars, "messages")
@@ -57,6 +57,24 @@ class ChatService:
         max_tokens = self.client.default_max_tokens(prompt_ids, DEFAULT_CHAT_MAX_TOKENS)
         params = body.to_sampling_params(default_max_tokens=max_tokens, tool_calls=calls)
         return self.client.request(call, prompt_ids, params, prompt_param="messages", role="chat")
+
+    def _prepare_grammars(self, body: ChatCompletionRequest, calls: ToolCallFormat | None) -> None:
+        """Check what the answer decodes under (``SchemaError`` names the schema's field) and
+        build its matchers' templates, off the event loop."""
+        grammars = []
+        if body.json_mode is not None:
+            schema = requested_schema(body) or ANY_OBJECT_SCHEMA
+            grammars.append(compile_schema(schema, RESPONSE_FORMAT_SCHEMA))
+        if calls is not None and body.tools:
+            for index, tool in enumerate(body.tools):
+                parameters = tool.function.parameters or NO_PARAMETERS
+                compile_schema(parameters, f"tools[{index}].function.parameters")
+            grammars.append(call_grammar(calls.functions))
+        if grammars:
+            engine = self.client.engine
+            tokenizer = GrammarTokenizer.for_tokenizer(engine.tokenizer, engine.eos_token_ids)
+            for grammar in grammars:
+                tokenizer.new_matcher(grammar)
 
     async def complete(self, body: ChatCompletionRequest, call: BilledCall) -> ChatCompletion:
         text, last = await self.client.complete(call, await self._request(body, call))

@@ -22,13 +22,15 @@ from serve_app.api.chat import (
     ToolCallDelta,
 )
 from serve_app.engine.protocol import ToolCallFormat
-from serve_app.engine.tool_calls import CLOSE_MARKER, OPEN_MARKER, CallValidator
+from serve_app.engine.tool_calls import (
+    ARGUMENTS_START,
+    BODY_END,
+    CLOSE_MARKER,
+    NAME_START,
+    OPEN_MARKER,
+)
 from serve_app.errors import InvalidRequestError
 from serve_app.prompts.chat_encoding import spells_control_token
-
-NAME_START = CallValidator.PREFIX.decode()
-ARGUMENTS_START = CallValidator.MIDDLE.decode()
-BODY_END = CallValidator.SUFFIX.decode()
 
 
 def tool_format(body: ChatCompletionRequest, tokenizer: Any) -> ToolCallFormat | None:
