@@ -184,6 +184,16 @@ def lines(*texts: str) -> str:
             "instruction_echo",
         ),
         (lines(RENAMED, f"        {REGION_PLACEHOLDER}"), "instruction_echo"),
+        # the line above, its rename undone, put back inside the region: the file would hold
+        # both (a near copy of a line outside the region)
+        (
+            lines("        total = sum(item.price * item.quantity for item in self.items)", REGION),
+            "border_copy",
+        ),
+        # an edited copy of the line above instead of the region's first line
+        (REGION.replace("if total < 0:", "subtotal = apply_discount(total, code)"), "border_copy"),
+        # the file parsed; with the answer it does not
+        (REGION.replace("if total < 0:", "if total < 0"), "breaks_syntax"),
     ],
     ids=[
         "diff-lines",
@@ -195,6 +205,9 @@ def lines(*texts: str) -> str:
         "reformat",
         "task-echo",
         "placeholder-echo",
+        "moved-line-copy",
+        "edited-copy-above",
+        "syntax",
     ],
 )
 def test_answers_that_are_not_edits_are_rejected(answer: str, reason: str) -> None:
@@ -215,10 +228,10 @@ def test_answers_that_are_not_edits_are_rejected(answer: str, reason: str) -> No
         ),  # a line added
         # the region wrapped in a block: the first line stays where it was
         lines("        if code:", "    " + REGION.replace("\n", "\n    ")),
-        # a line the history removed, put back here: a moved line, not a copy
-        lines("        total = sum(item.price * item.quantity for item in self.items)", REGION),
+        # the region's own line edited, though it looks like the line above
+        REGION.replace("return add_tax(total)", "return add_tax(subtotal)"),
     ],
-    ids=["unchanged", "renamed", "deleted-block", "added-line", "wrapped", "moved-line"],
+    ids=["unchanged", "renamed", "deleted-block", "added-line", "wrapped", "edited-line"],
 )
 def test_edits_pass_the_checks(answer: str) -> None:
     assert rejected_edit(answer, EXAMPLE) is None

@@ -86,8 +86,9 @@ class EditService:
         if followed is not None and followed.completion_tokens <= params.max_tokens:
             return self._answer_followed(body, call, len(prompt_ids), followed)
         raw, last = await self.client.complete(call, request)
-        region, rejected = read_answer(
-            answer_prefix(messages) + raw, prompt, last.finish_reason, self.style
+        # Off the event loop: the damage check parses the whole file (``prompts.edit.damage``).
+        region, rejected = await self.client.off_loop(
+            read_answer, answer_prefix(messages) + raw, prompt, last.finish_reason, self.style
         )
         if rejected is not None:
             logger.info("edit answer not an edit (%s); answering the region unchanged", rejected)

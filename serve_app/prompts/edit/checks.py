@@ -14,7 +14,8 @@ the user could want is worse than none. These are the ways a small model's answe
 - ``reformat_only``: only whitespace changed: not an edit, so the honest answer is none;
 - ``instruction_echo``: the answer holds the service's own instructions (``Rewrite the
   region: finish the code at ...``), which the request never sent: the model copied the
-  task into the code.
+  task into the code;
+- ``border_copy``, ``breaks_syntax``: the answer would damage the file (``damage``).
 
 For any of them the service answers "no change" (the region as it was). ``cut_off`` (the
 answer hit max_tokens) and ``unusable`` (nothing code-like in it) are the service's other two
@@ -26,6 +27,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from serve_app.prompts.edit.damage import damage
 from serve_app.prompts.edit.messages import INSTRUCTION_PHRASES
 from serve_app.prompts.edit.parse import EditPrompt, region_without_cursor
 
@@ -39,6 +41,8 @@ EditRejection = Literal[
     "reformat_only",
     "instruction_echo",
     "outside_region",
+    "border_copy",
+    "breaks_syntax",
 ]
 
 _HUNK_HEADER = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@")
@@ -63,7 +67,7 @@ def rejected_edit(answer: str, prompt: EditPrompt) -> EditRejection | None:
         return "history_copy"
     if answer.split() == region.split():
         return "reformat_only"
-    return None
+    return damage(answer, prompt)
 
 
 def _echoes_instructions(answer: str, prompt: EditPrompt) -> bool:

@@ -1,0 +1,106 @@
+"""Would the answer damage the user's file? Checked for every answer, whatever the layout.
+
+A client splices the answer in place of the region, so the lines outside it cannot change;
+what can still hurt is what the answer brings into the region:
+
+- ``border_copy``: a line the region did not hold that is a copy, or a near copy, of one of
+  the file's lines just above or just below the region, and closer to it than to any line of
+  the region: the model rewrote its context, not the region (an edited copy of the line above
+  left a second ``return`` at module level in the README's own example). Short lines
+  (``}``, ``pass``, ``else:``) are common in real edits and never count.
+- ``breaks_syntax``: the file parsed before and does not after (Python, by ``ast``; a file
+  that did not parse, half-typed, is not judged). Other languages are not parsed here: no
+  tree-sitter grammar is a dependency.
+
+Either makes the answer "no change".
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from difflib import SequenceMatcher
+from typing import Literal
+
+from serve_app.prompts.edit.parse import EditPrompt, region_without_cursor
+
+Damage = Literal["border_copy", "breaks_syntax"]
+
+# Lines of the file either side of the region whose copies are looked for.
+BORDER_LINES = 3
+# The shortest line (stripped) whose exact copy counts, and whose near copy does.
+MIN_COPY_CHARS = 6
+MIN_NEAR_CHARS = 12
+NEAR_RATIO = 0.8
+PYTHON_SUFFIXES = (".py", ".pyi", ".pyw")
+
+
+def damage(answer: str, prompt: EditPrompt) -> Damage | None:
+    """How ``answer`` (the new region) would damage the file, or None."""
+    region = region_without_cursor(prompt)
+    if _copies_a_border_line(answer, region, _border_lines(prompt)):
+        return "border_copy"
+    if _breaks_python(answer, region, prompt):
+        return "breaks_syntax"
+    return None
+
+
+def _border_lines(prompt: EditPrompt) -> list[str]:
+    """The last non-blank whole lines above the region and the first below it."""
+    above = prompt.file_before.split("\n")[:-1]  # the last piece is the region's own line
+    below = prompt.file_after.split("\n")[1:]  # the first piece is the region's own line
+    above = [line.strip() for line in above if line.strip()][-BORDER_LINES:]
+    below = [line.strip() for line in below if line.strip()][:BORDER_LINES]
+    return above + below
+
+
+def new_lines(answer: str, region: str) -> list[str]:
+    """The answer's lines (stripped, non-blank) beyond what the region holds of each."""
+    held = Counter(line.strip() for line in region.split("\n"))
+    found = []
+    for line in (line.strip() for line in answer.split("\n")):
+        if not line:
+            continue
+        if held[line]:
+            held[line] -= 1
+        else:
+            found.append(line)
+    return found
+
+
+def is_border_copy(line: str, border: list[str], region_lines: list[str]) -> bool:
+    """``line`` (stripped) copies a border line: exactly, or nearly and closer to it than to
+    any line of the region (then it is the region's line edited, not the border's copied)."""
+    if len(line) >= MIN_COPY_CHARS and line in border:
+        return True
+    if len(line) < MIN_NEAR_CHARS:
+        return False
+    to_border = max((_likeness(line, other) for other in border), default=0.0)
+    if to_border < NEAR_RATIO:
+        return False
+    return to_border > max((_likeness(line, other) for other in region_lines), default=0.0)
+
+
+def _copies_a_border_line(answer: str, region: str, border: list[str]) -> bool:
+    region_lines = [line.strip() for line in region.split("\n") if line.strip()]
+    return any(is_border_copy(line, border, region_lines) for line in new_lines(answer, region))
+
+
+def _likeness(a: str, b: str) -> float:
+    return SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+def _breaks_python(answer: str, region: str, prompt: EditPrompt) -> bool:
+    if prompt.file_path and not prompt.file_path.endswith(PYTHON_SUFFIXES):
+        return False
+    before = prompt.file_before + region + prompt.file_after
+    after = prompt.file_before + answer + prompt.file_after
+    return parses_as_python(before) and not parses_as_python(after)
+
+
+def parses_as_python(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
