@@ -123,6 +123,8 @@ def test_the_miner_takes_permissive_repositories_only(repos, tmp_path, capsys) -
     assert "pallets/flask: refused (held out from this project)" in err
     assert manifest["repositories"]["acme/shop"]["licence"] == "MIT"
     assert mine.refused("Zed-Industries/zed", ["MIT"]) == "held out from this project"
+    assert mine.refused("openai/human-eval", ["MIT"]) == "held out from this project"
+    assert mine.refused("openai/human-eval-infilling", ["MIT"]) == "held out from this project"
 
 
 def test_examples_have_the_clients_shape_and_their_provenance(repos, tmp_path) -> None:

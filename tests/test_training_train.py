@@ -38,7 +38,10 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (folder / "train.jsonl").write_text("".join(json.dumps(asdict(e)) + "\n" for e in train_rows))
     held_out = json.dumps(asdict(example("shop.py"))) + "\n"
     (folder / "validation.jsonl").write_text(held_out)
-    repositories = {"shop/cart": {"split": "train"}, "shop/store": {"split": "validation"}}
+    repositories = {
+        "shop/cart": {"split": "train", "licence": "MIT", "head": "a" * 40},
+        "shop/store": {"split": "validation", "licence": "Apache-2.0", "head": "b" * 40},
+    }
     manifest = {"version": "v-test", "repositories": repositories}
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
@@ -166,6 +169,7 @@ def test_a_run_resumes_from_its_checkpoint_and_records_the_adapter(
     first = json.loads((tmp_path / "training.json").read_text())
     assert first["steps"] == 2 and first["data_version"] == "v-test" and first["seed"] == 0
     assert first["repositories"] == {"train": ["shop/cart"], "validation": ["shop/store"]}
+    assert first["provenance"]["shop/store"] == {"licence": "Apache-2.0", "commit": "b" * 40}
     assert [step for step, _ in first["validation_loss"]] == [0, 2]  # the base model first
     train.main([*common, "--steps", "3"])
     err = capsys.readouterr().err

@@ -34,13 +34,18 @@ from pathlib import Path
 
 from serve_app.training.edits import EditExample, edit_examples, language_of, no_change_example
 
-# Evaluations held out from this project use these; bench/next_edit's cases come from these.
+# Evaluations held out from this project use these (../shared/data/README.md: the HumanEval
+# sources too, and the sets built from HumanEval); bench/next_edit's cases come from these.
 NEVER_MINED = (
     "pallets/flask",
     "hashicorp/terraform",
     "tree-sitter/tree-sitter",
     "microsoft/vscode",
     "zed-industries/",
+    "openai/human-eval",
+    "openai/human-eval-infilling",
+    "nuprl/multipl-e",
+    "bigcode-project/bigcode-evaluation-harness",
     "pallets/itsdangerous",
     "sindresorhus/ky",
     "spf13/cobra",

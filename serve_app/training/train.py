@@ -205,14 +205,24 @@ def resume(out: Path, model: Any, optimizer: Any) -> Progress | None:
 
 
 def data_record(data: Path) -> dict[str, Any]:
-    """The data's version and its repositories by split, from the miner's manifest: which
-    repositories an adapter learned from, so a later measurement can tell held-out ones."""
+    """The data's version, its repositories by split (which an adapter learned from, so a
+    later measurement can tell held-out ones) and each one's provenance: the licence it was
+    mined under and the commit mined, from the miner's manifest."""
     path = data / "manifest.json"
     manifest = json.loads(path.read_text()) if path.exists() else {}
     splits: dict[str, list[str]] = {}
+    provenance: dict[str, dict[str, str]] = {}
     for name, repository in sorted(manifest.get("repositories", {}).items()):
         splits.setdefault(repository.get("split", "train"), []).append(name)
-    return {"data_version": manifest.get("version", "unknown"), "repositories": splits}
+        provenance[name] = {
+            "licence": repository.get("licence", "unknown"),
+            "commit": repository.get("head", "unknown"),
+        }
+    return {
+        "data_version": manifest.get("version", "unknown"),
+        "repositories": splits,
+        "provenance": provenance,
+    }
 
 
 Encoded = tuple[list[TrainingPair], dict[int, TrainingPair], list[TrainingPair]]
