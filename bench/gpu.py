@@ -4,6 +4,7 @@
     python -m bench.gpu --models 0.5b --tokens 256
     python -m bench.gpu --graphs on                  # without the eager comparison
     python -m bench.gpu --smoke                      # a tiny config on CPU in seconds (tests)
+    python -m bench.gpu --peer transformers          # + transformers' generate, same weights
 
 ``--smoke`` also reads 256- and 1,024-token prompts instead of 1k and 8k.
 
@@ -37,6 +38,10 @@ prod's default) and eagerly, in the same run, with the ratio, and how many of th
 stream's greedy tokens the two agree on before they first differ (a graph's attention reads
 the cache's whole allocation, so its last bits may differ from the eager step's). TTFT is
 measured once: prompts are read eagerly either way.
+
+``--peer transformers`` also times transformers' ``generate`` on the same random model in the
+same process (``bench.gpu_peer``) and prints each engine figure beside it: the ratio (above 1:
+the engine is faster) and the engine's share of its limit.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ import torch.nn.functional as F
 
 from bench.common import table
 from bench.gpu_limits import Card, ModelCost, mean_seconds, measure_card, model_cost
+from bench.gpu_peer import PeerFigures, measure_transformers, ratio_rows
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
 from serve_app.engine.runner.attention import causal_prompt_attention
@@ -386,6 +392,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", default="1024,8192", help="TTFT prompt lengths")
     parser.add_argument("--graphs", default="on,off", help="decode with CUDA graphs on, off")
     parser.add_argument("--smoke", action="store_true", help="the tiny config on CPU, seconds")
+    parser.add_argument("--peer", default="none", choices=["none", "transformers"])
     args = parser.parse_args(argv)
     if args.smoke:  # every figure, every code path, in seconds
         args.models, args.device, args.tokens, args.prompts = "tiny", "cpu", 8, "256,1024"
@@ -395,6 +402,7 @@ def main(argv: list[str] | None = None) -> None:
     names = args.models.split(",")
     print(prompt_attention_figures(names, device, dtype), flush=True)
     results = {}
+    peers: dict[str, PeerFigures] = {}
     for name in names:
         started = time.perf_counter()
         loaded = loaded_model(name, device, dtype)
@@ -403,11 +411,39 @@ def main(argv: list[str] | None = None) -> None:
         for mode in modes:
             label = f"{name} {'graphs' if mode == 'on' else 'eager'}"
             results[label] = measure(loaded, args, mode == "on", ttft=mode == modes[0])
+        if args.peer == "transformers":
+            counts = [int(n) for n in args.streams.split(",")]
+            lengths = [int(n) for n in args.prompts.split(",")]
+            peers[name] = measure_transformers(loaded.model, args.tokens, counts, lengths, device)
         del loaded
         gc.collect()
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     report(results, args, device, card)
+    if peers:
+        print(peer_table(results, peers, card, args))
+
+
+def peer_table(
+    results: dict[str, Figures], peers: dict[str, PeerFigures], card: Card, args: argparse.Namespace
+) -> str:
+    """Each engine figure (the first decode mode's, which also read the TTFT prompts) beside
+    transformers': the ratio, above 1 where the engine is faster, and its share of the limit."""
+    context = STREAM_PROMPT_TOKENS + args.tokens // 2
+    first_mode = "graphs" if args.graphs.split(",")[0] == "on" else "eager"
+    rows = [["figure", "this engine", "transformers", "engine / transformers", "share of limit"]]
+    for name, peer in peers.items():
+        figures = results[f"{name} {first_mode}"]
+
+        def share(kind: str, n: int, value: float, cost: ModelCost | None = figures.cost) -> str:
+            if cost is None:
+                return "-"
+            if kind == "decode":
+                return f"{value / cost.decode_tps(card, n, context):.0%}"
+            return f"{cost.prompt_seconds(card, n) / value:.0%}"
+
+        rows += ratio_rows(figures, peer, name, share)
+    return table(rows)
 
 
 if __name__ == "__main__":

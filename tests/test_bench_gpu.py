@@ -86,3 +86,27 @@ def test_load_smoke_leaves_nothing_behind(capsys: pytest.CaptureFixture[str]) ->
     assert cells[1] == "30" and cells[3:6] == ["0", "0", "0/0"], out
     hits, queries = (int(n) for n in cells[6].split("/"))
     assert queries == 30 and hits > 0, out  # keystrokes share their account's file
+
+
+def test_smoke_beside_transformers_prints_each_figure_with_its_ratio(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--peer transformers``: transformers' generate on the same random model, each engine
+    figure beside it with the ratio and the engine's share of its limit."""
+    gpu.main(["--smoke", "--graphs", "on", "--peer", "transformers"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if "|" in line]
+    head = rows.index(
+        ["figure", "this engine", "transformers", "engine / transformers", "share of limit"]
+    )
+    figures = {row[0]: row for row in rows[head + 2 :]}
+    assert set(figures) == {
+        "tiny one stream tok/s",
+        "tiny 8 streams tok/s",
+        "tiny 64 streams tok/s",
+        "tiny TTFT 256",
+        "tiny TTFT 1024",
+    }
+    for row in figures.values():
+        assert float(row[3].split("x")[0]) > 0 and row[4].endswith("%"), row
+    assert "static" in figures["tiny one stream tok/s"][2]
