@@ -94,9 +94,11 @@ def compile_schema(schema: Any, param: str) -> Grammar:
             _CACHE.move_to_end(key)
             return hit
     check_schema(schema, param)
-    grammar = checked_grammar(
-        llguidance.LLMatcher.grammar_from_json_schema(enforced(schema)), param
-    )
+    try:  # as JSON text: a number past 64 bits (or NaN) is then the library's refusal
+        text = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(enforced(schema)))
+    except ValueError as e:
+        raise SchemaError(_library_reason(str(e)), param) from None
+    grammar = checked_grammar(text, param)
     with _CACHE_LOCK:
         _CACHE[key] = grammar
         while len(_CACHE) > CACHE_SIZE:
