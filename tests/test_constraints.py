@@ -11,12 +11,13 @@ from typing import Any
 
 import jsonschema
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from serve_app.engine.constraints import SchemaError, compile_schema, validate_output
 from serve_app.grammar.schema import ANY_OBJECT_SCHEMA, MAX_ENUM_VALUES
 from tests.fixtures.constraints import FAST, SCHEMA, TinyVocabulary
+from tests.fixtures.schemas import ANYTHING
 
 PARAM = "response_format.json_schema.schema"
 
@@ -61,6 +62,10 @@ def grammar(schema: Any) -> Any:
         ({"anyOf": [{"const": i} for i in range(100)]}, f"{PARAM}.anyOf", "alternatives"),
         ({"type": "object", "properties": {f"p{i}": {} for i in range(300)}}, None, "properties"),
         ([], PARAM, "a JSON object"),
+        ({"$schema": {}}, PARAM, "reference validator"),
+        ({"$schema": 5}, PARAM, "reference validator"),
+        ({"$id": 5}, PARAM, "reference validator"),
+        ({"type": "integer", "minimum": -(10**30)}, PARAM, "integer range"),
     ],
 )
 def test_a_schema_that_cannot_be_decoded_is_a_400_naming_where(schema, param, reason) -> None:
@@ -277,3 +282,13 @@ def test_a_recursive_schema_that_reads_the_answer_is_decoded(vocab) -> None:
     }
     text = '{"children": [{"children": []}, {"children": [{"children": []}]}]}'
     assert vocab.walk(grammar(tree), text) == (True, True)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(schema=ANYTHING)
+def test_any_json_compiles_or_is_a_schema_error(schema: Any) -> None:
+    """Every keyword given any value, nested: a grammar, or a 400 naming the schema."""
+    try:
+        grammar(schema)
+    except SchemaError as e:
+        assert e.status_code == 400 and e.param.startswith(PARAM)

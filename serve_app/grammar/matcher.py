@@ -19,6 +19,7 @@ import llguidance.hf
 import numpy as np
 import torch
 
+from serve_app.errors import InvalidRequestError
 from serve_app.grammar.schema import LIMITS, Grammar
 
 TEMPLATES_PER_TOKENIZER = 64
@@ -62,7 +63,10 @@ class GrammarTokenizer:
                 return template.deep_copy()
         template = llguidance.LLMatcher(self.ll_tokenizer, grammar.text, limits=LIMITS, log_level=0)
         if template.is_error():  # checked without a vocabulary before; this one refuses it
-            raise ValueError(f"the grammar cannot be decoded: {template.get_error()}")
+            raise InvalidRequestError(
+                f"The requested format cannot be decoded with this model's vocabulary: "
+                f"{template.get_error()}"
+            )
         with self._templates_lock:
             self._templates[grammar.text] = template
             while len(self._templates) > TEMPLATES_PER_TOKENIZER:

@@ -38,11 +38,13 @@ def schema_problem(schema: Mapping[str, Any]) -> tuple[str, list[str | int]] | N
         if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
             reason = f"$ref {ref!r} is not a local reference (#/...); documents are not fetched."
             return reason, [*path, "$ref"]
-    validator = _validator(schema)
     try:
+        validator = _validator(schema)
         type(validator).check_schema(schema)
     except jsonschema.SchemaError as e:
         return f"not a valid JSON schema: {e.message}", list(e.absolute_path)
+    except Exception as e:  # "$schema": {} or "$id": 5 break the validator's own set-up
+        return f"not a JSON schema the reference validator reads ({type(e).__name__}).", []
     try:
         for sample in (None, {}, [], "", 0):
             validator.is_valid(sample)
