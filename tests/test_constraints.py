@@ -273,6 +273,14 @@ def test_value_keywords_are_enforced_while_decoding(vocab, schema, good, bad) ->
         assert vocab.walk(compiled, text) != (True, True), text
 
 
+def test_objects_take_only_their_properties_unless_they_need_more(vocab) -> None:
+    listed = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert vocab.walk(grammar(listed), '{"a": 1}') == (True, True)
+    assert vocab.walk(grammar(listed), '{"b": 1}') != (True, True)
+    undeclared = {**listed, "required": ["a", "b"]}  # "b" must come: the object stays open
+    assert vocab.walk(grammar(undeclared), '{"a": 1, "b": [true]}') == (True, True)
+
+
 def test_a_recursive_schema_that_reads_the_answer_is_decoded(vocab) -> None:
     tree = {
         "type": "object",

@@ -11,8 +11,8 @@ then llguidance itself, which refuses what it cannot enforce (``not``, ``uniqueI
 the request field (``response_format.json_schema.schema``, ``tools[0].function.parameters``)
 followed by the place inside the schema where that is known.
 
-Compiled grammars are kept (LRU, by the schema's canonical JSON), so the check a service runs
-off its event loop makes the engine's compile of the same schema a lookup.
+Compiled grammars are kept (LRU, by the schema's JSON text), so the check a service runs off
+its event loop makes the engine's compile of the same schema a lookup.
 """
 
 from __future__ import annotations
@@ -113,12 +113,11 @@ def enforced(schema: Mapping[str, Any]) -> dict[str, Any]:
     return {**closed_objects(schema), "x-guidance": dict(JSON_OPTIONS)}
 
 
-# Keywords whose value is a subschema, a list of them, or a map of names to them.
+# Keywords whose value is a subschema, a list of them, or a map of names to them; and those
+# whose meaning depends on objects staying open.
 _SUBSCHEMA = ("additionalProperties", "items", "not", "if", "then", "else", "contains")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
-
-
 _OPENNESS = frozenset({"allOf", "oneOf", "not", "if"})
 
 
@@ -147,11 +146,24 @@ def _closed(node: Any) -> Any:
     for key in _SUBSCHEMA_MAPS:
         if isinstance(out.get(key), Mapping):
             out[key] = {name: _closed(item) for name, item in out[key].items()}
-    if isinstance(out.get("properties"), Mapping) and not (
-        {"additionalProperties", "patternProperties", "unevaluatedProperties"} & out.keys()
-    ):
+    if _closable(out):
         out["additionalProperties"] = False
     return out
+
+
+def _closable(node: Mapping[str, Any]) -> bool:
+    """An object that lists its properties and needs no other key: none required that it does
+    not list, no more keys asked for than it lists, nothing said of other keys."""
+    properties = node.get("properties")
+    if not isinstance(properties, Mapping):
+        return False
+    if {"additionalProperties", "patternProperties", "unevaluatedProperties"} & node.keys():
+        return False
+    required = node.get("required")
+    if isinstance(required, list) and not set(map(str, required)) <= set(properties):
+        return False
+    least = node.get("minProperties")
+    return not (isinstance(least, int) and least > len(properties))
 
 
 def checked_grammar(text: str, param: str) -> Grammar:
