@@ -10,8 +10,8 @@ On the same weights, greedy, eos never ending a row (``min_new_tokens``):
   ``generate``, completion tok/s after the first token, the way a plain batch runs;
 - TTFT: each of bench.gpu's prompt lengths, ``max_new_tokens=1``, after one warm-up.
 
-Decode rates are (tokens after the first) over (the run's time less a ``max_new_tokens=1``
-run's), each the faster of two runs.
+Decode rates are the tokens after the first over their time, as bench.gpu times the engine's,
+noted by a streamer as each step's tokens come out; each the better of two runs.
 """
 
 from __future__ import annotations
@@ -32,33 +32,41 @@ class PeerFigures:
     ttft_s: dict[int, float]
 
 
-def _seconds(model: Any, ids: torch.Tensor, new: int, cache: str | None) -> float:
-    """The faster of two ``generate`` runs of ``new`` greedy tokens, synchronised."""
+class _Clock:
+    """A ``generate`` streamer that only notes when each put arrives: first the prompt, then
+    each step's tokens (generate moves them to the host, so the step has run)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value: Any) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def _generate(model: Any, ids: torch.Tensor, new: int, cache: str | None) -> list[float]:
+    """When the prompt went in and each of ``new`` greedy tokens came out."""
     kwargs: dict[str, Any] = dict(
         max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
     )
     if cache is not None:
         kwargs["cache_implementation"] = cache
-    best = float("inf")
-    for _ in range(2):
-        _synchronize(ids.device)
-        start = time.perf_counter()
-        with torch.inference_mode():
-            model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
-        _synchronize(ids.device)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    clock = _Clock()
+    start = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(ids, attention_mask=torch.ones_like(ids), streamer=clock, **kwargs)
+    return [start, *clock.times[1:]]
 
 
 def _decode_tps(model: Any, ids: torch.Tensor, new: int, cache: str | None) -> float:
-    first = _seconds(model, ids, 1, cache)
-    total = _seconds(model, ids, new, cache)
-    return ids.shape[0] * (new - 1) / max(total - first, 1e-9)
+    """Tokens after the first over their time, the better of two runs."""
+    best = 0.0
+    for _ in range(2):
+        times = _generate(model, ids, new, cache)
+        best = max(best, ids.shape[0] * (new - 1) / (times[-1] - times[1]))
+    return best
 
 
 def _prompts(rows: int, length: int, vocab: int, device: str) -> torch.Tensor:
@@ -80,8 +88,9 @@ def measure_transformers(
     ttft = {}
     for length in lengths:
         ids = _prompts(1, length, vocab, device)
-        _seconds(model, ids, 1, None)  # warm-up at this length
-        ttft[length] = _seconds(model, ids, 1, None)
+        _generate(model, ids, 1, None)  # warm-up at this length
+        times = [_generate(model, ids, 1, None) for _ in range(2)]
+        ttft[length] = min(t[1] - t[0] for t in times)
     return PeerFigures(single, batch, ttft)
 
 
