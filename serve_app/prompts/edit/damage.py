@@ -7,7 +7,8 @@ what can still hurt is what the answer brings into the region:
   the file's lines just above or just below the region, and closer to it than to any line of
   the region: the model rewrote its context, not the region (an edited copy of the line above
   left a second ``return`` at module level in the README's own example). Short lines
-  (``}``, ``pass``, ``else:``) are common in real edits and never count.
+  (``} else {``, ``return None``) are common in real edits and never count, nor does a line
+  that finishes one the user began in the region.
 - ``breaks_syntax``: the file parsed before and does not after (Python, by ``ast``; a file
   that did not parse, half-typed, is not judged). Other languages are not parsed here: no
   tree-sitter grammar is a dependency.
@@ -28,9 +29,11 @@ Damage = Literal["border_copy", "breaks_syntax"]
 
 # Lines of the file either side of the region whose copies are looked for.
 BORDER_LINES = 3
-# The shortest line (stripped) whose exact copy counts, and whose near copy does.
-MIN_COPY_CHARS = 6
+# The shortest line (stripped) whose exact copy counts, and whose near copy does: shorter
+# ones (``} else {``, ``return None``) recur in real edits; and the shortest begun line.
+MIN_COPY_CHARS = 12
 MIN_NEAR_CHARS = 12
+MIN_BEGUN_CHARS = 4
 NEAR_RATIO = 0.8
 PYTHON_SUFFIXES = (".py", ".pyi", ".pyw")
 
@@ -70,7 +73,11 @@ def new_lines(answer: str, region: str) -> list[str]:
 
 def is_border_copy(line: str, border: list[str], region_lines: list[str]) -> bool:
     """``line`` (stripped) copies a border line: exactly, or nearly and closer to it than to
-    any line of the region (then it is the region's line edited, not the border's copied)."""
+    any line of the region (then it is the region's line edited, not the border's copied).
+    A line that finishes one the region holds begun (the user's half-typed line) is that
+    line's edit, however like a border line it reads (an ``else`` branch's twin)."""
+    if any(len(begun) >= MIN_BEGUN_CHARS and line.startswith(begun) for begun in region_lines):
+        return False
     if len(line) >= MIN_COPY_CHARS and line in border:
         return True
     if len(line) < MIN_NEAR_CHARS:
