@@ -10,7 +10,7 @@ model's text. Whatever comes back, spliced into the file as a client splices it:
 - every line outside the region is as it was;
 - no line the region did not hold is a copy of one of the three lines just above or below it
   (exact or near, difflib's ratio >= 0.8, for lines of 12 characters or more, unless the line
-  is closer still to a line of the region, or finishes one begun there: that line's edit);
+  is closer still to a line of the region, or finishes the cursor's line: that line's edit);
 - a file that parsed (Python's ``ast``) still parses.
 """
 
@@ -128,11 +128,13 @@ def test_an_answer_never_damages_the_file(style: str) -> None:
         held = Counter(line.strip() for line in original.split("\n"))
         region_lines = [line for line in held if line]
         border = border_lines(prompt)
+        typing = next(line for line in prompt.region.split("\n") if CURSOR in line)
+        begun = typing.replace(CURSOR, "").strip()
         for line in (line.strip() for line in region.split("\n")):
             if held[line] > 0:
                 held[line] -= 1
                 continue
-            if len(line) < 12 or any(len(r) >= 4 and line.startswith(r) for r in region_lines):
+            if len(line) < 12 or (len(begun) >= 4 and line.startswith(begun)):
                 continue
             assert line not in border, (line, border)
             to_border = max((likeness(line, b) for b in border), default=0.0)

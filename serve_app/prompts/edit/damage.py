@@ -8,7 +8,7 @@ what can still hurt is what the answer brings into the region:
   the region: the model rewrote its context, not the region (an edited copy of the line above
   left a second ``return`` at module level in the README's own example). Short lines
   (``} else {``, ``return None``) are common in real edits and never count, nor does a line
-  that finishes one the user began in the region.
+  that finishes the one the user is typing (the cursor's).
 - ``breaks_syntax``: the file parsed before and does not after (Python, by ``ast``; a file
   that did not parse, half-typed, is not judged). Other languages are not parsed here: no
   tree-sitter grammar is a dependency.
@@ -23,7 +23,7 @@ from collections import Counter
 from difflib import SequenceMatcher
 from typing import Literal
 
-from serve_app.prompts.edit.parse import EditPrompt, region_without_cursor
+from serve_app.prompts.edit.parse import CURSOR, EditPrompt, region_without_cursor
 
 Damage = Literal["border_copy", "breaks_syntax"]
 
@@ -41,7 +41,7 @@ PYTHON_SUFFIXES = (".py", ".pyi", ".pyw")
 def damage(answer: str, prompt: EditPrompt) -> Damage | None:
     """How ``answer`` (the new region) would damage the file, or None."""
     region = region_without_cursor(prompt)
-    if _copies_a_border_line(answer, region, _border_lines(prompt)):
+    if _copies_a_border_line(answer, region, _border_lines(prompt), _cursor_line(prompt)):
         return "border_copy"
     if _breaks_python(answer, region, prompt):
         return "breaks_syntax"
@@ -71,12 +71,18 @@ def new_lines(answer: str, region: str) -> list[str]:
     return found
 
 
-def is_border_copy(line: str, border: list[str], region_lines: list[str]) -> bool:
+def _cursor_line(prompt: EditPrompt) -> str:
+    """The cursor's line (stripped, the marker out): the line the user is typing."""
+    line = next(line for line in prompt.region.split("\n") if CURSOR in line)
+    return line.replace(CURSOR, "").strip()
+
+
+def is_border_copy(line: str, border: list[str], region_lines: list[str], begun: str) -> bool:
     """``line`` (stripped) copies a border line: exactly, or nearly and closer to it than to
     any line of the region (then it is the region's line edited, not the border's copied).
-    A line that finishes one the region holds begun (the user's half-typed line) is that
-    line's edit, however like a border line it reads (an ``else`` branch's twin)."""
-    if any(len(begun) >= MIN_BEGUN_CHARS and line.startswith(begun) for begun in region_lines):
+    A line that finishes ``begun``, the cursor's line, is the user's half-typed line, however
+    like a border line it reads (an ``else`` branch's twin)."""
+    if len(begun) >= MIN_BEGUN_CHARS and line.startswith(begun):
         return False
     if len(line) >= MIN_COPY_CHARS and line in border:
         return True
@@ -88,9 +94,11 @@ def is_border_copy(line: str, border: list[str], region_lines: list[str]) -> boo
     return to_border > max((_likeness(line, other) for other in region_lines), default=0.0)
 
 
-def _copies_a_border_line(answer: str, region: str, border: list[str]) -> bool:
+def _copies_a_border_line(answer: str, region: str, border: list[str], begun: str) -> bool:
     region_lines = [line.strip() for line in region.split("\n") if line.strip()]
-    return any(is_border_copy(line, border, region_lines) for line in new_lines(answer, region))
+    return any(
+        is_border_copy(line, border, region_lines, begun) for line in new_lines(answer, region)
+    )
 
 
 def _likeness(a: str, b: str) -> float:
