@@ -218,6 +218,27 @@ def test_pairs_read_in_one_padded_forward_lose_what_they_lose_alone(tiny_source:
     assert read == len(short.ids) + len(long.ids)
 
 
+def test_a_detached_prompt_loses_the_same_and_trains_through_the_answer(tiny_source: str) -> None:
+    """--detach-prompt: the same losses as the whole forward, and a gradient that reaches
+    the adapter (through the answer's positions alone)."""
+    import torch
+
+    from serve_app.training.losses import answer_loss
+
+    model = train.with_lora(train.load_base(tiny_source, "cpu", torch.float32), 4, 0)
+    tokenizer = train.load_tokenizer(tiny_source)
+    pairs = [
+        training_pair(example("cart.py"), "\nprint(subtotal(cart))", tokenizer, "chat_split"),
+        training_pair(example("c.py"), "\nprint(subtotal(cart))\n" * 3, tokenizer, "chat_split"),
+    ]
+    whole, read = answer_loss(model, pairs, "cpu", 3.0)
+    detached, read_detached = answer_loss(model, pairs, "cpu", 3.0, detach_prompt=True)
+    assert float(detached) == pytest.approx(float(whole), rel=1e-4) and read == read_detached
+    detached.backward()
+    grads = [p.grad for name, p in model.named_parameters() if "lora_" in name]
+    assert grads and any(g is not None and float(g.abs().sum()) > 0 for g in grads)
+
+
 def test_encoded_pairs_train_where_only_the_manifest_is(
     tiny_source: str, data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,14 +10,18 @@ import torch
 from serve_app.training.render import IGNORED, TrainingPair
 
 
-def token_losses(model: Any, pairs: list[TrainingPair], device: str) -> tuple[Any, Any, Any]:
+def token_losses(
+    model: Any, pairs: list[TrainingPair], device: str, detach_prompt: bool = False
+) -> tuple[Any, Any, Any]:
     """Cross-entropy of every answer token of ``pairs``, read in one forward, which of them
-    write a change, and the pair (row) each belongs to.
+    write a change, and the pair (row) each belongs to. ``detach_prompt``: ``detached_losses``.
 
     The rows are padded on the right and read without a mask: attention is causal, so no real
     position sees the pads after it, and the pads' own outputs are never scored. Only the
     positions that predict an answer token go through the LM head (136 M of the 0.5B's 494 M
     weights): the prompt's logits would be computed only to be ignored."""
+    if detach_prompt:
+        return detached_losses(model, pairs, device)
     causal = model.get_base_model()
     width = max(len(pair.ids) for pair in pairs)
     ids = torch.zeros((len(pairs), width), dtype=torch.long)
@@ -36,14 +40,41 @@ def token_losses(model: Any, pairs: list[TrainingPair], device: str) -> tuple[An
     return losses, changed[answer], rows
 
 
+def detached_losses(model: Any, pairs: list[TrainingPair], device: str) -> tuple[Any, Any, Any]:
+    """``token_losses`` with each prompt read without a graph: its keys and values cached
+    under ``no_grad``, then the answer read after them with one. The values are the same; the
+    gradient reaches the adapter only through the answer's positions, so a backward costs the
+    answer's few tokens, not the ~2,000 of the prompt (an approximation: the prompt's keys and
+    values no longer learn). One pair a forward."""
+    causal = model.get_base_model()
+    losses, changed, rows = [], [], []
+    for row, pair in enumerate(pairs):
+        first = next(i for i, label in enumerate(pair.labels) if label != IGNORED)
+        ids = torch.tensor([pair.ids], device=device)
+        with torch.no_grad():
+            cache = causal.model(input_ids=ids[:, : first - 1], use_cache=True).past_key_values
+        hidden = causal.model(input_ids=ids[:, first - 1 : -1], past_key_values=cache)
+        targets = torch.tensor(pair.labels[first:], device=device)
+        answer = targets != IGNORED
+        logits = causal.lm_head(hidden.last_hidden_state[0][answer]).float()
+        losses.append(torch.nn.functional.cross_entropy(logits, targets[answer], reduction="none"))
+        changed.append(torch.tensor(pair.changed[first:], device=device)[answer])
+        rows.append(torch.full((int(answer.sum()),), row, device=device))
+    return torch.cat(losses), torch.cat(changed), torch.cat(rows)
+
+
 def answer_loss(
-    model: Any, pairs: list[TrainingPair], device: str, change_weight: float = 1.0
+    model: Any,
+    pairs: list[TrainingPair],
+    device: str,
+    change_weight: float = 1.0,
+    detach_prompt: bool = False,
 ) -> tuple[Any, int]:
     """The sum over ``pairs`` of each one's answer cross-entropy, tokens that write a change
     weighing ``change_weight`` times the rest, and how many tokens were read. Nearly every
     token of a rewritten region copies it, so at weight 1 a step's loss is mostly copying: the
     weight is what makes the few changed tokens count."""
-    losses, changed, rows = token_losses(model, pairs, device)
+    losses, changed, rows = token_losses(model, pairs, device, detach_prompt)
     weights = 1.0 + (change_weight - 1.0) * changed.float()
     totals = torch.zeros(len(pairs), device=device).index_add(0, rows, losses * weights)
     sums = torch.zeros(len(pairs), device=device).index_add(0, rows, weights)

@@ -352,7 +352,7 @@ def step_losses(
     answers (the expected, the no-op) a forward."""
     if reference is None:
         for group in micro_batches([pairs[index] for index in chosen], args.micro):
-            yield answer_loss(model, group, args.device, args.change_weight)
+            yield answer_loss(model, group, args.device, args.change_weight, args.detach_prompt)
         return
     for index in chosen:
         yield preference_loss(
@@ -394,6 +394,7 @@ def finish(args: argparse.Namespace, model: Any, progress: Progress) -> dict:
         "max_tokens": args.max_tokens,
         "lr": args.lr,
         "change_weight": args.change_weight,
+        "detach_prompt": args.detach_prompt,
         "objective": args.objective,
         **({"beta": args.beta, "sft_weight": args.sft_weight} if args.objective == "dpo" else {}),
         "init_adapter": str(args.init_adapter) if args.init_adapter else None,
@@ -459,6 +460,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--change-weight", type=float, default=1.0,
         help="loss weight of answer tokens that write a change (the rest weigh 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--detach-prompt", action="store_true",
+        help="read each prompt without a graph: the gradient goes through the answer's "
+        "tokens only (losses.detached_losses), a backward over a few tokens, not thousands",
     )  # fmt: skip
     parser.add_argument(
         "--objective", default="sft", choices=["sft", "dpo"],
