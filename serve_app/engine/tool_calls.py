@@ -21,7 +21,13 @@ import torch
 from serve_app.engine.constraints import GrammarConstraint
 from serve_app.engine.protocol import ToolCallFormat
 from serve_app.grammar.matcher import GrammarTokenizer
-from serve_app.grammar.schema import Grammar, checked_grammar, compile_schema, enforced
+from serve_app.grammar.schema import (
+    Grammar,
+    cached_grammar,
+    checked_grammar,
+    compile_schema,
+    enforced,
+)
 
 OPEN_MARKER, CLOSE_MARKER = "<tool_call>", "</tool_call>"
 # The body between the markers, as the template shows it: its pieces around name and arguments.
@@ -33,20 +39,22 @@ NO_PARAMETERS: Mapping[str, Any] = {"type": "object", "properties": {}}
 
 
 def call_grammar(functions: Sequence[tuple[str, Mapping[str, Any] | None]]) -> Grammar:
-    """One call's body for any of ``functions``; ``SchemaError`` names the function's
+    """One call's body for any of ``functions`` (cached: the chat service builds it off the
+    event loop, the engine then looks it up); ``SchemaError`` names the function's
     ``tools[i].function.parameters`` (its place in ``functions``) and what is wrong there."""
-    rules = []
-    for index, (name, parameters) in enumerate(functions):
-        schema = parameters or NO_PARAMETERS
-        compile_schema(schema, f"tools[{index}].function.parameters")  # the checks, and a 400
-        head = json.dumps(name + ARGUMENTS_START)[1:]  # a Lark string: name + '", ...: '
-        rules.append(f'f{index}: "{head} %json {json.dumps(enforced(schema))}')
-    alternatives = " | ".join(f"f{index}" for index in range(len(functions)))
-    lark = "\n".join(
-        [f"start: {json.dumps(NAME_START)} call {json.dumps(BODY_END)}", f"call: {alternatives}"]
-        + rules
-    )
-    return checked_grammar(lark, "tools")
+
+    def build() -> Grammar:
+        rules = []
+        for index, (name, parameters) in enumerate(functions):
+            schema = parameters or NO_PARAMETERS
+            compile_schema(schema, f"tools[{index}].function.parameters")  # the checks: a 400
+            head = json.dumps(name + ARGUMENTS_START)[1:]  # a Lark string: name + '", ...: '
+            rules.append(f'f{index}: "{head} %json {json.dumps(enforced(schema))}')
+        alternatives = " | ".join(f"f{index}" for index in range(len(functions)))
+        start = f"start: {json.dumps(NAME_START)} call {json.dumps(BODY_END)}"
+        return checked_grammar("\n".join([start, f"call: {alternatives}", *rules]), "tools")
+
+    return cached_grammar("calls " + json.dumps(functions), build)
 
 
 def tool_call_tokens(tokenizer: Any) -> tuple[int, int] | None:

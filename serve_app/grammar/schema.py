@@ -11,8 +11,8 @@ then llguidance itself, which refuses what it cannot enforce (``not``, ``uniqueI
 the request field (``response_format.json_schema.schema``, ``tools[0].function.parameters``)
 followed by the place inside the schema where that is known.
 
-Compiled grammars are kept (LRU, by the schema's JSON text), so the check a service runs off
-its event loop makes the engine's compile of the same schema a lookup.
+Compiled grammars are kept (``cached_grammar``: LRU, by the schema's JSON text), so the check a
+service runs off its event loop makes the engine's compile of the same schema a lookup.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,18 +87,26 @@ class Grammar:
 
 def compile_schema(schema: Any, param: str) -> Grammar:
     """The grammar of documents valid against ``schema``, or ``SchemaError`` naming ``param``."""
-    key = _cache_key(schema)
+
+    def build() -> Grammar:
+        check_schema(schema, param)
+        try:  # as JSON text: a number past 64 bits (or NaN) is then the library's refusal
+            text = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(enforced(schema)))
+        except ValueError as e:
+            raise SchemaError(_library_reason(str(e)), param) from None
+        return checked_grammar(text, param)
+
+    return cached_grammar("schema " + _cache_key(schema), build)
+
+
+def cached_grammar(key: str, build: Callable[[], Grammar]) -> Grammar:
+    """The grammar cached under ``key``, else ``build``'s (kept once built: a refusal is not)."""
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
-    check_schema(schema, param)
-    try:  # as JSON text: a number past 64 bits (or NaN) is then the library's refusal
-        text = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(enforced(schema)))
-    except ValueError as e:
-        raise SchemaError(_library_reason(str(e)), param) from None
-    grammar = checked_grammar(text, param)
+    grammar = build()
     with _CACHE_LOCK:
         _CACHE[key] = grammar
         while len(_CACHE) > CACHE_SIZE:

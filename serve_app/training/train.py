@@ -33,11 +33,12 @@ from typing import Any
 
 import torch
 
-from serve_app.models.loader import TRAINING_RECORD, training_record
+from serve_app.models.loader import TRAINING_RECORD
 from serve_app.prompts.edit.messages import PROMPT_STYLES
 from serve_app.training.edits import EditExample, context_support, typing_example
 from serve_app.training.losses import answer_loss, token_losses
 from serve_app.training.preference import Reference, preference_loss, preference_pairs
+from serve_app.training.record import data_record, run_record
 from serve_app.training.render import TrainingPair, pack, training_pair, unpack
 from serve_app.training.schedule import RunClock, learning_rate
 
@@ -204,27 +205,6 @@ def resume(out: Path, model: Any, optimizer: Any) -> Progress | None:
     return progress
 
 
-def data_record(data: Path) -> dict[str, Any]:
-    """The data's version, its repositories by split (which an adapter learned from, so a
-    later measurement can tell held-out ones) and each one's provenance: the licence it was
-    mined under and the commit mined, from the miner's manifest."""
-    path = data / "manifest.json"
-    manifest = json.loads(path.read_text()) if path.exists() else {}
-    splits: dict[str, list[str]] = {}
-    provenance: dict[str, dict[str, str]] = {}
-    for name, repository in sorted(manifest.get("repositories", {}).items()):
-        splits.setdefault(repository.get("split", "train"), []).append(name)
-        provenance[name] = {
-            "licence": repository.get("licence", "unknown"),
-            "commit": repository.get("head", "unknown"),
-        }
-    return {
-        "data_version": manifest.get("version", "unknown"),
-        "repositories": splits,
-        "provenance": provenance,
-    }
-
-
 Encoded = tuple[list[TrainingPair], dict[int, TrainingPair], list[TrainingPair]]
 
 
@@ -378,44 +358,10 @@ def evaluate(model: Any, pairs: list[TrainingPair], progress: Progress, device: 
 def finish(args: argparse.Namespace, model: Any, progress: Progress) -> dict:
     """The adapter and its record in OUT."""
     model.save_pretrained(args.out / "adapter")
-    record = {
-        "base_model": args.model,
-        "data": str(args.data),
-        **data_record(args.data),
-        "style": args.style,
-        "no_change_share": args.no_change,
-        "min_support": args.min_support,
-        "typing": args.typing,
-        "seed": args.seed,
-        "steps": progress.step,
-        "batch": args.batch,
-        "rank": args.rank,
-        "layers": args.layers,
-        "max_tokens": args.max_tokens,
-        "lr": args.lr,
-        "change_weight": args.change_weight,
-        "detach_prompt": args.detach_prompt,
-        "objective": args.objective,
-        **({"beta": args.beta, "sft_weight": args.sft_weight} if args.objective == "dpo" else {}),
-        "init_adapter": str(args.init_adapter) if args.init_adapter else None,
-        # A continued adapter learned part of what it knows from the one it started from:
-        # that adapter's own record (data, steps, scores) is kept with it.
-        "init_record": _starting_record(args.init_adapter) or None,
-        "validation_loss": progress.validation,
-        "validation_loss_changed_tokens": progress.validation_changed,
-        "hours": round(progress.seconds / 3600, 3),
-    }
+    record = run_record(args, progress)
     (args.out / TRAINING_RECORD).write_text(json.dumps(record, indent=1) + "\n")
     log(f"adapter: {args.out / 'adapter'}")
     return record
-
-
-def _starting_record(init_adapter: Path | None) -> dict[str, Any]:
-    """The training record of ``--init-adapter``: in its folder where it was exported
-    (``training.export``), beside it where it is a run's ``OUT/adapter``; {} for none."""
-    if init_adapter is None:
-        return {}
-    return training_record(init_adapter) or training_record(init_adapter.parent)
 
 
 def log(message: str) -> None:

@@ -1,0 +1,75 @@
+"""A run's record, ``OUT/training.json`` beside its adapter: what it learned from (the data's
+version, each repository's split, licence and commit), with what settings, from which
+adapter it started, and how its validation loss went."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from serve_app.models.loader import training_record
+
+if TYPE_CHECKING:
+    from serve_app.training.train import Progress
+
+
+def data_record(data: Path) -> dict[str, Any]:
+    """The data's version, its repositories by split (which an adapter learned from, so a
+    later measurement can tell held-out ones) and each one's provenance: the licence it was
+    mined under and the commit mined, from the miner's manifest."""
+    path = data / "manifest.json"
+    manifest = json.loads(path.read_text()) if path.exists() else {}
+    splits: dict[str, list[str]] = {}
+    provenance: dict[str, dict[str, str]] = {}
+    for name, repository in sorted(manifest.get("repositories", {}).items()):
+        splits.setdefault(repository.get("split", "train"), []).append(name)
+        provenance[name] = {
+            "licence": repository.get("licence", "unknown"),
+            "commit": repository.get("head", "unknown"),
+        }
+    return {
+        "data_version": manifest.get("version", "unknown"),
+        "repositories": splits,
+        "provenance": provenance,
+    }
+
+
+def run_record(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    """The record of a run with ``args`` that got to ``progress``."""
+    return {
+        "base_model": args.model,
+        "data": str(args.data),
+        **data_record(args.data),
+        "style": args.style,
+        "no_change_share": args.no_change,
+        "min_support": args.min_support,
+        "typing": args.typing,
+        "seed": args.seed,
+        "steps": progress.step,
+        "batch": args.batch,
+        "rank": args.rank,
+        "layers": args.layers,
+        "max_tokens": args.max_tokens,
+        "lr": args.lr,
+        "change_weight": args.change_weight,
+        "detach_prompt": args.detach_prompt,
+        "objective": args.objective,
+        **({"beta": args.beta, "sft_weight": args.sft_weight} if args.objective == "dpo" else {}),
+        "init_adapter": str(args.init_adapter) if args.init_adapter else None,
+        # A continued adapter learned part of what it knows from the one it started from:
+        # that adapter's own record (data, steps, scores) is kept with it.
+        "init_record": starting_record(args.init_adapter) or None,
+        "validation_loss": progress.validation,
+        "validation_loss_changed_tokens": progress.validation_changed,
+        "hours": round(progress.seconds / 3600, 3),
+    }
+
+
+def starting_record(init_adapter: Path | None) -> dict[str, Any]:
+    """The training record of ``--init-adapter``: in its folder where it was exported
+    (``training.export``), beside it where it is a run's ``OUT/adapter``; {} for none."""
+    if init_adapter is None:
+        return {}
+    return training_record(init_adapter) or training_record(init_adapter.parent)
