@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from serve_app.models.loader import training_record
-
-if TYPE_CHECKING:
-    from serve_app.training.train import Progress
 
 
 def data_record(data: Path) -> dict[str, Any]:
@@ -36,8 +34,9 @@ def data_record(data: Path) -> dict[str, Any]:
     }
 
 
-def run_record(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
-    """The record of a run with ``args`` that got to ``progress``."""
+def run_record(args: argparse.Namespace, progress: Mapping[str, Any]) -> dict[str, Any]:
+    """The record of a run with ``args`` that got to ``progress`` (``train.Progress``'s
+    fields: step, validation losses, seconds)."""
     return {
         "base_model": args.model,
         "data": str(args.data),
@@ -47,7 +46,7 @@ def run_record(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
         "min_support": args.min_support,
         "typing": args.typing,
         "seed": args.seed,
-        "steps": progress.step,
+        "steps": progress["step"],
         "batch": args.batch,
         "rank": args.rank,
         "layers": args.layers,
@@ -61,9 +60,9 @@ def run_record(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
         # A continued adapter learned part of what it knows from the one it started from:
         # that adapter's own record (data, steps, scores) is kept with it.
         "init_record": starting_record(args.init_adapter) or None,
-        "validation_loss": progress.validation,
-        "validation_loss_changed_tokens": progress.validation_changed,
-        "hours": round(progress.seconds / 3600, 3),
+        "validation_loss": progress["validation"],
+        "validation_loss_changed_tokens": progress["validation_changed"],
+        "hours": round(progress["seconds"] / 3600, 3),
     }
 
 

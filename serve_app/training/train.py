@@ -358,7 +358,7 @@ def evaluate(model: Any, pairs: list[TrainingPair], progress: Progress, device: 
 def finish(args: argparse.Namespace, model: Any, progress: Progress) -> dict:
     """The adapter and its record in OUT."""
     model.save_pretrained(args.out / "adapter")
-    record = run_record(args, progress)
+    record = run_record(args, asdict(progress))
     (args.out / TRAINING_RECORD).write_text(json.dumps(record, indent=1) + "\n")
     log(f"adapter: {args.out / 'adapter'}")
     return record
