@@ -171,7 +171,7 @@ def run_speculation(cases: list[Case], args) -> list[list[str]]:
         try:
             for i, ids in enumerate(prompts):
                 params = SamplingParams(max_tokens=len(ids) + 64, temperature=0.0, stop=("\n```",))
-                request = GenerationRequest(f"a{drafts}-{i}", list(ids), params, role="apply")
+                request = GenerationRequest(f"a{drafts}-{i}", list(ids), params, route="apply")
                 text, last, decode_seconds = asyncio.run(_timed_decode(engine, request))
                 seconds += decode_seconds
                 tokens += last.completion_tokens - 1

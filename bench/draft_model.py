@@ -45,8 +45,8 @@ from serve_app.models.loader import LoadedModel, load_model
 MODES = {
     "none": dict(),
     "lookup": dict(fim=2),
-    "draft": dict(draft_model_roles=["fim"]),
-    "lookup+draft": dict(fim=2, draft_model_roles=["fim"]),
+    "draft": dict(draft_model_routes=["fim"]),
+    "lookup+draft": dict(fim=2, draft_model_routes=["fim"]),
 }
 ACCEPTANCES = (0.5, 0.7, 0.8, 0.9)
 
@@ -65,7 +65,7 @@ def engine_for(target: LoadedModel, draft: LoadedModel, mode: str, device: str) 
 async def timed(engine: LLMEngine, prompt: list[int], tokens: int, tag: str) -> tuple:
     """(token ids, decode tok/s after the first token)."""
     request = GenerationRequest(
-        tag, prompt, SamplingParams(max_tokens=tokens, stop=()), "bench", role="fim"
+        tag, prompt, SamplingParams(max_tokens=tokens, stop=()), "bench", route="fim"
     )
     ids: list[int] = []
     first = last = 0.0

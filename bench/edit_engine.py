@@ -33,7 +33,7 @@ def _time_requests(engine: LLMEngine, prompt_ids: list[int], args: Any) -> tuple
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     latencies, text = [], ""
     for i in range(args.repeats + 1):
-        request = GenerationRequest(f"e{i}", list(prompt_ids), params, "bench", role="edit")
+        request = GenerationRequest(f"e{i}", list(prompt_ids), params, "bench", route="edit")
         start = time.perf_counter()
         text, _ = asyncio.run(generate_text(engine, request))
         latencies.append(time.perf_counter() - start)

@@ -67,13 +67,14 @@ def excerpt_of(scenario: Scenario) -> Scenario:
 
 
 async def run(args: argparse.Namespace) -> list[list[str]]:
+    from serve_app.engine.engine import LLMEngine
     from serve_app.serving.edit import EditService
-    from serve_app.serving.generation import EngineClient, start_engine
+    from serve_app.serving.engine_client import EngineClient
 
     config = app_config(args)
     config = config.model_copy(update={"engine": config.engine.model_copy(update={"seed": 0})})
     model = config.model(config.roles.edit)
-    engine = start_engine(config, model, "edit")
+    engine = LLMEngine.from_config(config, "edit", model=model)
     service = EditService(EngineClient(engine, model))
     tokenizer = engine.loaded.tokenizer
     header = ["module", "lines", "file tokens", "whole: read", "whole s", "excerpt: read"]

@@ -41,7 +41,7 @@ def _generate(engine: LLMEngine, prompts: list[list[int]], params: SamplingParam
 
     async def main() -> list[tuple[str, Any]]:
         requests = [
-            GenerationRequest(f"{tag}{i}", list(p), params, "bench", role="fim")
+            GenerationRequest(f"{tag}{i}", list(p), params, "bench", route="fim")
             for i, p in enumerate(prompts)
         ]
         return await asyncio.gather(*(generate_text(engine, r) for r in requests))

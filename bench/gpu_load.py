@@ -58,9 +58,9 @@ def workload(n: int, vocab: int, seed: int) -> list[tuple[GenerationRequest, int
             ids = prompt(rng.randrange(2000, 7000), vocab, i)
         temperature = 0.0 if rng.random() < 0.7 else 0.8
         params = SamplingParams(max_tokens=rng.randrange(1, 96), temperature=temperature, seed=i)
-        role = rng.choice(["fim", "edit", "chat"])
+        route = rng.choice(["fim", "edit", "chat"])
         close_after = rng.randrange(0, 20) if rng.random() < 0.25 else None
-        request = GenerationRequest(f"r{i}", ids, params, account, role=role)
+        request = GenerationRequest(f"r{i}", ids, params, account, route=route)
         out.append((request, close_after, rng.random() * 2))
     return out
 
@@ -111,7 +111,7 @@ async def load(engine: LLMEngine, jobs: list, repeats: int) -> list[str]:
             request.prompt_token_ids,
             request.params,
             request.cache_salt,
-            role=request.role,
+            route=request.route,
         )
         same += (await send(engine, again, None, 0.0))[1] == text
     return [

@@ -76,12 +76,12 @@ def role_config(config_path: Path, model: str, threads: int) -> Any:
 
 def fim_role(config: Any, count: int) -> dict[str, Any]:
     from bench.fim_quality import first_line_matches
+    from serve_app.engine.engine import LLMEngine
     from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
     from serve_app.prompts.fim import fim_format_for
     from serve_app.serving.fim import service_fim_prompt
-    from serve_app.serving.generation import start_engine
 
-    engine = start_engine(config, config.models[0], "fim")
+    engine = LLMEngine.from_config(config, "fim", model=config.models[0])
     loaded = engine.loaded
     fmt = fim_format_for(loaded.tokenizer, loaded.model_type)
     params = SamplingParams(max_tokens=64, stop=("\n",))
@@ -148,11 +148,11 @@ def edit_role(config: Any, every: int) -> dict[str, Any]:
 def decisions_role(config: Any) -> dict[str, Any]:
     """As the DecisionScorer deployment scores: its role's engine settings."""
     from bench import decisions, noul_probe
-    from serve_app.serving.generation import load_configured_model
+    from serve_app.engine.startup import load_role_model
     from serve_app.serving.scoring import LikelihoodScorer
 
     model = config.models[0]
-    loaded = load_configured_model(config, model, "decisions")
+    loaded = load_role_model(config, model, "decisions")
     engine = config.engine_for("decisions")
     scorer = LikelihoodScorer.for_model(loaded, engine, model.context_length)
     seconds, results = [], []

@@ -239,8 +239,10 @@ def start_services(
 ) -> tuple[Any, dict]:
     """One engine on ``config``'s edit model, one edit service per variant on it, each
     counting its rejections in ``rejected[variant]``; sets ``args.model`` to that model."""
+    from serve_app.engine.engine import LLMEngine
+    from serve_app.engine.startup import EDIT_ADAPTER
     from serve_app.serving.edit import EditService
-    from serve_app.serving.generation import EDIT_ADAPTER, EngineClient, start_engine
+    from serve_app.serving.engine_client import EngineClient
 
     # A fixed seed where the config sets none: the clients' temperature 0.2 then draws the
     # same answers run after run, so two runs (or two configs) differ only where their
@@ -254,7 +256,7 @@ def start_services(
         update = {"edit_adapter": args.adapter, "edit_prompt": adapter_style(args.adapter)}
         model = model.model_copy(update=update)
     args.model = model.id
-    engine = start_engine(config, model, "edit")
+    engine = LLMEngine.from_config(config, "edit", model=model)
     client = EngineClient(engine, model)
     services = {
         name: EditService(

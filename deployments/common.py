@@ -11,7 +11,7 @@ from deployments.metrics import LatencyMetrics, report_engine_stats
 from serve_app.config import AppConfig, EngineRole
 from serve_app.engine.engine import LLMEngine
 from serve_app.serving.billing import UsageRecorder, ledger_write
-from serve_app.serving.generation import EngineClient, start_engine
+from serve_app.serving.engine_client import EngineClient
 from serve_app.serving.spool import LedgerSpool
 
 logger = logging.getLogger(__name__)
@@ -49,20 +49,16 @@ class EngineDeployment:
     max_ongoing: ClassVar[int | None] = None
 
     def start_role_engine(self, config: AppConfig) -> LLMEngine:
-        """This replica's engine, of its role (``engine_role``): the role's model and settings;
+        """This replica's engine, of its role (``engine_role``; ``LLMEngine.from_config``):
         its stats reported, its health checked, shut down with it."""
-        role = self.engine_role
-        model = config.model(getattr(config.roles, role))
-        self.engine = start_engine(config, model, role, cpus=replica_cpus())
+        self.engine = LLMEngine.from_config(config, self.engine_role, cpus=replica_cpus())
         self._stats_task = _start_background(report_engine_stats(self.engine))
         return self.engine
 
     def start_engine_client(self, config: AppConfig) -> EngineClient:
         """The role's engine (``start_role_engine``) behind a generating services' client."""
         engine = self.start_role_engine(config)
-        return EngineClient(
-            engine, config.model(getattr(config.roles, self.engine_role)), LatencyMetrics()
-        )
+        return EngineClient(engine, config.role_model(self.engine_role), LatencyMetrics())
 
     def check_health(self) -> None:
         """Serve's health check: a replica whose engine loop died gets replaced."""

@@ -6,68 +6,62 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from serve_app.api.apply import ApplyCompletionRequest
-from serve_app.api.chat import ChatCompletionRequest
-from serve_app.api.common import MAX_QUESTIONS, RequestModel
-from serve_app.api.decisions import DecisionRequest
-from serve_app.api.edit import EditCompletionRequest
-from serve_app.api.fim import FimCompletionRequest
-from serve_app.api.models import (
-    Datacenter,
-    Endpoint,
-    EndpointModelCard,
-    ModelCard,
-    OpenRouterRef,
-    Pricing,
-)
-from serve_app.auth.store import default_data_dir, resolve_auth_db
 from serve_app.engine_config import EngineConfig
-from serve_app.models.embedded import EMBEDDED_MODELS, embedded_name
-from serve_app.prompts.edit.messages import EditPromptStyle
-from serve_app.prompts.fim import FimLayout
 
 DEFAULT_MODEL_ID = "qwen2.5-coder-0.5b"
-
-# The sampling parameters a listing may name, and the request model of each endpoint: an
-# endpoint honours exactly the ones its request model has as fields (each is passed on to
-# SamplingParams), so a listing never names a parameter that the endpoint would not take.
-SAMPLING_PARAMETERS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "stop",
-    "seed",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-)
-ENDPOINT_REQUESTS: dict[Endpoint, type[RequestModel]] = {
-    "chat.completions": ChatCompletionRequest,
-    "edit.completions": EditCompletionRequest,
-    "apply.completions": ApplyCompletionRequest,
-    "fim.completions": FimCompletionRequest,
-    "decisions": DecisionRequest,
-}
-# What chat answers can be asked for (response_format), named as the listings name features.
-CHAT_FEATURES = ("json_mode", "structured_outputs")
-# Listed for chat where the model's template calls tools (``ModelConfig.tool_calls``).
-TOOLS_FEATURE = "tools"
+# The model deployments' jobs, each running its own engine (chat and apply run on the edit one).
+EngineRole = Literal["fim", "edit", "decisions"]
+ENGINE_ROLES: tuple[EngineRole, ...] = get_args(EngineRole)
+# The API's endpoints as listings, billing and metrics name them.
+Endpoint = Literal[
+    "chat.completions", "edit.completions", "apply.completions", "fim.completions", "decisions"
+]
+# How next-edit requests are put to a model (serve_app.prompts.edit.messages lays each out).
+EditPromptStyle = Literal[
+    "chat", "chat_split", "tagged", "few_shot", "fim", "chat_span", "sweep", "zeta"
+]
+# How FIM prompts are laid out (serve_app.prompts.fim).
+FimLayout = Literal["psm", "spm"]
+# The decisions schema's bound on questions per request; limits.max_questions is the service's.
+MAX_QUESTIONS = 4096
+AUTH_DB_FILENAME = "auth.sqlite3"
 
 
-def honoured_parameters(endpoint: Endpoint) -> set[str]:
-    fields = ENDPOINT_REQUESTS[endpoint].model_fields
-    return {name for name in SAMPLING_PARAMETERS if name in fields}
+def default_data_dir() -> Path:
+    """``$SERVE_APP_DATA_DIR``, else ``~/.local/share/serve-app``; absolute, because replicas
+    do not run in the directory ``serve run`` was started from."""
+    configured = os.environ.get("SERVE_APP_DATA_DIR")
+    base = Path(configured) if configured else Path.home() / ".local" / "share" / "serve-app"
+    return base.expanduser().resolve()
+
+
+def resolve_auth_db(db: str | Path | None = None, data_dir: str | Path | None = None) -> str:
+    """The one answer to "which auth store": ``db``, else ``$SERVE_APP_AUTH_DB``, else
+    ``<data_dir>/auth.sqlite3`` (``data_dir`` defaults to ``default_data_dir()``)."""
+    configured = db or os.environ.get("SERVE_APP_AUTH_DB")
+    return str(configured or Path(data_dir or default_data_dir()) / AUTH_DB_FILENAME)
 
 
 class StrictConfig(BaseModel):
     """Config blocks reject unknown keys: a typo in YAML fails at start, not silently."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class Pricing(StrictConfig):
+    """Prices per token as decimal strings, so no float rounding reaches a bill; listings
+    publish them as they are configured."""
+
+    prompt: str = "0"
+    completion: str = "0"
+    input_cache_reads: str = "0"
+    input_cache_writes: str = "0"
 
 
 class ModelConfig(StrictConfig):
@@ -78,7 +72,9 @@ class ModelConfig(StrictConfig):
         default="embedded:qwen2.5-coder-0.5b",
         description="embedded:<name>, tiny, a Hugging Face model id, or a local folder.",
     )
-    name: str | None = Field(default=None, description="Default: the embedded model's, else id.")
+    name: str | None = Field(
+        default=None, description="Default: the embedded model's, else id (listings)."
+    )
     description: str | None = Field(default=None, description="Default: from the source.")
     created: int = 1730419200
     context_length: int = Field(default=32768, ge=16)
@@ -139,50 +135,8 @@ class ModelConfig(StrictConfig):
         default=None,
         description="Another configured model's id, of the same tokenizer and smaller, whose "
         "greedy tokens this model checks k at a time for the roles in engine.speculation."
-        "draft_model_roles (docs/architecture.md). Null: no draft model.",
+        "draft_model_routes (docs/architecture.md). Null: no draft model.",
     )
-
-    @model_validator(mode="after")
-    def _describe_from_source(self) -> ModelConfig:
-        """Listings name what is really served: an embedded source brings its own metadata."""
-        embedded = EMBEDDED_MODELS.get(embedded_name(self.source) or "")
-        if embedded is not None:
-            self.name = self.name or embedded.display_name
-            self.description = self.description or embedded.description
-        self.name = self.name or self.id
-        self.description = self.description or f"{self.id}, served from {self.source}."
-        return self
-
-    def card(
-        self, endpoints: list[Endpoint] | None = None, listing: Endpoint | None = None
-    ) -> ModelCard | EndpointModelCard:
-        """The model's card in ``GET /v1/models`` (``listing`` None: what any of its
-        ``endpoints`` honours) or in one endpoint's listing (what that endpoint honours)."""
-        endpoints = endpoints or []
-        shown = endpoints if listing is None else [listing]
-        honoured = set().union(*(honoured_parameters(endpoint) for endpoint in shown))
-        features = list(self.supported_features)
-        if "chat.completions" in shown:
-            chat = CHAT_FEATURES + ((TOOLS_FEATURE,) if self.tool_calls else ())
-            features += [name for name in chat if name not in features]
-        fields = {
-            "id": self.id,
-            "name": self.name,
-            "created": self.created,
-            "description": self.description,
-            "context_length": self.context_length,
-            "max_output_length": self.max_output_length,
-            "pricing": self.pricing,
-            "supported_sampling_parameters": [
-                name for name in self.supported_sampling_parameters if name in honoured
-            ],
-            "supported_features": features,
-            "openrouter": OpenRouterRef(slug=self.openrouter_slug or self.id),
-            "datacenters": [Datacenter(country_code=code) for code in self.datacenters],
-        }
-        if listing is None:
-            return ModelCard(**fields)
-        return EndpointModelCard(**fields, supported_endpoints=endpoints)
 
 
 class Roles(StrictConfig):
@@ -192,6 +146,10 @@ class Roles(StrictConfig):
     edit: str = DEFAULT_MODEL_ID
     decisions: str = DEFAULT_MODEL_ID
     chat: bool = Field(default=True, description="Serve chat completions on the edit model.")
+
+    def model_for(self, role: EngineRole) -> str:
+        """The id of the model ``role``'s deployment serves."""
+        return {"fim": self.fim, "edit": self.edit, "decisions": self.decisions}[role]
 
 
 class AuthOptions(StrictConfig):
@@ -251,8 +209,6 @@ class HttpLimits(StrictConfig):
     )
 
 
-# The model deployments, each running its own engines (chat and apply run on the edit one).
-EngineRole = Literal["fim", "edit", "decisions"]
 # EngineConfig's fields that follow from the role (``AppConfig.engine_for``).
 ROLE_SET_FIELDS = frozenset({"task", "score_columns"})
 
@@ -280,10 +236,10 @@ class AppConfig(StrictConfig):
     @model_validator(mode="after")
     def _roles_name_known_models(self) -> AppConfig:
         known = {model.id for model in self.models}
-        for role in ("fim", "edit", "decisions"):
-            if getattr(self.roles, role) not in known:
+        for role in ENGINE_ROLES:
+            if self.roles.model_for(role) not in known:
                 raise ValueError(
-                    f"roles.{role} names an unknown model {getattr(self.roles, role)!r}"
+                    f"roles.{role} names an unknown model {self.roles.model_for(role)!r}"
                 )
         return self
 
@@ -342,7 +298,7 @@ class AppConfig(StrictConfig):
 
     def served_models(self) -> list[ModelConfig]:
         """The models the model deployments load: each role's, and their draft models."""
-        ids = {self.roles.fim, self.roles.edit, self.roles.decisions}
+        ids = {self.roles.model_for(role) for role in ENGINE_ROLES}
         ids |= {self.model(i).draft_model for i in ids} - {None}
         return [model for model in self.models if model.id in ids]
 
@@ -353,8 +309,9 @@ class AppConfig(StrictConfig):
     def model(self, model_id: str) -> ModelConfig:
         return next(model for model in self.models if model.id == model_id)
 
-    def card(self, model_id: str, listing: Endpoint | None = None) -> ModelCard | EndpointModelCard:
-        return self.model(model_id).card(self.endpoints_of(model_id), listing)
+    def role_model(self, role: EngineRole) -> ModelConfig:
+        """The model ``role``'s deployment serves."""
+        return self.model(self.roles.model_for(role))
 
     def endpoints_of(self, model_id: str) -> list[Endpoint]:
         endpoints: list[Endpoint] = []

@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Requests that send a role the speculation block does not name draft nothing.
-SPECULATING_ROLES = ("edit", "fim", "chat", "apply")
+# Requests from a route the speculation block does not name draft nothing.
+SPECULATING_ROUTES = ("edit", "fim", "chat", "apply")
 
 
 class _Strict(BaseModel):
@@ -23,10 +23,11 @@ class _Strict(BaseModel):
 
 
 class SpeculationConfig(_Strict):
-    """Prompt-lookup draft tokens per request role (0 = off; needs ``runner: auto``), and the
-    roles that fall back to a draft model's tokens. Output is unchanged either way; lookup
-    pays where answers copy their prompt (next-edit rewrites a region it was given; a
-    completion reuses the names around it), both only while few requests decode."""
+    """Prompt-lookup draft tokens per route, the endpoint a request came in on (0 = off; needs
+    ``runner: auto``), and the routes that fall back to a draft model's tokens. Output is
+    unchanged either way; lookup pays where answers copy their prompt (next-edit rewrites a
+    region it was given; a completion reuses the names around it), both only while few
+    requests decode."""
 
     edit: int = Field(default=6, ge=0, le=16)
     fim: int = Field(default=2, ge=0, le=16)
@@ -46,9 +47,9 @@ class SpeculationConfig(_Strict):
         "more it costs more than the accepted drafts save (docs/benchmarks.md).",
     )
 
-    draft_model_roles: list[Literal["edit", "fim", "chat", "apply"]] = Field(
+    draft_model_routes: list[Literal["edit", "fim", "chat", "apply"]] = Field(
         default_factory=list,
-        description="Roles whose requests, when prompt lookup finds no draft, take the draft "
+        description="Routes whose requests, when prompt lookup finds no draft, take the draft "
         "model's (the model's draft_model; docs/architecture.md). Empty, the default: off. On "
         "one CPU thread checking k tokens costs several plain steps and a draft model loses "
         "(python -m bench.draft_model); on a GPU checking k costs about one.",
@@ -61,9 +62,9 @@ class SpeculationConfig(_Strict):
         "a step whose drafts were all kept and shrinks by one after a rejection (1..8).",
     )
 
-    def draft_tokens(self, role: str) -> int:
-        """Draft length for a request of ``role`` (0: no speculation)."""
-        return getattr(self, role) if role in SPECULATING_ROLES else 0
+    def draft_tokens(self, route: str) -> int:
+        """Draft length for a request from ``route`` (0: no speculation)."""
+        return getattr(self, route) if route in SPECULATING_ROUTES else 0
 
 
 NO_SPECULATION = SpeculationConfig(edit=0, fim=0, chat=0, apply=0)

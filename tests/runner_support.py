@@ -49,8 +49,8 @@ def encode(loaded: LoadedModel, text: str) -> list[int]:
 
 
 def greedy(
-    rid: str, prompt: list[int], n: int, role: str = "", adapter: str = ""
+    rid: str, prompt: list[int], n: int, route: str = "", adapter: str = ""
 ) -> GenerationRequest:
     return GenerationRequest(
-        rid, prompt, SamplingParams(max_tokens=n), "test", role=role, adapter=adapter
+        rid, prompt, SamplingParams(max_tokens=n), "test", route=route, adapter=adapter
     )

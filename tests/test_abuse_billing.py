@@ -28,11 +28,12 @@ from serve_app.api.fim import FimCompletionRequest
 from serve_app.auth.records import UsageRecord
 from serve_app.auth.store import open_store
 from serve_app.config import AppConfig, HttpLimits
+from serve_app.engine.engine import LLMEngine
 from serve_app.engine_config import SpeculationConfig
 from serve_app.http.app import BACKSTOP_GRACE_S
 from serve_app.serving.billing import RequestContext, UsageRecorder
+from serve_app.serving.engine_client import EngineClient
 from serve_app.serving.fim import FimService
-from serve_app.serving.generation import EngineClient, start_engine
 from tests.conftest import LONG_CONTEXT, TEST_KEY, TINY_ID, tiny_config
 from tests.conftest import LONG_FIM as LONG
 from tests.fixtures.auth import new_account
@@ -183,7 +184,7 @@ def test_a_timeout_cancels_the_engine_request_and_frees_its_slot(billing_config)
     """What the 504 above does on the model side: the engine request is aborted, not left
     generating until max_tokens, and the write gets the tokens it processed."""
     model = billing_config.model(billing_config.roles.fim)
-    engine = start_engine(billing_config, model, "fim")
+    engine = LLMEngine.from_config(billing_config, "fim", model=model)
     service = FimService(EngineClient(engine, model))
     rows: list[tuple[int, int, int]] = []
 
@@ -213,7 +214,7 @@ def test_a_timeout_cancels_the_engine_request_and_frees_its_slot(billing_config)
 
 def test_a_usage_write_that_fails_is_no_silent_200(billing_config):
     model = billing_config.model(billing_config.roles.fim)
-    engine = start_engine(billing_config, model, "fim")
+    engine = LLMEngine.from_config(billing_config, "fim", model=model)
     service = FimService(EngineClient(engine, model))
     attempts = []
 

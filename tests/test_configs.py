@@ -107,12 +107,13 @@ def test_grafana_dashboard_queries_only_documented_metrics():
 def test_listing_metadata_follows_the_model_source():
     """A model's listing describes what is served unless the config names it explicitly."""
     from serve_app.config import ModelConfig
+    from serve_app.http.model_cards import model_card
 
-    larger = ModelConfig(id="coder", source="embedded:qwen2.5-coder-1.5b").card()
+    larger = model_card(ModelConfig(id="coder", source="embedded:qwen2.5-coder-1.5b"))
     assert larger.name == "Qwen2.5-Coder 1.5B Instruct" and "1.5B" in larger.description
-    hub = ModelConfig(id="big", source="Qwen/Qwen2.5-Coder-7B-Instruct").card()
+    hub = model_card(ModelConfig(id="big", source="Qwen/Qwen2.5-Coder-7B-Instruct"))
     assert hub.name == "big" and "Qwen/Qwen2.5-Coder-7B-Instruct" in hub.description
-    assert ModelConfig(id="x", source="tiny", name="Mine").card().name == "Mine"
+    assert model_card(ModelConfig(id="x", source="tiny", name="Mine")).name == "Mine"
 
 
 def test_prod_scaling_fits_the_cluster_and_the_engine_batch():

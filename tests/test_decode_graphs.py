@@ -21,16 +21,16 @@ from tests.conftest import engine_config, speculating
 from tests.runner_support import PROMPTS, encode, greedy
 
 
-def requests(loaded, role: str = "") -> list:
+def requests(loaded, route: str = "") -> list:
     """Every prompt at once, of different lengths and answer lengths: rows join and leave,
     so the bucket a step is padded to changes from step to step."""
     return [
-        greedy(f"r{i}", encode(loaded, text), 24 + 5 * i, role=role)
+        greedy(f"r{i}", encode(loaded, text), 24 + 5 * i, route=route)
         for i, text in enumerate(PROMPTS)
     ]
 
 
-def generate(loaded, config, static: bool, role: str = "") -> tuple[list[str], LLMEngine]:
+def generate(loaded, config, static: bool, route: str = "") -> tuple[list[str], LLMEngine]:
     """Each request's text from an engine whose decode steps run eagerly, or (``static``)
     as the captured step would; and the engine."""
     engine = LLMEngine(loaded, config)
@@ -39,7 +39,7 @@ def generate(loaded, config, static: bool, role: str = "") -> tuple[list[str], L
     try:
 
         async def main():
-            batch = requests(loaded, role)
+            batch = requests(loaded, route)
             return await asyncio.gather(*(generate_text(engine, r) for r in batch))
 
         results = asyncio.run(asyncio.wait_for(main(), timeout=120))
@@ -61,8 +61,8 @@ def test_verify_steps_run_on_the_static_step(loaded) -> None:
     """With prompt lookup, steps that verify drafts feed several tokens in some rows (rows
     without drafts padded to the longest): the text is the eager engine's."""
     config = engine_config(max_batch_size=8, speculation=speculating(edit=4))
-    eager, _ = generate(loaded, config, static=False, role="edit")
-    static, engine = generate(loaded, config, static=True, role="edit")
+    eager, _ = generate(loaded, config, static=False, route="edit")
+    static, engine = generate(loaded, config, static=True, route="edit")
     assert static == eager
     assert engine.stats().draft_tokens > 0
     assert any(span > 1 for _, span in engine.backend.runner.graphs.steps)

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serve_app.auth.store import resolve_auth_db
-from serve_app.config import AppConfig
+from serve_app.config import AppConfig, resolve_auth_db
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -47,12 +47,12 @@ def smaller(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 
 def drafting(**overrides) -> EngineConfig:
     speculation = speculating(edit=0, fim=0).model_copy(
-        update={"draft_model_roles": ["edit"], "draft_model_tokens": 3}
+        update={"draft_model_routes": ["edit"], "draft_model_tokens": 3}
     )
     return engine_config(speculation=speculation, **overrides)
 
 
-def requests(lm: LoadedModel, role: str = "edit", **params) -> list[GenerationRequest]:
+def requests(lm: LoadedModel, route: str = "edit", **params) -> list[GenerationRequest]:
     """Every prompt at once, each with another length, so rows leave the batch at different
     steps and the draft's slots move."""
     return [
@@ -61,7 +61,7 @@ def requests(lm: LoadedModel, role: str = "edit", **params) -> list[GenerationRe
             encode(lm, text),
             SamplingParams(max_tokens=24 + 5 * i, **params),
             "test",
-            role=role,
+            route=route,
         )
         for i, text in enumerate(PROMPTS)
     ]
@@ -104,10 +104,10 @@ def test_the_target_as_its_own_draft_keeps_nearly_every_token(loaded) -> None:
     assert stats.decode_steps <= (24 - 1) // 3
 
 
-def test_only_the_configured_roles_and_free_drafts_first(loaded) -> None:
-    """A role outside draft_model_roles drafts nothing; a lookup draft, when there is one,
+def test_only_the_configured_routes_and_free_drafts_first(loaded) -> None:
+    """A route outside draft_model_routes drafts nothing; a lookup draft, when there is one,
     is used instead of the model's."""
-    _, engine = generate_all(loaded, drafting(), requests(loaded, role="fim"), draft=loaded)
+    _, engine = generate_all(loaded, drafting(), requests(loaded, route="fim"), draft=loaded)
     assert engine.stats().draft_tokens == 0
     with_lookup = drafting().model_copy(
         update={"speculation": drafting().speculation.model_copy(update={"edit": 4})}
@@ -115,7 +115,7 @@ def test_only_the_configured_roles_and_free_drafts_first(loaded) -> None:
     repeated = [
         GenerationRequest("x", encode(loaded, PROMPTS[2]), SamplingParams(max_tokens=30), "t")
     ]
-    repeated[0] = dataclasses.replace(repeated[0], role="edit")
+    repeated[0] = dataclasses.replace(repeated[0], route="edit")
     plain, _ = generate_all(loaded, engine_config(), repeated)
     spec, engine = generate_all(loaded, with_lookup, repeated, draft=perturbed(loaded, 0.05))
     assert spec == plain
@@ -157,7 +157,7 @@ def test_the_draft_reuses_its_kv_for_the_same_account_only(loaded) -> None:
             prompt,
             SamplingParams(max_tokens=max_tokens),
             account,
-            role="edit",
+            route="edit",
         )
         text, _ = asyncio.run(generate_text(engine, request))
         return text, engine.stats().draft_model_read_tokens - before

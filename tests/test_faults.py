@@ -155,12 +155,13 @@ def wait_for_fim(url: str, since: float) -> float:
 
 def test_closing_a_fim_stream_frees_its_engine_slot_at_the_next_step(app_config):
     from serve_app.api.fim import FimCompletionRequest
+    from serve_app.engine.engine import LLMEngine
     from serve_app.serving.billing import BilledCall, RequestContext, UsageMeter
+    from serve_app.serving.engine_client import EngineClient
     from serve_app.serving.fim import FimService
-    from serve_app.serving.generation import EngineClient, start_engine
 
     model = app_config.model(app_config.roles.fim)
-    engine = start_engine(app_config, model, "fim")
+    engine = LLMEngine.from_config(app_config, "fim", model=model)
     service = FimService(EngineClient(engine, model))
     # max_tokens within app_config's 4,096-token context; the stream is closed after one chunk
     body = FimCompletionRequest(model=model.id, **{**LONG_FIM, "max_tokens": 3000})

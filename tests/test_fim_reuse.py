@@ -45,7 +45,7 @@ def prompt_ids(loaded: LoadedModel) -> list[int]:
 def complete(engine: LLMEngine, ids: list[int], n: int, salt: str = "account-a", rid: str = ""):
     """Greedy ``n`` tokens; returns (token ids, cached prompt tokens)."""
     request = GenerationRequest(
-        rid or f"r{id(ids)}-{n}", ids, SamplingParams(max_tokens=n), salt, role="fim"
+        rid or f"r{id(ids)}-{n}", ids, SamplingParams(max_tokens=n), salt, route="fim"
     )
 
     async def main():

@@ -111,11 +111,11 @@ def test_adapter_changes_only_the_requests_that_name_it(
     prefix cache), the adapted ones otherwise."""
     folder, _ = lora
     prompts = [encode(loaded, text) for text in PROMPTS[:3]]
-    plain = [greedy(f"p{i}", p, 12, role="edit") for i, p in enumerate(prompts)]
+    plain = [greedy(f"p{i}", p, 12, route="edit") for i, p in enumerate(prompts)]
     alone = run_with(loaded, plain, {}, settings)
     mixed = run_with(
         loaded,
-        [greedy(f"a{i}", p, 12, role="edit", adapter="a") for i, p in enumerate(prompts)] + plain,
+        [greedy(f"a{i}", p, 12, route="edit", adapter="a") for i, p in enumerate(prompts)] + plain,
         {"a": folder},
         settings,
     )

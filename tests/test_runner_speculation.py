@@ -47,10 +47,10 @@ def test_speculation_gives_the_same_tokens(request, model, weights, params) -> N
     lm = request.getfixturevalue(model)
     prompts = [encode(lm, t) for t in PROMPTS]
 
-    def requests(role: str) -> list[GenerationRequest]:
+    def requests(route: str) -> list[GenerationRequest]:
         return [
             GenerationRequest(
-                f"r{i}", p, SamplingParams(max_tokens=40, **params), "test", role=role
+                f"r{i}", p, SamplingParams(max_tokens=40, **params), "test", route=route
             )
             for i, p in enumerate(prompts)
         ]
@@ -65,14 +65,14 @@ def test_speculation_gives_the_same_tokens(request, model, weights, params) -> N
         assert stats.accepted_draft_tokens > 0
         assert stats.decode_steps < len(prompts) * (40 - 1)
     _, other = generate_all(lm, spec_config, requests("fim"))
-    assert other.stats().draft_tokens == 0  # only the configured role speculates
+    assert other.stats().draft_tokens == 0  # only the configured route speculates
 
 
 def test_speculation_stops_above_its_batch_limit(repetitive) -> None:
     """Drafts only while the decode batch is at most ``draft_max_batch`` rows: a lone request
     drafts under a limit of 1, and no request drafts under a limit of 0."""
     prompt = encode(repetitive, PROMPTS[0])
-    request = GenerationRequest("s", prompt, SamplingParams(max_tokens=24), "test", role="fim")
+    request = GenerationRequest("s", prompt, SamplingParams(max_tokens=24), "test", route="fim")
     drafts = {}
     for limit in (1, 0):
         config = engine_config(speculation=speculating(limit, fim=4))
@@ -85,7 +85,7 @@ def test_speculation_stops_above_its_batch_limit(repetitive) -> None:
 def test_speculation_keeps_json_constraints(loaded) -> None:
     prompt = encode(loaded, PROMPTS[2])
     params = SamplingParams(max_tokens=40, response_format={"type": "json_object"})
-    request = GenerationRequest("j", prompt, params, "test", role="chat")
+    request = GenerationRequest("j", prompt, params, "test", route="chat")
     (plain,), _ = generate_all(loaded, engine_config(), [request])
     (spec,), _ = generate_all(loaded, engine_config(speculation=speculating(chat=4)), [request])
     assert spec == plain

@@ -408,7 +408,7 @@ def test_an_adapter_asked_in_another_layout_than_it_learned_fails_at_start(
     """Its training.json names the layout it learned; the model's edit_prompt must be it."""
     from serve_app.config import ModelConfig
     from serve_app.engine.runner.lora import AdapterError
-    from serve_app.serving.generation import EDIT_ADAPTER, role_adapters
+    from serve_app.engine.startup import EDIT_ADAPTER, role_adapters
 
     (tmp_path / "training.json").write_text(json.dumps({"style": "chat_span"}))
     model = ModelConfig(

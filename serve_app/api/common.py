@@ -26,7 +26,6 @@ MAX_NESTING = 64
 # fits a 32k-token context has a few thousand messages at most.
 MAX_JSON_VALUES = 262_144  # in one free-form field (state, criteria, tool call history, ...)
 MAX_MESSAGES = 10_000
-MAX_QUESTIONS = 4096  # the schema's bound; limits.max_questions (64) is the service's
 
 # Stop sequences are matched against every generated chunk and held back as prefixes, so their
 # count and length bound per-token work (one 40,000-character stop cost 1.85 s and 779 MB).

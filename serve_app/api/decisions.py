@@ -8,12 +8,12 @@ from pydantic import Field, model_validator
 
 from serve_app.api.common import (
     MAX_NESTING,
-    MAX_QUESTIONS,
     JsonText,
     RequestModel,
     ResponseModel,
     json_depth,
 )
+from serve_app.config import MAX_QUESTIONS
 
 
 class NoulCriteria(RequestModel):

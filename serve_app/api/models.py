@@ -2,24 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
 from serve_app.api.common import ResponseModel
-
-Endpoint = Literal[
-    "chat.completions", "edit.completions", "apply.completions", "fim.completions", "decisions"
-]
-
-
-class Pricing(ResponseModel):
-    """Prices per token as decimal strings, so no float rounding reaches a bill."""
-
-    prompt: str = "0"
-    completion: str = "0"
-    input_cache_reads: str = "0"
-    input_cache_writes: str = "0"
+from serve_app.config import Endpoint, Pricing
 
 
 class OpenRouterRef(ResponseModel):

@@ -21,7 +21,8 @@ from serve_app.auth.interface import AuthStore
 from serve_app.auth.keys import generate_key, hash_key, key_hint
 from serve_app.auth.local_key import bootstrap_key_file
 from serve_app.auth.records import KEEP, PERIODS, Account, StoreError
-from serve_app.auth.store import open_store, resolve_auth_db
+from serve_app.auth.store import open_store
+from serve_app.config import resolve_auth_db
 
 
 def main(argv: Sequence[str] | None = None) -> int:

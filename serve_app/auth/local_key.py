@@ -13,7 +13,7 @@ from pathlib import Path
 
 from serve_app.auth.authorizer import bootstrap_local
 from serve_app.auth.interface import AuthStore
-from serve_app.auth.store import default_data_dir
+from serve_app.config import default_data_dir
 
 KEY_FILENAME = "local-api-key"
 

@@ -50,12 +50,12 @@ def make_backend(
 def make_drafter(
     draft: Any, config: EngineConfig, backend: ModelBackend, target: Any, max_columns: int
 ) -> DraftModel | None:
-    """The draft model's runner for draft-model speculation, or None: no draft model, no role
+    """The draft model's runner for draft-model speculation, or None: no draft model, no route
     drafting with it, or a backend that cannot check drafts. The draft must share the target's
     tokenizer (its ids are read as the target's); its vocabulary may be smaller (Qwen2.5's 7B
     pads its embedding to 152,064 rows, the 0.5B to 151,936), never larger: start fails here."""
     speculation = config.speculation
-    if draft is None or not speculation.draft_model_roles or not backend.supports_speculation:
+    if draft is None or not speculation.draft_model_routes or not backend.supports_speculation:
         return None
     runner = configured_runner(draft, config, "draft model")
     if runner is None:

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from serve_app.config import AppConfig, EngineRole, ModelConfig
 from serve_app.engine.backend_choice import make_backend, make_drafter
 from serve_app.engine.constraints import TokenTexts
 from serve_app.engine.outbox import Outbox
@@ -67,6 +68,7 @@ from serve_app.engine.requests import (
 from serve_app.engine.reuse import PromptReuse
 from serve_app.engine.scheduler import Scheduler
 from serve_app.engine.speculator import Speculator
+from serve_app.engine.startup import load_draft_model, load_role_model, role_adapters
 from serve_app.engine.stats import EngineCounters, EngineStats
 from serve_app.engine.threads import PhaseThreads
 from serve_app.engine_config import EngineConfig
@@ -150,6 +152,29 @@ class LLMEngine(Engine):
         self._fatal: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="llm-engine-loop", daemon=True)
         self._thread.start()
+
+    @classmethod
+    def from_config(
+        cls,
+        config: AppConfig,
+        role: EngineRole,
+        *,
+        model: ModelConfig | None = None,
+        cpus: float | None = None,
+    ) -> LLMEngine:
+        """The engine of ``role``'s deployment, as vLLM's ``from_engine_args``: config in, a
+        running engine out. ``model`` defaults to the one ``config.roles`` names for ``role``;
+        its weights, draft model and adapters load with the role's settings
+        (``AppConfig.engine_for``: the decisions role's engine only scores); ``cpus``: the
+        replica's CPU allotment, which sizes torch's thread pool."""
+        model = model or config.role_model(role)
+        return cls(
+            load_role_model(config, model, role, cpus),
+            config.engine_for(role),
+            model.context_length,
+            draft=load_draft_model(config, model, role, cpus),
+            adapters=role_adapters(model, role),
+        )
 
     # ------------------------------------------------------------------ caller side (any thread)
 

@@ -88,8 +88,9 @@ class GenerationChunk:
 class GenerationRequest:
     """``cache_salt``: the prefix-cache partition it may read and write (the account's;
     ``SHARED_CACHE`` only where the deployment opted into one shared cache); no default, so a
-    request naming none is a type error, never a shared cache. ``role``: the asking service
-    (``fim``, ``edit``, ``chat``), which per-role settings (speculation) key on.
+    request naming none is a type error, never a shared cache. ``route``: the endpoint the
+    request came in on (``fim``, ``edit``, ``chat``, ``apply``), which per-route settings
+    (speculation) key on.
     ``answer_prefix``: text the answer must begin with, not returned (token healing: the
     prompt's last tokens, a partial word or blanks at the cursor, were taken off for the model
     to spell its own way). ``adapter``: the LoRA adapter's engine name ("": base model)."""
@@ -98,7 +99,7 @@ class GenerationRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     cache_salt: str
-    role: str = ""
+    route: str = ""
     answer_prefix: str = ""
     adapter: str = ""
 

@@ -32,7 +32,7 @@ from serve_app.grammar.token_bytes import TokenTexts
 
 class PromptReuse:
     """The engine's prefix cache and the rules for reading and filling it (step-loop thread
-    only). ``drafts(state)``: how many tokens the request's role drafts (0: no corpus needed)."""
+    only). ``drafts(state)``: how many tokens the request's route drafts (0: no corpus needed)."""
 
     def __init__(
         self,

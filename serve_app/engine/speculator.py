@@ -1,11 +1,11 @@
 """The decode step's speculation: which tokens each row drafts, and what is kept of them.
 
-A row whose role speculates (``SpeculationConfig``) feeds drafts after its last token, checked
+A row whose route speculates (``SpeculationConfig``) feeds drafts after its last token, checked
 in the step's one forward (``runner/speculation.py``: why the text equals plain decoding's).
 Drafts come from, in order: the suggestion this account was just offered (``draft_corpus``,
 up to ``SUGGESTION_DRAFT_TOKENS``: a user typing it makes long drafts likely right); prompt
 lookup over the request's prompt and output (an edit's answer mostly copies its region, an
-apply's its file); the draft model, for roles that use it, where lookup found nothing. No
+apply's its file); the draft model, for routes that use it, where lookup found nothing. No
 drafts when more than ``max_batch`` rows decode: a wider step is bound by compute, and drafts
 then cost more than they save.
 """
@@ -51,10 +51,10 @@ class Speculator:
         self.counters = counters
 
     def draft_tokens(self, state: RequestState) -> int:
-        """How many tokens a step may draft for this request (0: its role does not speculate)."""
+        """How many tokens a step may draft for this request (0: its route does not speculate)."""
         if not self.backend_checks_drafts:
             return 0
-        return self.config.draft_tokens(state.request.role)
+        return self.config.draft_tokens(state.request.route)
 
     def drafts(self, rows: list[RequestState]) -> list[list[int]]:
         """Each row's draft for this step (empty: it feeds its last token only)."""
@@ -97,7 +97,7 @@ class Speculator:
         )
 
     def _lookup(self, state: RequestState) -> list[int]:
-        """A prompt-lookup draft when the request's role speculates."""
+        """A prompt-lookup draft when the request's route speculates."""
         state.drafted_by_model = False
         k = self.draft_tokens(state)
         if not k:
@@ -116,15 +116,15 @@ class Speculator:
         return propose_draft(tokens, k)
 
     def _from_model(self, rows: list[RequestState], drafts: list[list[int]]) -> None:
-        """The draft model's tokens for the rows whose role uses it and whose prompt lookup
+        """The draft model's tokens for the rows whose route uses it and whose prompt lookup
         found nothing (free drafts first), at most the drafter's row count."""
         assert self.drafter is not None
-        roles = self.config.draft_model_roles
+        routes = self.config.draft_model_routes
         requests: list[tuple[int, str, list[int], int]] = []
         chosen: list[tuple[int, RequestState]] = []
         for index, state in enumerate(rows):
             room = self._room(state)
-            if drafts[index] or state.request.role not in roles or room <= 0:
+            if drafts[index] or state.request.route not in routes or room <= 0:
                 continue
             tokens = state.history.prompt_ids + state.history.output_ids
             if self.drafter.reads(tokens) and len(chosen) < self.drafter.max_rows:

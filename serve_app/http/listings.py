@@ -8,8 +8,9 @@ from fastapi import Depends, FastAPI, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from serve_app.api.common import ErrorResponse
-from serve_app.api.models import Endpoint, EndpointModelList, ModelList
-from serve_app.config import AppConfig
+from serve_app.api.models import EndpointModelList, ModelList
+from serve_app.config import AppConfig, Endpoint
+from serve_app.http.model_cards import served_card
 
 
 class ListingHandlers(Protocol):
@@ -73,9 +74,9 @@ def listing_route(handlers: ListingHandlers, bearer: HTTPBearer, endpoint: Endpo
         # The grant carries the account's allow-list: no second hop to the auth service.
         visible = [m for m in config.models if grant.models is None or m.id in grant.models]
         if endpoint is None:
-            return ModelList(data=[config.card(model.id) for model in visible])
+            return ModelList(data=[served_card(config, model.id) for model in visible])
         cards = [
-            config.card(model.id, endpoint)
+            served_card(config, model.id, endpoint)
             for model in visible
             if endpoint in config.endpoints_of(model.id)
         ]

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
+from serve_app.config import FimLayout
 from serve_app.errors import ContextLengthExceededError, InvalidRequestError
 from serve_app.prompts.chat_encoding import encode_trusted, encode_untrusted
 
@@ -38,7 +39,6 @@ from serve_app.prompts.chat_encoding import encode_trusted, encode_untrusted
 EMPTY_SUFFIX_SPELLING = "<|endoftext|>"
 
 
-FimLayout = Literal["psm", "spm"]
 FIM_LAYOUTS: tuple[FimLayout, ...] = ("psm", "spm")
 
 

@@ -22,7 +22,8 @@ from serve_app.errors import MergeFailedError
 from serve_app.prompts.apply import clean_model_output, parse_apply_request, wrap_updated
 from serve_app.prompts.chat_encoding import encode_chat
 from serve_app.serving.billing import BilledCall
-from serve_app.serving.generation import EngineClient, chunk_maker, completion, usage_of
+from serve_app.serving.engine_client import EngineClient
+from serve_app.serving.envelope import chunk_maker, completion, usage_of
 
 # The model answers in the ``` block it was prefilled with; its end is the end of the code.
 MODEL_STOPS = ("\n```",)
@@ -64,7 +65,7 @@ class ApplyService:
         max_tokens = self.client.default_max_tokens(prompt_ids, cap)
         params = body.to_sampling_params(max_tokens, MODEL_STOPS)
         request = self.client.request(
-            call, prompt_ids, params, prompt_param="messages", role="apply"
+            call, prompt_ids, params, prompt_param="messages", route="apply"
         )
         text, last = await self.client.complete(call, request)
         if last.finish_reason != "stop":

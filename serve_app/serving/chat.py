@@ -26,7 +26,8 @@ from serve_app.grammar.matcher import GrammarTokenizer
 from serve_app.grammar.schema import ANY_OBJECT_SCHEMA
 from serve_app.prompts.chat_encoding import encode_chat
 from serve_app.serving.billing import BilledCall
-from serve_app.serving.generation import EngineClient, chunk_maker, completion, usage_of
+from serve_app.serving.engine_client import EngineClient
+from serve_app.serving.envelope import chunk_maker, completion, usage_of
 from serve_app.serving.tool_calls import CallStream, split_calls, template_tools, tool_format
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class ChatService:
         )
         max_tokens = self.client.default_max_tokens(prompt_ids, DEFAULT_CHAT_MAX_TOKENS)
         params = body.to_sampling_params(default_max_tokens=max_tokens, tool_calls=calls)
-        return self.client.request(call, prompt_ids, params, prompt_param="messages", role="chat")
+        return self.client.request(call, prompt_ids, params, prompt_param="messages", route="chat")
 
     def _prepare_grammars(self, body: ChatCompletionRequest, calls: ToolCallFormat | None) -> None:
         """Check what the answer decodes under (``SchemaError`` names the schema's field) and

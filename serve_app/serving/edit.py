@@ -9,6 +9,7 @@ from collections.abc import Callable
 from serve_app.api.common import CompletionUsage
 from serve_app.api.edit import AssistantMessage, EditChoice, EditCompletion, EditCompletionRequest
 from serve_app.engine.protocol import GenerationRequest
+from serve_app.engine.startup import EDIT_ADAPTER
 from serve_app.prompts.edit import (
     EditPromptStyle,
     EditRejection,
@@ -22,7 +23,8 @@ from serve_app.prompts.edit import (
     shown_chars,
 )
 from serve_app.serving.billing import BilledCall
-from serve_app.serving.generation import EDIT_ADAPTER, EngineClient, completion, usage_of
+from serve_app.serving.engine_client import EngineClient
+from serve_app.serving.envelope import completion, usage_of
 from serve_app.serving.predictions import Prediction, Predictions
 
 logger = logging.getLogger(__name__)
@@ -79,7 +81,7 @@ class EditService:
             max_tokens=min(params.max_tokens, budget),
         )
         request: GenerationRequest = self.client.request(
-            call, prompt_ids, params, "messages", role="edit", adapter=self.adapter
+            call, prompt_ids, params, "messages", route="edit", adapter=self.adapter
         )
         account = _account_key(call)
         followed = self.predictions.followed(account, prompt)

@@ -18,7 +18,8 @@ from serve_app.grammar.token_bytes import TokenTexts
 from serve_app.prompts.fim import FimFormat, FimLayout, build_fim_prompt, fim_format_for
 from serve_app.prompts.healing import heal_cursor
 from serve_app.serving.billing import BilledCall
-from serve_app.serving.generation import EngineClient, chunk_maker, completion, usage_of
+from serve_app.serving.engine_client import EngineClient
+from serve_app.serving.envelope import chunk_maker, completion, usage_of
 
 
 class FimService:
@@ -45,7 +46,7 @@ class FimService:
             model.context_length,
         )
         return self.client.request(
-            call, prompt_ids, params, "prompt", role="fim", answer_prefix=answer_prefix
+            call, prompt_ids, params, "prompt", route="fim", answer_prefix=answer_prefix
         )
 
     async def complete(self, body: FimCompletionRequest, call: BilledCall) -> FimCompletion:

@@ -15,8 +15,9 @@ import functools
 import itertools
 import keyword
 import re
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
+from serve_app.config import EditPromptStyle
 from serve_app.errors import ContextLengthExceededError
 from serve_app.prompts.chat_encoding import encode_chat, encode_trusted, encode_untrusted
 from serve_app.prompts.edit.diffs import shown_diff
@@ -57,9 +58,6 @@ from serve_app.prompts.fim import FimFormat, fim_format_for
 # (``span``: for a model trained on it, the next-edit adapter);
 # sweep, zeta: the layouts of Sweep's and Zed's next-edit models, not a chat (``plain``), for
 # a model trained on them.
-EditPromptStyle = Literal[
-    "chat", "chat_split", "tagged", "few_shot", "fim", "chat_span", "sweep", "zeta"
-]
 PROMPT_STYLES: tuple[str, ...] = get_args(EditPromptStyle)
 
 # What a prefilled answer starts with; it ends at the closing fence.
