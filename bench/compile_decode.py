@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from bench.common import table
-from serve_app.engine.runner.prepare import build_runner
+from serve_app.engine.runner.builder import build_runner
 from serve_app.models.loader import load_model
 
 PROMPT = "def fibonacci(n):\n    "

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from bench.common import cpu_flags, table
-from serve_app.engine.runner.prepare import configured_runner
+from serve_app.engine.runner.builder import configured_runner
 from serve_app.engine_config import EngineConfig
 from serve_app.models.loader import load_model
 

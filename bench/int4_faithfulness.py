@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from serve_app.engine.runner.prepare import build_runner
+from serve_app.engine.runner.builder import build_runner
 from serve_app.engine.runner.smoothing import calibration_ids
 from serve_app.models.loader import load_model
 from serve_app.prompts.edit import fit_to_context, parse_edit_prompt

@@ -5,7 +5,7 @@
 The embedded model's int8 runner as the service builds it on AVX2 (smoothed, prompts on the
 int8 weights, position 0 dense), with ``int8_linear``'s ``precise`` (a second rounding of
 what the first dropped, ~14-bit activations instead of 7) on a set of linear kinds per row:
-none, ``prepare.PRECISE_WHEN_GENERATING`` (the service's generating runner), and every kind
+none, ``builder.PRECISE_WHEN_GENERATING`` (the service's generating runner), and every kind
 (the decision scorer's). Per set, against the dense fp32 weights on the same text:
 
 - KL(dense || int8) of the next-token distribution and how often the top token is the same,
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from bench.common import cpu_flags, table
-from serve_app.engine.runner.prepare import LINEARS, PRECISE_WHEN_GENERATING, build_runner
+from serve_app.engine.runner.builder import LINEARS, PRECISE_WHEN_GENERATING, build_runner
 from serve_app.engine.runner.qwen2 import Qwen2Runner
 from serve_app.engine.runner.smoothing import calibration_ids
 from serve_app.models.loader import load_model

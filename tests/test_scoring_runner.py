@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from serve_app.engine.runner.prepare import build_runner, configured_runner
+from serve_app.engine.runner.builder import build_runner, configured_runner
 from serve_app.engine.runner.qwen2 import Qwen2Runner
 from serve_app.engine_config import EngineConfig
 from serve_app.models.loader import LoadedModel, load_model

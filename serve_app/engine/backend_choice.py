@@ -1,5 +1,5 @@
-"""Which ``backend.ModelBackend`` runs a model, and the draft model's runner. Above both
-implementations, which import only ``backend``'s types."""
+"""Which ``model_backend.ModelBackend`` runs a model, and the draft model's runner. Above both
+implementations, which import only ``model_backend``'s types."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from serve_app.engine.backend import ModelBackend
-from serve_app.engine.runner.backend import RunnerBackend
+from serve_app.engine.model_backend import ModelBackend
+from serve_app.engine.runner.builder import configured_runner
 from serve_app.engine.runner.draft import DraftModel
-from serve_app.engine.runner.prepare import configured_runner
+from serve_app.engine.runner.runner_backend import RunnerBackend
 from serve_app.engine_config import EngineConfig
 
 logger = logging.getLogger(__name__)

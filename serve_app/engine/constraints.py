@@ -4,7 +4,7 @@
   would leave the grammar; it is advanced by the tokens actually chosen
   (``history.output_ids``), so it needs nothing from the sampler but a place in the processor
   list (``attach_constraint``). ``response_format`` (json_object, json_schema) and tool calls'
-  arguments (``engine.tool_calls``) decode under it.
+  arguments (``engine.tool_call_grammar``) decode under it.
 - ``AnswerPrefixConstraint``: the answer spells a given text first (token healing).
 
 An answer that ends under a grammar is valid by construction; one cut by ``max_tokens`` ends

@@ -25,8 +25,9 @@ padding would waste the compute prefill is bound by, and a lone chunk keeps its 
 attention (same bits however a prompt is cut). On a GPU, where a forward per request is
 launch-bound, all prefilling chunks share one (``RunnerBackend.prompt_batch``).
 
-Parts, one module each, set up by one ``EngineConfig``: ``scheduler``, ``backend`` (own runner or HF
-reference, picked once), ``output``, ``speculator``, ``reuse``, ``stats``; this loop drives them.
+Parts, one module each, set up by one ``EngineConfig``: ``scheduler``, ``model_backend`` (own
+runner or HF reference, picked once), ``output``, ``speculator``, ``reuse``, ``stats``; this
+loop drives them.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class LLMEngine(Engine):
     """Serves many generation requests at once on one model (module docstring). ``context_length``:
     prompt + max_tokens limit (``ModelConfig.context_length``; None: the model's
     ``max_position_embeddings``). With ``config.task`` ``score`` it only scores
-    (``EngineConfig.for_scoring``, ``prepare.configured_runner``). ``adapters``: LoRA adapters (peft
+    (``EngineConfig.for_scoring``, ``builder.configured_runner``). ``adapters``: LoRA adapters (peft
     folders) by the name a request gives in ``GenerationRequest.adapter``."""
 
     def __init__(

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from serve_app.engine.backend import PromptChunk
+from serve_app.engine.model_backend import PromptChunk
 from serve_app.engine.prefix_cache import KV
 from serve_app.engine.tree import Row, read_log_probs, tree_mask
 

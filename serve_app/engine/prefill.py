@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from serve_app.engine.backend import ModelBackend, PromptChunk
+from serve_app.engine.model_backend import ModelBackend, PromptChunk
 from serve_app.engine.output import OutputProcessor
 from serve_app.engine.requests import RequestAborted, RequestState, State
 from serve_app.engine.reuse import PromptReuse

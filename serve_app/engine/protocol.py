@@ -37,7 +37,8 @@ class SamplingParams:
       makes sampling reproducible per request.
     - ``response_format``: OpenAI's ``{"type": "json_object" | "json_schema", ...}``, output
       constrained to JSON valid against the schema (``engine.constraints``); ``tool_calls``:
-      functions the answer may call, their blocks constrained likewise (``engine.tool_calls``).
+      functions the answer may call, their blocks constrained likewise
+      (``engine.tool_call_grammar``).
     """
 
     max_tokens: int = 512
@@ -61,7 +62,7 @@ class SamplingParams:
 class ToolCallFormat:
     """A chat request's functions (name, JSON schema of its arguments or None), whether its
     answer must be calls only (``required``: tool_choice required or a named function) and may
-    hold several (``parallel``). ``engine.tool_calls`` decodes them."""
+    hold several (``parallel``). ``engine.tool_call_grammar`` decodes them."""
 
     functions: tuple[tuple[str, Mapping[str, Any] | None], ...]
     required: bool = False

@@ -26,7 +26,7 @@ from serve_app.engine.protocol import (
 )
 from serve_app.engine.sampling import Sampler, TokenHistory
 from serve_app.engine.text import IncrementalDetokenizer, StopMatcher
-from serve_app.engine.tool_calls import ToolCallConstraint, tool_call_tokens
+from serve_app.engine.tool_call_grammar import ToolCallConstraint, tool_call_tokens
 from serve_app.errors import ContextLengthExceededError, InvalidRequestError
 from serve_app.grammar.matcher import GrammarTokenizer
 

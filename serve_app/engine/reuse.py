@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from serve_app.engine.backend import ModelBackend
+from serve_app.engine.model_backend import ModelBackend
 from serve_app.engine.prefix_cache import PrefixCache, crop_kv
 from serve_app.engine.requests import RequestState, State
 from serve_app.grammar.token_bytes import TokenTexts

@@ -19,7 +19,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from serve_app.engine.backend import ModelBackend
+from serve_app.engine.model_backend import ModelBackend
 from serve_app.engine.requests import RequestState, RequestStatus, ScoringState, State
 from serve_app.errors import UpstreamUnavailableError
 

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -25,7 +25,7 @@ from serve_app.api.decisions import DecisionRequest, DecisionResponse, DecisionU
 from serve_app.api.edit import EditCompletion, EditCompletionRequest
 from serve_app.api.fim import FimCompletion, FimCompletionChunk, FimCompletionRequest
 from serve_app.auth.keys import hash_key
-from serve_app.config import AppConfig
+from serve_app.config import AppConfig, EngineRole
 from serve_app.errors import (
     ModelNotFoundError,
     ServiceError,
@@ -70,25 +70,40 @@ NO_ANSWER = "No model replica answered in time. Please retry."
 SSE_RESPONSE = {"description": "text/event-stream of chunks, ending with `data: [DONE]`."}
 
 
+class RemoteMethod(Protocol):
+    """A deployment's method as its handle exposes it: ``.remote(body, context)``."""
+
+    def remote(self, body: Any, context: RequestContext) -> Any: ...
+
+
+@dataclass
+class Backends:
+    """Handles to the other deployments of the graph (Ray DeploymentHandles in production)."""
+
+    auth: Any
+    scorer: Any
+    edit: Any
+    fim: Any
+
+
 @dataclass(frozen=True)
 class ModelRoute:
     """One model route: its ``name`` (``<name>.completions`` is its endpoint for billing and
-    metrics, unless ``billed_as`` names another), path and wire models, the role its model
-    must hold (also the ``Backends`` field of the deployment that serves it, unless
-    ``deployment`` names another), the unary and streaming methods it calls there (``None``:
-    no stream), and whether the config enables it."""
+    metrics, unless ``billed_as`` names another), path and wire models, the role whose model
+    it serves, the deployment method it calls (``unary``) and the one it streams from
+    (``streaming``; None: no stream), each read off the ``Backends``, and whether the config
+    enables it."""
 
     name: str
     path: str
     body: type
     answer: type
-    role: str
-    method: str
-    stream_method: str | None = None
+    role: EngineRole
+    unary: Callable[[Backends], RemoteMethod]
+    streaming: Callable[[Backends], RemoteMethod] | None = None
     enabled: Callable[[AppConfig], bool] = lambda config: True
     description: str | None = None
     extra_errors: tuple[int, ...] = ()  # statuses beyond ``COMMON_ERRORS`` it may answer
-    deployment: str | None = None
     billed_as: str | None = None
     errors: dict[int | str, dict[str, Any]] | None = None  # None: COMMON_ERRORS + extra_errors
     estimate: Callable[[AppConfig, Any, int], int] = generation_tokens  # its reservation
@@ -102,48 +117,48 @@ class ModelRoute:
         """The statuses the OpenAPI document lists for the route."""
         responses = dict(self.errors or COMMON_ERRORS)
         responses.update({code: {"model": ErrorResponse} for code in self.extra_errors})
-        if self.stream_method is not None:
+        if self.streaming is not None:
             responses[200] = {"content": {"text/event-stream": SSE_RESPONSE}}
         return responses
 
 
 FIM_ROUTE = ModelRoute(
-    "fim", "/v1/fim/completions", FimCompletionRequest, FimCompletion, "fim", "complete", "stream"
+    "fim",
+    "/v1/fim/completions",
+    FimCompletionRequest,
+    FimCompletion,
+    "fim",
+    lambda backends: backends.fim.complete,
+    lambda backends: backends.fim.options(stream=True).stream,
 )
 MODEL_ROUTES = (
     # Decisions answer 422 where the others answer 400 (api-spec.md 7.1).
     ModelRoute(
-        "decisions", "/v1/decisions", DecisionRequest, DecisionResponse, "decisions", "decide",
-        deployment="scorer", billed_as="decisions", errors=DECISION_ERRORS,
-        estimate=decision_tokens,
+        "decisions", "/v1/decisions", DecisionRequest, DecisionResponse, "decisions",
+        lambda backends: backends.scorer.decide,
+        billed_as="decisions", errors=DECISION_ERRORS, estimate=decision_tokens,
     ),
     ModelRoute(
-        "edit", "/v1/edit/completions", EditCompletionRequest, EditCompletion, "edit", "edit"
+        "edit", "/v1/edit/completions", EditCompletionRequest, EditCompletion, "edit",
+        lambda backends: backends.edit.edit,
     ),
     FIM_ROUTE,
     # The OpenAI legacy path is the same FIM service: clients post FIM there.
     replace(FIM_ROUTE, path="/v1/completions"),
     ModelRoute(
-        "chat", "/v1/chat/completions", ChatCompletionRequest, ChatCompletion, "edit", "chat",
-        "chat_stream", enabled=lambda config: bool(config.roles.chat),
+        "chat", "/v1/chat/completions", ChatCompletionRequest, ChatCompletion, "edit",
+        lambda backends: backends.edit.chat,
+        lambda backends: backends.edit.options(stream=True).chat_stream,
+        enabled=lambda config: bool(config.roles.chat),
     ),
     ModelRoute(
-        "apply", "/v1/apply/completions", ApplyCompletionRequest, ChatCompletion, "edit", "apply",
-        "apply_stream",
+        "apply", "/v1/apply/completions", ApplyCompletionRequest, ChatCompletion, "edit",
+        lambda backends: backends.edit.apply,
+        lambda backends: backends.edit.options(stream=True).apply_stream,
         description="Merge an update snippet into code; served by the edit model's deployment.",
         extra_errors=(422,),  # merge_failed: no merge keeps the original code
     ),
 )  # fmt: skip
-
-
-@dataclass
-class Backends:
-    """Handles to the other deployments of the graph (Ray DeploymentHandles in production)."""
-
-    auth: Any
-    scorer: Any
-    edit: Any
-    fim: Any
 
 
 def build_router_app(
@@ -272,7 +287,13 @@ class RouteHandlers:
         self.refunds.refund(grant)
 
     async def call(
-        self, grant: Any, model: str, endpoint: str, method: Any, body: Any, answer: type
+        self,
+        grant: Any,
+        model: str,
+        endpoint: str,
+        method: RemoteMethod,
+        body: Any,
+        answer: type,
     ) -> Any:
         """One model call, its answer checked to be an ``answer``. The model deployment
         enforces the request timeout and writes the ledger row (serve_app.serving.billing);
@@ -313,11 +334,11 @@ class RouteHandlers:
         chunk: just past the deployment's own deadline (see ``NO_ANSWER``)."""
         return self.timeout_s(endpoint) + BACKSTOP_GRACE_S
 
-    def require_role(self, grant: Any, model: str, role: str) -> None:
+    def require_role(self, grant: Any, model: str, role: EngineRole) -> None:
         """The request's model must be the one ``role`` serves. A model served on other
         endpoints is named as such, with the model served here, where the account may see
         it (the listings show the same)."""
-        served_here = getattr(self.config.roles, role)
+        served_here = self.config.roles.model_for(role)
         if model == served_here:
             return
         known = any(m.id == model for m in self.config.models)
@@ -358,16 +379,14 @@ class RouteHandlers:
         if not route.enabled(self.config):
             self.refuse(grant, ModelNotFoundError(body.model))
         self.require_role(grant, body.model, route.role)
-        handle = getattr(self.backends, route.deployment or route.role)
-        if route.stream_method is not None and body.stream:
+        if route.streaming is not None and body.stream:
             context = self.context(grant, body.model, route.endpoint)
-            streaming = handle.options(stream=True)
-            chunks = getattr(streaming, route.stream_method).remote(body, context)
+            chunks = route.streaming(self.backends).remote(body, context)
             billed = bill_if_replica_lost(
                 _cancel_on_close(chunks), self.ledger, context, replica_lost
             )
             return await self.stream(grant, body.model, route.endpoint, billed, body.include_usage)
-        method = getattr(handle, route.method)
+        method = route.unary(self.backends)
         return await self.call(grant, body.model, route.endpoint, method, body, route.answer)
 
     async def stream(

@@ -20,7 +20,7 @@ from serve_app.api.chat import (
 )
 from serve_app.engine.constraints import RESPONSE_FORMAT_SCHEMA, compile_schema, validate_output
 from serve_app.engine.protocol import GenerationChunk, GenerationRequest, ToolCallFormat
-from serve_app.engine.tool_calls import NO_PARAMETERS, call_grammar
+from serve_app.engine.tool_call_grammar import NO_PARAMETERS, call_grammar
 from serve_app.errors import UpstreamBadResponseError
 from serve_app.grammar.matcher import GrammarTokenizer
 from serve_app.grammar.schema import ANY_OBJECT_SCHEMA

@@ -1,7 +1,7 @@
 """Chat tool calls on the serving side: a request's tools checked and put to the engine, and
 the answer's ``<tool_call>`` blocks turned into OpenAI's ``tool_calls``, whole or streamed.
 
-The engine decodes each block under its function's schema (``engine.tool_calls``), so a block
+The engine decodes each block under its function's schema (``engine.tool_call_grammar``), so a block
 the answer holds is ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` by
 construction; what a stream sends is read off that layout as it arrives: a call's index, id
 and name once its name is read, then its arguments in pieces, as OpenAI streams them.
@@ -22,7 +22,7 @@ from serve_app.api.chat import (
     ToolCallDelta,
 )
 from serve_app.engine.protocol import ToolCallFormat
-from serve_app.engine.tool_calls import (
+from serve_app.engine.tool_call_grammar import (
     ARGUMENTS_START,
     BODY_END,
     CLOSE_MARKER,

@@ -11,7 +11,7 @@ runs the same layers over an option trie with explicit positions and a tree mask
 The HF module stays the source of truth: embeddings, norms' weights and the rotary embedding
 (whatever its ``rope_type``) are read from it; only the linears get quantized copies. Passes run
 where the weights are (``RUNNER_DEVICES``, ``Qwen2Runner.device``); on a CUDA GPU on dense weights
-in the model's dtype (``prepare.decode_weights``: the quantized kernels are CPU kernels).
+in the model's dtype (``builder.decode_weights``: the quantized kernels are CPU kernels).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from serve_app.engine.runner.graphs import DecodeGraphs
 from serve_app.engine.runner.kv import SlotCache
 from serve_app.engine.runner.layout import PassLayout
 from serve_app.engine.runner.lora import LoraAdapter, LoraBatch
-from serve_app.engine.runner.prepared import FirstEntry, PreparedWeights
+from serve_app.engine.runner.prepared_weights import FirstEntry, PreparedWeights
 
 logger = logging.getLogger(__name__)
 

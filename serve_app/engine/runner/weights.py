@@ -15,9 +15,9 @@ columns, output dropped) pins the call's range to [-1, 1]: per-token quantizatio
 alone or in any batch. A row, not two columns: fbgemm pads K to its blocks (K + 2: the 1.5B's
 packs a quarter larger). On AVX2 fbgemm suits the ISA (VPMADDUBSW) where torch's int4 kernel
 converts to bf16 in software, so int8 decodes faster than int4 (both beat fp32); on AVX512-BF16
-with VNNI they step alike and int8 follows fp32 far more closely (``prepare`` has the figures),
+with VNNI they step alike and int8 follows fp32 far more closely (``builder`` has the figures),
 so int4 is only the fallback where torch has no int8 engine. fbgemm's packs are opaque and
-private to the process: the int8 values are saved once (``prepare``) and packed by each replica.
+private to the process: the int8 values are saved once (``builder``) and packed by each replica.
 
 q4 (``weights_q4``, the runner's own C kernel: 5 bits per weight, integer multiplies) takes the
 decode steps where it builds (faster than int8), int8 keeping prompts. Dense weights are the HF

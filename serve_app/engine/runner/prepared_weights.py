@@ -1,6 +1,6 @@
-"""What the runner runs on: a model's weights prepared once (``prepare.prepare_weights``).
+"""What the runner runs on: a model's weights prepared once (``builder.prepare_weights``).
 
-Plain frozen values, apart from the runner (``qwen2``) and the preparation (``prepare``), so
+Plain frozen values, apart from the runner (``qwen2``) and the preparation (``builder``), so
 each imports them one way.
 """
 

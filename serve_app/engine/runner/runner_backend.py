@@ -1,6 +1,6 @@
 """The engine's model backend over ``Qwen2Runner``: slot assignment and the batched forward.
 
-One of the two ``engine.backend.ModelBackend`` implementations (with ``hf_backend.HFBackend``);
+One of the two ``model_backend.ModelBackend`` implementations (with ``hf_backend.HFBackend``);
 a request's ``kv`` field holds its slot here. Decoding requests sit in slots
 ``0 .. len(rows) - 1`` in ``rows`` order, so a decode step reads them in place; prefilling
 requests take free slots from the top. Joining moves a request down to the next decode slot (a
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from serve_app.engine.backend import PromptChunk
+from serve_app.engine.model_backend import PromptChunk
 from serve_app.engine.prefix_cache import KV
 from serve_app.engine.runner.kv import MIN_CAPACITY
 from serve_app.engine.runner.qwen2 import Qwen2Runner

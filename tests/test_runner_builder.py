@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from serve_app.engine.runner import native
-from serve_app.engine.runner.prepare import (
+from serve_app.engine.runner.builder import (
     LINEARS,
     build_runner,
     configured_runner,
@@ -166,7 +166,7 @@ def test_a_first_start_shows_its_preparation_on_stderr(tiny_source, tmp_path) ->
     a start that maps the saved files prints nothing."""
     script = (
         "import sys; from serve_app.models.loader import load_model; "
-        "from serve_app.engine.runner.prepare import build_runner; "
+        "from serve_app.engine.runner.builder import build_runner; "
         f"build_runner(load_model({tiny_source!r}).model, weights='int8', cache_dir=sys.argv[1])"
     )
     runs = [

@@ -47,7 +47,12 @@ from serve_app.engine.runner.packs import (
     q4_packs,
 )
 from serve_app.engine.runner.pages import page_out
-from serve_app.engine.runner.prepared import FirstEntry, Layer, PreparedWeights, WeightChoice
+from serve_app.engine.runner.prepared_weights import (
+    FirstEntry,
+    Layer,
+    PreparedWeights,
+    WeightChoice,
+)
 from serve_app.engine.runner.qwen2 import Qwen2Runner, norm_weight, unsupported_reason
 from serve_app.engine.runner.smoothing import calibration_ids
 from serve_app.engine.runner.weights import Linear, int8_supported
@@ -365,7 +370,7 @@ def _first_token_entries(
     model: Any, prepared: PreparedWeights, tokens: list[int], path: Path | None
 ) -> dict[tuple[str, int], FirstEntry]:
     """``Qwen2Runner.first_token``'s entries for ``tokens``, computed once on the dense weights
-    (by a runner of ``prepared`` kept only for it) and saved at ``path``."""
+    (by a runner of ``prepared_weights`` kept only for it) and saved at ``path``."""
 
     def compute() -> dict[str, torch.Tensor]:
         runner = Qwen2Runner(model, prepared)
