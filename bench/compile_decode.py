@@ -25,8 +25,8 @@ from collections.abc import Callable
 import torch
 
 from bench.common import table
-from serve_app.engine.runner.builder import build_runner
 from serve_app.models.loader import load_model
+from serve_app.runner.builder import build_runner
 
 PROMPT = "def fibonacci(n):\n    "
 

@@ -35,9 +35,9 @@ from pathlib import Path
 import torch
 
 from bench.common import cpu_flags, table
-from serve_app.engine.runner.builder import configured_runner
 from serve_app.engine_config import EngineConfig
 from serve_app.models.loader import load_model
+from serve_app.runner.builder import configured_runner
 
 FILES = ["csv.py", "argparse.py", "tokenize.py", "dataclasses.py", "pprint.py"]
 CHUNK = 256

@@ -109,7 +109,7 @@ def step_times(loaded, rows_list: list[int], context: int = 50, rounds: int = 6)
     import torch
     from transformers import DynamicCache
 
-    from serve_app.engine.runner.builder import build_runner
+    from serve_app.runner.builder import build_runner
 
     model = loaded.model
     dense = build_runner(model, weights="dense")

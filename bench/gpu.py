@@ -64,10 +64,10 @@ from bench.gpu_limits import Card, ModelCost, mean_seconds, measure_card, model_
 from bench.gpu_peer import PeerFigures, measure_transformers, ratio_rows
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
-from serve_app.engine.runner.attention import causal_prompt_attention
 from serve_app.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.models.loader import LoadedModel, pick_device
 from serve_app.models.tiny import TINY_SHAPE
+from serve_app.runner.attention import causal_prompt_attention
 
 # Published config.json values of Qwen/Qwen2.5-Coder-{0.5B,1.5B,7B}(-Instruct).
 SHAPES: dict[str, dict[str, Any]] = {

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from serve_app.engine.runner.builder import build_runner
-from serve_app.engine.runner.smoothing import calibration_ids
 from serve_app.models.loader import load_model
 from serve_app.prompts.edit import fit_to_context, parse_edit_prompt
 from serve_app.prompts.fim import build_fim_prompt, fim_format_for
+from serve_app.runner.builder import build_runner
+from serve_app.runner.smoothing import calibration_ids
 from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 
 STDLIB_FILES = ["textwrap.py", "shlex.py", "fnmatch.py", "glob.py", "bisect.py", "heapq.py"]

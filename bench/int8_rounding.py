@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 
 from bench.common import cpu_flags, table
-from serve_app.engine.runner.builder import LINEARS, PRECISE_WHEN_GENERATING, build_runner
-from serve_app.engine.runner.qwen2 import Qwen2Runner
-from serve_app.engine.runner.smoothing import calibration_ids
 from serve_app.models.loader import load_model
+from serve_app.runner.builder import LINEARS, PRECISE_WHEN_GENERATING, build_runner
+from serve_app.runner.qwen2 import Qwen2Runner
+from serve_app.runner.smoothing import calibration_ids
 
 MODULES = ["csv.py", "tokenize.py", "argparse.py", "json/decoder.py", "dataclasses.py", "pprint.py"]
 SETS = {"none": (), "generating": PRECISE_WHEN_GENERATING, "every": LINEARS}

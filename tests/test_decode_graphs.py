@@ -16,7 +16,7 @@ import torch
 
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.protocol import generate_text
-from serve_app.engine.runner.graphs import DecodeGraphs
+from serve_app.runner.graphs import DecodeGraphs
 from tests.conftest import engine_config, speculating
 from tests.runner_support import PROMPTS, encode, greedy
 

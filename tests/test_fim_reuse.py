@@ -16,10 +16,10 @@ import torch
 
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
-from serve_app.engine.runner.builder import build_runner
-from serve_app.engine.runner.smoothing import calibration_ids
 from serve_app.grammar.token_bytes import TokenTexts
 from serve_app.models.loader import LoadedModel, load_model
+from serve_app.runner.builder import build_runner
+from serve_app.runner.smoothing import calibration_ids
 from tests.conftest import engine_config, speculating
 
 PREFIX = "import os\nimport sys\n\ndef load(path):\n    with open(path) as f:\n        return "

@@ -1,6 +1,6 @@
 """The package's layering, read from its source: no import cycle between modules or between
 serve_app's packages (every import counted: module level, in functions, under TYPE_CHECKING),
-and the engine, grammar, serving, prompts and api layers free of Ray and FastAPI
+and the engine, runner, grammar, serving, prompts and api layers free of Ray and FastAPI
 (docs/architecture.md)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("serve_app", "deployments")
+INNER_LAYERS = ("engine", "runner", "grammar", "serving", "prompts", "api")
 
 
 def module_name(path: Path) -> str:
@@ -102,6 +103,6 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_inner_layers_import_neither_ray_nor_fastapi():
     for name, path in project_modules().items():
-        if name.split(".")[1:2] in (["engine"], ["grammar"], ["serving"], ["api"], ["prompts"]):
+        if name.split(".")[1:2] in [[layer] for layer in INNER_LAYERS]:
             frameworks = {imported.split(".")[0] for imported in imported_names(name, path)}
             assert not frameworks & {"ray", "fastapi", "starlette"}, name

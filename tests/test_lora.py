@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from serve_app.engine.engine import LLMEngine
-from serve_app.engine.runner.builder import build_runner
-from serve_app.engine.runner.lora import MODULES, AdapterError, load_adapter
 from serve_app.models.loader import LoadedModel, load_model
+from serve_app.runner.builder import build_runner
+from serve_app.runner.lora import MODULES, AdapterError, load_adapter
 from tests.conftest import engine_config, speculating
 from tests.runner_support import PROMPTS, encode, generate_all, greedy
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from serve_app.engine.prefix_cache import PrefixCache, common_prefix_len, kv_nbytes
+from serve_app.engine.prefix_cache import PrefixCache, kv_nbytes
 from serve_app.engine.protocol import SHARED_CACHE
+from serve_app.sequences import common_prefix_len
 
 SALT = "account-1"
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from serve_app.engine.runner.attention import causal_prompt_attention
-from serve_app.engine.runner.layout import PassLayout
+from serve_app.runner.attention import causal_prompt_attention
+from serve_app.runner.layout import PassLayout
 
 HEADS, KV_HEADS, DIM = 4, 2, 16
 

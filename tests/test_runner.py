@@ -13,8 +13,8 @@ import torch
 
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.prefix_cache import PrefixCache
-from serve_app.engine.runner.builder import build_runner
 from serve_app.models.loader import LoadedModel
+from serve_app.runner.builder import build_runner
 from tests.conftest import engine_config
 from tests.runner_support import PROMPTS, encode, generate_all, greedy
 

@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from serve_app.engine.runner import native
-from serve_app.engine.runner.builder import (
+from serve_app.engine_config import EngineConfig
+from serve_app.models.loader import load_model
+from serve_app.runner import native
+from serve_app.runner.builder import (
     LINEARS,
     build_runner,
     configured_runner,
     decode_weights,
 )
-from serve_app.engine.runner.weights import int8_supported
-from serve_app.engine_config import EngineConfig
-from serve_app.models.loader import load_model
+from serve_app.runner.weights import int8_supported
 from tests.runner_support import PROMPTS, encode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,7 +166,7 @@ def test_a_first_start_shows_its_preparation_on_stderr(tiny_source, tmp_path) ->
     a start that maps the saved files prints nothing."""
     script = (
         "import sys; from serve_app.models.loader import load_model; "
-        "from serve_app.engine.runner.builder import build_runner; "
+        "from serve_app.runner.builder import build_runner; "
         f"build_runner(load_model({tiny_source!r}).model, weights='int8', cache_dir=sys.argv[1])"
     )
     runs = [

@@ -20,10 +20,10 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from serve_app.engine.backend_choice import make_backend
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.model_backend import PromptChunk
-from serve_app.engine.runner.builder import build_runner, decode_weights, prefill_dtype
-from serve_app.engine.runner.qwen2 import unsupported_reason
 from serve_app.engine_config import EngineConfig
 from serve_app.models.loader import DeviceError, LoadedModel, load_model, pick_device
+from serve_app.runner.builder import build_runner, decode_weights, prefill_dtype
+from serve_app.runner.qwen2 import unsupported_reason
 from tests.conftest import engine_config, redrawn
 from tests.runner_support import PROMPTS, encode
 
@@ -215,8 +215,8 @@ def test_the_engine_config_a_gpu_replica_gets_builds_a_dense_runner_in_the_model
     this test only): prod.yaml's engine block (weights and prefill_dtype auto) gives the runner
     on the model's own bf16 weights, where on this CPU auto would mean int8/int4 and fp32; the
     scorer gets the same; int4/int8 stop the replica at start."""
-    from serve_app.engine.runner import qwen2
-    from serve_app.engine.runner.builder import configured_runner
+    from serve_app.runner import qwen2
+    from serve_app.runner.builder import configured_runner
 
     monkeypatch.setattr(qwen2, "RUNNER_DEVICES", ("cpu", "cuda", "meta"))
     loaded = LoadedModel(meta_model(), None, "meta", "meta", "bfloat16")

@@ -10,9 +10,9 @@ import dataclasses
 import pytest
 import torch
 
-from serve_app.engine.runner import builder, native, weights_q4
-from serve_app.engine.runner.builder import build_runner, configured_runner, decode_weights
 from serve_app.models.loader import LoadedModel
+from serve_app.runner import builder, native, weights_q4
+from serve_app.runner.builder import build_runner, configured_runner, decode_weights
 from tests.conftest import engine_config
 from tests.runner_support import PROMPTS, encode, generate_all, greedy
 

@@ -10,8 +10,9 @@ import dataclasses
 
 import torch
 
-from serve_app.engine.runner.builder import build_runner
-from serve_app.engine.runner.weights import (
+from serve_app.models.loader import LoadedModel
+from serve_app.runner.builder import build_runner
+from serve_app.runner.weights import (
     INT4_GROUP,
     Linear,
     dequantize_int4_reference,
@@ -20,7 +21,6 @@ from serve_app.engine.runner.weights import (
     quantize_int4,
     quantize_int8,
 )
-from serve_app.models.loader import LoadedModel
 from tests.conftest import engine_config
 from tests.runner_support import PROMPTS, encode, generate_all, greedy
 
@@ -195,7 +195,7 @@ def test_prompts_on_the_decode_weights_keep_position_zero_dense(loaded, monkeypa
     token id and kept), every later position is what a decode pass over the same tokens
     writes (int8, so not the dense KV), whatever the chunking; a one-token prompt reads its
     logits from the kept entry; the kept entries are bounded."""
-    from serve_app.engine.runner import qwen2
+    from serve_app.runner import qwen2
 
     dense = build_runner(loaded.model, weights="dense")
     quantized = build_runner(loaded.model, weights="int8", prompt_weights="decode")

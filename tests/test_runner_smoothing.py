@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from serve_app.engine.runner.builder import build_runner
-from serve_app.engine.runner.smoothing import calibration_ids, input_peaks, smoothing
-from serve_app.engine.runner.weights import Linear, int8_values, prepack_int8, quantize_int8
+from serve_app.runner.builder import build_runner
+from serve_app.runner.smoothing import calibration_ids, input_peaks, smoothing
+from serve_app.runner.weights import Linear, int8_values, prepack_int8, quantize_int8
 
 
 def _rows_with_outliers(generator: torch.Generator) -> torch.Tensor:

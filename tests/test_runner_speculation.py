@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 
 from serve_app.engine.protocol import GenerationRequest, SamplingParams
-from serve_app.engine.runner.speculation import propose_draft
 from serve_app.models.loader import LoadedModel, load_model
+from serve_app.runner.speculation import propose_draft
 from tests.conftest import engine_config, speculating
 from tests.runner_support import PROMPTS, encode, generate_all
 

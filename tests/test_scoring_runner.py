@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from serve_app.engine.runner.builder import build_runner, configured_runner
-from serve_app.engine.runner.qwen2 import Qwen2Runner
 from serve_app.engine_config import EngineConfig
 from serve_app.models.loader import LoadedModel, load_model
+from serve_app.runner.builder import build_runner, configured_runner
+from serve_app.runner.qwen2 import Qwen2Runner
 from serve_app.serving.scoring import DecisionQuestion, LikelihoodScorer
 
 STATE = {"ticket": "Login fails after the deploy", "customer": {"plan": "pro", "seats": 12}}

@@ -352,8 +352,8 @@ def test_an_exported_adapter_serves_and_names_its_base(
     from safetensors.torch import load_file
 
     from serve_app.engine.engine import LLMEngine
-    from serve_app.engine.runner.lora import AdapterError
     from serve_app.models.loader import load_model
+    from serve_app.runner.lora import AdapterError
     from serve_app.training.export import export
     from tests.conftest import engine_config
     from tests.runner_support import encode, generate_all, greedy
@@ -407,8 +407,8 @@ def test_an_adapter_asked_in_another_layout_than_it_learned_fails_at_start(
 ) -> None:
     """Its training.json names the layout it learned; the model's edit_prompt must be it."""
     from serve_app.config import ModelConfig
-    from serve_app.engine.runner.lora import AdapterError
     from serve_app.engine.startup import EDIT_ADAPTER, role_adapters
+    from serve_app.runner.lora import AdapterError
 
     (tmp_path / "training.json").write_text(json.dumps({"style": "chat_span"}))
     model = ModelConfig(

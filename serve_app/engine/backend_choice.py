@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from serve_app.engine.model_backend import ModelBackend
-from serve_app.engine.runner.builder import configured_runner
-from serve_app.engine.runner.draft import DraftModel
-from serve_app.engine.runner.runner_backend import RunnerBackend
+from serve_app.engine.runner_backend import RunnerBackend
 from serve_app.engine_config import EngineConfig
+from serve_app.runner.builder import configured_runner
+from serve_app.runner.draft import DraftModel
 
 logger = logging.getLogger(__name__)
 

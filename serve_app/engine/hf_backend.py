@@ -20,8 +20,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from serve_app.engine.model_backend import PromptChunk
-from serve_app.engine.prefix_cache import KV
 from serve_app.engine.tree import Row, read_log_probs, tree_mask
+from serve_app.runner.kv import KV
 
 
 def cache_from_kv(kv: KV) -> DynamicCache:

@@ -33,8 +33,8 @@ from typing import Any, Protocol
 
 import torch
 
-from serve_app.engine.prefix_cache import KV
 from serve_app.engine.tree import Row
+from serve_app.runner.kv import KV
 
 
 @dataclass(frozen=True)

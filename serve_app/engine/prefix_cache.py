@@ -25,12 +25,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-# Per layer (keys, values), each [1, kv_heads, seq_len, head_dim].
-KV = tuple[tuple[torch.Tensor, torch.Tensor], ...]
+from serve_app.runner.kv import KV
+from serve_app.sequences import common_prefix_len
 
 DEFAULT_PREFIX_CACHE_BYTES = 512 * 1024 * 1024
 
@@ -74,18 +73,6 @@ def _owned(t: torch.Tensor) -> torch.Tensor:
     if t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size():
         return t
     return t.clone(memory_format=torch.contiguous_format)
-
-
-def common_prefix_len(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """Longest common prefix length (of token ids or strings): binary search on slices."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 class PrefixCache:

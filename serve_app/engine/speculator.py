@@ -19,12 +19,12 @@ import torch
 
 from serve_app.engine.output import OutputProcessor
 from serve_app.engine.requests import RequestState
-from serve_app.engine.runner.speculation import propose_draft
 from serve_app.engine.stats import EngineCounters
 from serve_app.engine_config import SpeculationConfig
+from serve_app.runner.speculation import propose_draft
 
 if TYPE_CHECKING:
-    from serve_app.engine.runner.draft import DraftModel
+    from serve_app.runner.draft import DraftModel
 
 logger = logging.getLogger(__name__)
 

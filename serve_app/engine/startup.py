@@ -8,7 +8,6 @@ import math
 from pathlib import Path
 
 from serve_app.config import AppConfig, EngineRole, ModelConfig
-from serve_app.engine.runner.lora import AdapterError
 from serve_app.models.loader import (
     TRAINING_RECORD,
     LoadedModel,
@@ -16,6 +15,7 @@ from serve_app.models.loader import (
     load_model,
     training_record,
 )
+from serve_app.runner.lora import AdapterError
 
 # The engine's name for a model's ``edit_adapter``, which next-edit requests run with.
 EDIT_ADAPTER = "next-edit"

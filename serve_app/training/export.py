@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from serve_app.engine.runner.lora import CONFIG_FILE, WEIGHTS_FILE
 from serve_app.models.loader import TRAINING_RECORD as RECORD
+from serve_app.runner.lora import CONFIG_FILE, WEIGHTS_FILE
 
 
 def export(trained: Path, destination: Path) -> Path:

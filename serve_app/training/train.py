@@ -110,7 +110,7 @@ def train_dtype(device: str) -> torch.dtype:
     if device.startswith("cuda"):
         return torch.bfloat16
     # Imported here: a GPU machine trains without the serving engine's packages (pydantic).
-    from serve_app.engine.runner.builder import cpu_has_bf16_compute
+    from serve_app.runner.builder import cpu_has_bf16_compute
 
     return torch.bfloat16 if cpu_has_bf16_compute() else torch.float32
 

@@ -8,7 +8,7 @@ service replays a suggestion being typed (docs/next_edit.md), instead of running
 
 from __future__ import annotations
 
-from serve_app.engine.prefix_cache import common_prefix_len
+from serve_app.sequences import common_prefix_len
 
 
 def typed_toward(before: str, predicted: str, now: str) -> bool:

@@ -17,8 +17,10 @@ from typing import Any
 
 import torch
 
-from serve_app.engine.prefix_cache import KV
-from serve_app.engine.runner.pages import return_freed_memory
+from serve_app.runner.pages import return_freed_memory
+
+# Per layer (keys, values), each [1, kv_heads, seq_len, head_dim]: a prefix-cache entry.
+KV = tuple[tuple[torch.Tensor, torch.Tensor], ...]
 
 # Positions per slot a cache starts with and shrinks back to when idle: small (256 held tens of MB
 # idle per replica), as doubling copies only used columns, little next to reading the prompt.

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from serve_app.engine.prefix_cache import common_prefix_len
-from serve_app.engine.runner.kv import MIN_CAPACITY
-from serve_app.engine.runner.qwen2 import Qwen2Runner
+from serve_app.runner.kv import MIN_CAPACITY
+from serve_app.runner.qwen2 import Qwen2Runner
+from serve_app.sequences import common_prefix_len
 
 # A request's draft length never grows past this: past ~8 a draft model's tokens are rarely
 # all right, and each costs one draft step whether accepted or not.

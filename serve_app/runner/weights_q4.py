@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from serve_app.engine.runner.native import ISA_NAMES, KernelUnavailable, load
+from serve_app.runner.native import ISA_NAMES, KernelUnavailable, load
 
 TILE = 16
 GROUP = 32

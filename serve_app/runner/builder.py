@@ -33,10 +33,12 @@ from typing import Any
 
 import torch
 
-from serve_app.engine.runner import native, weights_q4
-from serve_app.engine.runner.graphs import DecodeGraphs
-from serve_app.engine.runner.lora import LoraAdapter, load_adapter
-from serve_app.engine.runner.packs import (
+from serve_app.engine_config import EngineConfig
+from serve_app.models.loader import DeviceError
+from serve_app.runner import native, weights_q4
+from serve_app.runner.graphs import DecodeGraphs
+from serve_app.runner.lora import LoraAdapter, load_adapter
+from serve_app.runner.packs import (
     INT8_FILE,
     Q4_FILE,
     UNSMOOTHED_INT8_FILE,
@@ -46,18 +48,16 @@ from serve_app.engine.runner.packs import (
     int8_packs,
     q4_packs,
 )
-from serve_app.engine.runner.pages import page_out
-from serve_app.engine.runner.prepared_weights import (
+from serve_app.runner.pages import page_out
+from serve_app.runner.prepared_weights import (
     FirstEntry,
     Layer,
     PreparedWeights,
     WeightChoice,
 )
-from serve_app.engine.runner.qwen2 import Qwen2Runner, norm_weight, unsupported_reason
-from serve_app.engine.runner.smoothing import calibration_ids
-from serve_app.engine.runner.weights import Linear, int8_supported
-from serve_app.engine_config import EngineConfig
-from serve_app.models.loader import DeviceError
+from serve_app.runner.qwen2 import Qwen2Runner, norm_weight, unsupported_reason
+from serve_app.runner.smoothing import calibration_ids
+from serve_app.runner.weights import Linear, int8_supported
 
 logger = logging.getLogger(__name__)
 

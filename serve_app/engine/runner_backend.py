@@ -18,10 +18,9 @@ from typing import Any
 import torch
 
 from serve_app.engine.model_backend import PromptChunk
-from serve_app.engine.prefix_cache import KV
-from serve_app.engine.runner.kv import MIN_CAPACITY
-from serve_app.engine.runner.qwen2 import Qwen2Runner
 from serve_app.engine.tree import Row, read_log_probs, tree_mask
+from serve_app.runner.kv import KV, MIN_CAPACITY
+from serve_app.runner.qwen2 import Qwen2Runner
 
 logger = logging.getLogger(__name__)
 

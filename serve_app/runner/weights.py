@@ -33,7 +33,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from serve_app.engine.runner.weights_q4 import Q4Kernel
+from serve_app.runner.weights_q4 import Q4Kernel
 
 INT4_GROUP = 32
 

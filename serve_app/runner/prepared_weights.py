@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from serve_app.engine.runner.native import Native
-from serve_app.engine.runner.weights import Linear
+from serve_app.runner.native import Native
+from serve_app.runner.weights import Linear
 
 # A position-0 entry (``Qwen2Runner.first_token``): each layer's (keys, values), the hidden state.
 FirstEntry = tuple[tuple[tuple[torch.Tensor, torch.Tensor], ...], torch.Tensor]

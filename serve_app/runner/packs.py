@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 
-from serve_app.engine.runner import weights_q4
-from serve_app.engine.runner.smoothing import input_peaks, smoothing
-from serve_app.engine.runner.weights import (
+from serve_app.models.progress import visible_progress
+from serve_app.runner import weights_q4
+from serve_app.runner.smoothing import input_peaks, smoothing
+from serve_app.runner.weights import (
     INT4_GROUP,
     int4_supported,
     int8_values,
@@ -33,10 +34,9 @@ from serve_app.engine.runner.weights import (
     quantize_int4,
     stacked,
 )
-from serve_app.models.progress import visible_progress
 
 logger = logging.getLogger(__name__)
-RUNNER_LOGGER = logging.getLogger("serve_app.engine.runner")  # its progress, smoothing's
+RUNNER_LOGGER = logging.getLogger("serve_app.runner")  # its progress, smoothing's
 
 # v1 (never released) held two extra zero columns per matrix; v2 had no smoothing. v3 is
 # smoothed by data/calibration.txt: a new text needs a new version. A runner built without

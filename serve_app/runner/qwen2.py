@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from serve_app.engine.runner.attention import (
+from serve_app.runner.attention import (
     aligned_prefill_attention,
     aligned_width,
     causal_prompt_attention,
@@ -32,11 +32,11 @@ from serve_app.engine.runner.attention import (
     rope,
     small_attention,
 )
-from serve_app.engine.runner.graphs import DecodeGraphs
-from serve_app.engine.runner.kv import SlotCache
-from serve_app.engine.runner.layout import PassLayout
-from serve_app.engine.runner.lora import LoraAdapter, LoraBatch
-from serve_app.engine.runner.prepared_weights import FirstEntry, PreparedWeights
+from serve_app.runner.graphs import DecodeGraphs
+from serve_app.runner.kv import SlotCache
+from serve_app.runner.layout import PassLayout
+from serve_app.runner.lora import LoraAdapter, LoraBatch
+from serve_app.runner.prepared_weights import FirstEntry, PreparedWeights
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from serve_app.engine.runner.kv import SlotCache
-from serve_app.engine.runner.native import Native
+from serve_app.runner.kv import SlotCache
+from serve_app.runner.native import Native
 
 # Prompt attention in blocks of this many positions, aligned at multiples of it (see
 # ``aligned_prefill_attention``), with at least ``MIN_QUERY_ROWS`` queries per call.

@@ -32,7 +32,7 @@ from typing import Protocol
 
 import torch
 
-from serve_app.engine.runner.kv import SlotCache
+from serve_app.runner.kv import SlotCache
 
 logger = logging.getLogger(__name__)
 
