@@ -23,10 +23,10 @@ import torch
 
 from bench.common import ROOT, cpu_flags, table
 from serve_app.models.loader import TRAINING_RECORD
-from serve_app.training import train
-from serve_app.training.edits import EditExample
-from serve_app.training.losses import sequence_log_probs, token_losses
-from serve_app.training.preference import preference_pairs
+from training import train
+from training.edits import EditExample
+from training.losses import sequence_log_probs, token_losses
+from training.preference import preference_pairs
 
 
 def margins(

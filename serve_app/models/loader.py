@@ -87,7 +87,8 @@ def adapter_path(source: str) -> Path:
 
 
 # Beside an adapter the trainer made: its data version, steps, scores and prompt layout
-# (``serve_app.training``).
+# (written by the repository's ``training`` package, which imports this; serve_app never
+# imports it).
 TRAINING_RECORD = "training.json"
 
 
