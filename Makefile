@@ -60,7 +60,7 @@ next-edit-adapter: install
 	$(PY) -m training.train --data $(SERVE_APP_DATA_DIR)/next_edit \
 		--out $(SERVE_APP_DATA_DIR)/adapters/next-edit $(TRAIN_ARGS)
 	$(PY) -m training.export $(SERVE_APP_DATA_DIR)/adapters/next-edit \
-		serve_app/adapters/next-edit-0.5b
+		adapters/next-edit-0.5b
 
 # Benchmarks against a running `make run` (set SERVE_APP_API_KEY to its key).
 bench: install

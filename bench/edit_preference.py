@@ -46,7 +46,7 @@ def margins(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--adapters", default="none,serve_app/adapters/next-edit-0.5b")
+    parser.add_argument("--adapters", default="none,adapters/next-edit-0.5b")
     parser.add_argument("--data", type=Path, default=ROOT / "data/next_edit/validation.jsonl")
     parser.add_argument("--cases", type=int, default=36)
     parser.add_argument("--max-tokens", type=int, default=1024)
