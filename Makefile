@@ -52,15 +52,15 @@ fuzz: install
 # Next-edit training data from git mirrors: MIRRORS is a folder of owner+name/repo git
 # directories (docs/next_edit.md, "Training data"); written to $(SERVE_APP_DATA_DIR)/next_edit.
 next-edit-data: install
-	$(PY) -m serve_app.training.mine --out $(SERVE_APP_DATA_DIR)/next_edit --mirrors "$(MIRRORS)"
+	$(PY) -m training.mine --out $(SERVE_APP_DATA_DIR)/next_edit --mirrors "$(MIRRORS)"
 
 # A LoRA adapter of the embedded 0.5B for next-edit, on that data; resumes where it stopped.
 next-edit-adapter: install
 	$(PY) -m pip install --quiet -e ".[train]"
-	$(PY) -m serve_app.training.train --data $(SERVE_APP_DATA_DIR)/next_edit \
+	$(PY) -m training.train --data $(SERVE_APP_DATA_DIR)/next_edit \
 		--out $(SERVE_APP_DATA_DIR)/adapters/next-edit $(TRAIN_ARGS)
-	$(PY) -m serve_app.training.export $(SERVE_APP_DATA_DIR)/adapters/next-edit \
-		serve_app/adapters/next-edit-0.5b
+	$(PY) -m training.export $(SERVE_APP_DATA_DIR)/adapters/next-edit \
+		adapters/next-edit-0.5b
 
 # Benchmarks against a running `make run` (set SERVE_APP_API_KEY to its key).
 bench: install

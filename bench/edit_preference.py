@@ -23,10 +23,10 @@ import torch
 
 from bench.common import ROOT, cpu_flags, table
 from serve_app.models.loader import TRAINING_RECORD
-from serve_app.training import train
-from serve_app.training.edits import EditExample
-from serve_app.training.losses import sequence_log_probs, token_losses
-from serve_app.training.preference import preference_pairs
+from training import train
+from training.edits import EditExample
+from training.losses import sequence_log_probs, token_losses
+from training.preference import preference_pairs
 
 
 def margins(
@@ -46,7 +46,7 @@ def margins(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--adapters", default="none,serve_app/adapters/next-edit-0.5b")
+    parser.add_argument("--adapters", default="none,adapters/next-edit-0.5b")
     parser.add_argument("--data", type=Path, default=ROOT / "data/next_edit/validation.jsonl")
     parser.add_argument("--cases", type=int, default=36)
     parser.add_argument("--max-tokens", type=int, default=1024)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bench import next_edit
 from bench.common import table
-from serve_app.training.edits import context_support
+from training.edits import context_support
 
 
 def parts(log: list[dict], cases: dict[str, next_edit.Case], at: float) -> dict[str, list]:

@@ -36,7 +36,6 @@ from typing import Any
 
 from bench.common import cpu_flags, percentile, table
 from bench.edit_scores import delta_chrf, drops_kept_line, normalized, reverses
-from serve_app.training.edits import EditExample, typing_example, unified_hunk
 from tests.fixtures.edit_clients import (
     ClientCall,
     Scenario,
@@ -45,6 +44,7 @@ from tests.fixtures.edit_clients import (
     zed_call,
     zed_extract,
 )
+from training.edits import EditExample, typing_example, unified_hunk
 
 # Fetched material stays out of the project's git: the cases live in shared/ beside the project
 # (../shared/data/README.md); --data reads them from anywhere else.

@@ -4,7 +4,7 @@
         /work/.mirror/pallets+itsdangerous/repo=pallets/itsdangerous ...
 
 For each commit (no merges, newest first), the first source file whose change gives an edit
-example (``serve_app.training.edits``, which the training data's miner shares) gives the case:
+example (``training.edits``, which the training data's miner shares) gives the case:
 one case per commit. Recently viewed snippets are the first hunk of another file of the same
 commit, after the commit.
 
@@ -20,7 +20,7 @@ import subprocess
 from dataclasses import asdict
 from pathlib import Path
 
-from serve_app.training.edits import EditExample, edit_examples, hunks_of
+from training.edits import EditExample, edit_examples, hunks_of
 
 # The five languages of the cases, and their files' size: a CPU run stays short.
 LANGUAGES = (".py", ".ts", ".js", ".go", ".rs")

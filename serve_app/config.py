@@ -114,8 +114,9 @@ class ModelConfig(StrictConfig):
         default=None,
         description="A LoRA adapter (a peft folder) the next-edit role answers with, applied "
         "per request on this model's weights; apply and chat keep the model's own answers. "
-        "builtin:<name> names one shipped in serve_app/adapters/ (docs/next_edit.md). It "
-        "must have been trained on edit_prompt's layout. Null: the model alone.",
+        "builtin:<name> names one shipped in the repository's adapters/ folder, there where "
+        "the project is installed from its clone with pip install -e . (docs/next_edit.md). "
+        "It must have been trained on edit_prompt's layout. Null: the model alone.",
     )
 
     fim_layout: FimLayout = Field(

@@ -1,11 +1,15 @@
 """The package's layering, read from its source: no import cycle between modules or between
 serve_app's packages (every import counted: module level, in functions, under TYPE_CHECKING),
-and the engine, runner, grammar, serving, prompts and api layers free of Ray and FastAPI
-(docs/architecture.md)."""
+the engine, runner, grammar, serving, prompts and api layers free of Ray and FastAPI, and the
+server free of the repository's training code (docs/architecture.md)."""
 
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,3 +110,51 @@ def test_the_inner_layers_import_neither_ray_nor_fastapi():
         if name.split(".")[1:2] in [[layer] for layer in INNER_LAYERS]:
             frameworks = {imported.split(".")[0] for imported in imported_names(name, path)}
             assert not frameworks & {"ray", "fastapi", "starlette"}, name
+
+
+def is_training(name: str) -> bool:
+    return name == "training" or name.startswith("training.")
+
+
+def test_the_server_imports_no_training_code():
+    """training/ imports serve_app (the prompts it trains on, the adapter record's name),
+    never the reverse: the server's import graph holds no trainer, miner or peft."""
+    for name, path in project_modules().items():
+        training = sorted(filter(is_training, imported_names(name, path)))
+        assert not training, f"{name} imports {training}"
+        assert not name.startswith("serve_app.training"), name
+
+
+# What a Serve config's import_path, a replica and the HTTP app load.
+ENTRY_POINTS = (
+    "serve_app.app",
+    "serve_app.http.app",
+    "serve_app.engine.startup",
+    "serve_app.prepare",
+    *sorted(name for name in project_modules() if name.split(".")[0] == "deployments"),
+)
+
+
+def test_serving_entry_points_load_no_training_module():
+    """Imported for real, in a fresh interpreter on this checkout: no ``training`` module
+    in ``sys.modules`` after the serving entry points (a lazy or dynamic import included)."""
+    script = (
+        "import importlib, json, sys\n"
+        f"for name in {list(ENTRY_POINTS)!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps({'root': sys.modules['serve_app'].__file__, 'training': "
+        "sorted(m for m in sys.modules if m == 'training' or m.startswith('training.'))}))\n"
+    )
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    assert Path(loaded["root"]).is_relative_to(ROOT)
+    assert loaded["training"] == []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.training import mine
+from training import mine
 
 MIT = (
     "MIT License\n\nCopyright (c) 2026 Test\n\nPermission is hereby granted, free of charge, "

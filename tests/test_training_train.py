@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from serve_app.prompts.edit import CURSOR
-from serve_app.training import train
-from serve_app.training.edits import EditExample, context_support
-from serve_app.training.render import IGNORED, training_pair
+from training import train
+from training.edits import EditExample, context_support
+from training.render import IGNORED, training_pair
 
 pytest.importorskip("peft")
 
@@ -203,7 +203,7 @@ def test_pairs_read_in_one_padded_forward_lose_what_they_lose_alone(tiny_source:
     is the one it has read alone, however long the others are."""
     import torch
 
-    from serve_app.training.losses import answer_loss
+    from training.losses import answer_loss
 
     model = train.with_lora(train.load_base(tiny_source, "cpu", torch.float32), 4, 0)
     tokenizer = train.load_tokenizer(tiny_source)
@@ -223,7 +223,7 @@ def test_a_detached_prompt_loses_the_same_and_trains_through_the_answer(tiny_sou
     the adapter (through the answer's positions alone)."""
     import torch
 
-    from serve_app.training.losses import answer_loss
+    from training.losses import answer_loss
 
     model = train.with_lora(train.load_base(tiny_source, "cpu", torch.float32), 4, 0)
     tokenizer = train.load_tokenizer(tiny_source)
@@ -270,8 +270,8 @@ def test_dpo_starts_level_and_learns_to_prefer_the_edit_to_the_no_op(
 
     import torch
 
-    from serve_app.training.losses import sequence_log_probs, token_losses
-    from serve_app.training.preference import Reference, preference_loss, preference_pairs
+    from training.losses import sequence_log_probs, token_losses
+    from training.preference import Reference, preference_loss, preference_pairs
 
     tokenizer = train.load_tokenizer(tiny_source)
     (chosen, *_), rejected = preference_pairs([example("cart.py")], tokenizer, "chat_split", 4096)
@@ -329,7 +329,7 @@ def test_a_typing_example_is_the_edit_caught_halfway_through_its_first_new_line(
     """What an IDE sends at a pause in typing: the edit's first new line typed in part (the
     line it replaces gone), the cursor after it, the typing the newest diff; the answer is
     still the whole edit. A deletion has nothing to type."""
-    from serve_app.training.edits import typing_example
+    from training.edits import typing_example
 
     edit = example("cart.py")
     for seed in range(20):
@@ -352,11 +352,10 @@ def test_an_exported_adapter_serves_and_names_its_base(
     from safetensors.torch import load_file
 
     from serve_app.engine.engine import LLMEngine
-    from serve_app.models.loader import load_model
-    from serve_app.runner.lora import AdapterError
-    from serve_app.training.export import export
+    from serve_app.models.loader import AdapterError, load_model
     from tests.conftest import engine_config
     from tests.runner_support import encode, generate_all, greedy
+    from training.export import export
 
     out = tmp_path / "run"
     train.main(["--data", str(data), "--out", str(out), "--model", tiny_source, "--steps", "1",
@@ -386,8 +385,8 @@ def test_a_run_on_a_lent_gpu_comes_back_exported_in_pieces(
 ) -> None:
     """What a GPU machine's call brings back is at most 16 MiB a file: a run's exported adapter
     goes as tar pieces, and here they are put together into the export, file for file."""
-    from serve_app.training import lease
-    from serve_app.training.export import export
+    from training import lease
+    from training.export import export
 
     run = tmp_path / "run"
     train.main(["--data", str(data), "--out", str(run), "--model", tiny_source, "--steps", "1",

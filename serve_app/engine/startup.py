@@ -10,12 +10,12 @@ from pathlib import Path
 from serve_app.config import AppConfig, EngineRole, ModelConfig
 from serve_app.models.loader import (
     TRAINING_RECORD,
+    AdapterError,
     LoadedModel,
     adapter_path,
     load_model,
     training_record,
 )
-from serve_app.runner.lora import AdapterError
 
 # The engine's name for a model's ``edit_adapter``, which next-edit requests run with.
 EDIT_ADAPTER = "next-edit"

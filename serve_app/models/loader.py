@@ -65,8 +65,17 @@ def resolve_source(source: str, cache_dir: str | Path | None = None) -> str | Pa
 
 
 BUILTIN_ADAPTER = "builtin:"
-# The adapters that ship with the project (``builtin:<name>``).
-BUILTIN_ADAPTERS = Path(__file__).resolve().parents[1] / "adapters"
+# The adapters that ship with the project (``builtin:<name>``): the repository's adapters/
+# folder, beside serve_app/ in the clone the project is installed from (``pip install -e .``).
+# Not package data, so the runtime package holds no weights; another install has none.
+BUILTIN_ADAPTERS = Path(__file__).resolve().parents[2] / "adapters"
+
+
+class AdapterError(ValueError):
+    """An adapter that cannot serve this model; raised while the engine starts."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        super().__init__(f"LoRA adapter {path}: {reason}")
 
 
 def set_torch_threads(threads: int | None) -> None:
@@ -79,15 +88,29 @@ def set_torch_threads(threads: int | None) -> None:
 
 
 def adapter_path(source: str) -> Path:
-    """A LoRA adapter's folder: ``builtin:<name>`` one shipped in ``serve_app/adapters``,
-    anything else a path."""
-    if source.startswith(BUILTIN_ADAPTER):
-        return BUILTIN_ADAPTERS / source.removeprefix(BUILTIN_ADAPTER)
-    return Path(source).expanduser()
+    """A LoRA adapter's folder: ``builtin:<name>`` one shipped in the repository's
+    ``adapters/`` (``AdapterError`` naming the folder where there is none), anything else a
+    path."""
+    if not source.startswith(BUILTIN_ADAPTER):
+        return Path(source).expanduser()
+    name = source.removeprefix(BUILTIN_ADAPTER)
+    if name in ("", ".", "..") or Path(name).name != name:
+        raise AdapterError(source, "a builtin adapter is named by its folder in adapters/")
+    folder = BUILTIN_ADAPTERS / name
+    if not folder.is_dir():
+        shipped = sorted(path.name for path in BUILTIN_ADAPTERS.glob("*/") if path.is_dir())
+        raise AdapterError(
+            source,
+            f"no folder {folder}: builtin adapters live in the repository's adapters/ "
+            f"({', '.join(shipped) or 'none here'}), present where the project is installed "
+            "from its clone (pip install -e .); otherwise set edit_adapter to the folder's path",
+        )
+    return folder
 
 
 # Beside an adapter the trainer made: its data version, steps, scores and prompt layout
-# (``serve_app.training``).
+# (written by the repository's ``training`` package, which imports this; serve_app never
+# imports it).
 TRAINING_RECORD = "training.json"
 
 

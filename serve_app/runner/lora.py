@@ -22,6 +22,9 @@ from typing import Any
 
 import torch
 
+# Defined beside adapter_path, which raises it too (a builtin adapter that is not there).
+from serve_app.models.loader import AdapterError
+
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 # The runner's fused linears and, in output order, the HF modules each stacks.
@@ -50,13 +53,6 @@ UNSUPPORTED = (
 # An adapter that names its base this way (``training.export`` writes it) is checked against
 # the folder the model was loaded from: the same shapes do not make the same model.
 EMBEDDED_BASE = "embedded:"
-
-
-class AdapterError(ValueError):
-    """An adapter that cannot serve this model; raised while the engine starts."""
-
-    def __init__(self, path: Path, reason: str) -> None:
-        super().__init__(f"LoRA adapter {path}: {reason}")
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,15 @@ share the one GPU side by side, each ending by a deadline (``train --minutes``):
 
     # here: pieces, pairs and the runs' arguments under .gpu; then the gguf wheel that
     # transformers reads the GGUF's tokenizer with
-    python -m serve_app.training.lease pack --out .gpu \\
+    python -m training.lease pack --out .gpu \\
         --run "span --style chat_span" --run "split --style chat_split --change-weight 4"
     python -m pip download --no-deps --only-binary=:all: -d .gpu/whl gguf==0.19.0
     # there: one call a piece (carry .gpu/piece-NN), each moving it out of the tree
     mkdir -p /tmp/pieces && mv .gpu/piece-NN /tmp/pieces/
     # and the last call, carrying the last piece and the rest of .gpu (not the pieces sent):
-    python3 -m serve_app.training.lease train --pack .gpu --pieces /tmp/pieces --seconds 560
+    python3 -m training.lease train --pack .gpu --pieces /tmp/pieces --seconds 560
     # here again: each run's exported adapter and log, from the files that came back
-    python -m serve_app.training.lease unpack FILES_AT --out data/adapters
+    python -m training.lease unpack FILES_AT --out data/adapters
 
 Each run's adapter comes back exported (``training.export``: bf16, its base and record beside
 it) in a tar cut into files of 15 MiB, under what a call brings back (16 MiB a file).
@@ -39,7 +39,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from serve_app.training.train import PAIRS_FILE
+from training.train import PAIRS_FILE
 
 RUNS_FILE = "runs.json"
 # What every run on the GPU shares; a run's own arguments come after and win.
@@ -57,7 +57,7 @@ MARGIN_SECONDS = 45  # after the runs' deadline: exports, tars, the call's own e
 def pack(out: Path, data: Path, runs: dict[str, list[str]], piece_bytes: int) -> None:
     """The model's pieces, the data's manifest, and each run's encoded pairs (xz) under ``out``."""
     from serve_app.models.embedded.pieces import split_model
-    from serve_app.training import train
+    from training import train
 
     out.mkdir(parents=True, exist_ok=True)
     manifest = split_model(out, piece_bytes)
@@ -104,7 +104,7 @@ def train_there(pack_dir: Path, pieces: Path, seconds: float, out: Path, work: P
         folder.mkdir(parents=True, exist_ok=True)
         with lzma.open(xz(pack_dir / name)) as source, open(folder / PAIRS_FILE, "wb") as target:
             shutil.copyfileobj(source, target)
-        command = [sys.executable, "-m", "serve_app.training.train", *GPU_ARGUMENTS, *arguments,
+        command = [sys.executable, "-m", "training.train", *GPU_ARGUMENTS, *arguments,
                    "--data", str(pack_dir / "data"), "--out", str(folder),
                    "--minutes", f"{minutes:.2f}", "--device", "cuda"]  # fmt: skip
         log(shlex.join(command))
@@ -130,7 +130,7 @@ def install_wheels(wheels: Path, site: Path) -> None:
 
 def send_back(trained: Path, name: str, out: Path, piece_bytes: int = BACK_BYTES) -> list[Path]:
     """``trained`` exported, as a tar in files of at most ``piece_bytes``: ``NAME.tar.00``..."""
-    from serve_app.training.export import export
+    from training.export import export
 
     exported = export(trained, trained.with_name(name + "-export"))
     buffer = io.BytesIO()

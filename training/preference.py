@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from serve_app.training.edits import EditExample
-from serve_app.training.losses import answer_loss, sequence_log_probs, token_losses
-from serve_app.training.render import TrainingPair, training_pair
+from training.edits import EditExample
+from training.losses import answer_loss, sequence_log_probs, token_losses
+from training.render import TrainingPair, training_pair
 
 
 def preference_pairs(

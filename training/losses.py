@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from serve_app.training.render import IGNORED, TrainingPair
+from training.render import IGNORED, TrainingPair
 
 
 def token_losses(

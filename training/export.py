@@ -1,6 +1,6 @@
 """Ship a trained adapter: what ``training.train`` wrote, made ready to serve and commit.
 
-    python -m serve_app.training.export data/adapters/next-edit serve_app/adapters/next-edit-0.5b
+    python -m training.export data/adapters/next-edit adapters/next-edit-0.5b
 
 Into the destination go peft's two files (the weights in bf16: half the size, and a LoRA's
 product is far above bf16's rounding) with the base named as a config names it (the trainer's

@@ -1,6 +1,6 @@
 """Train a LoRA adapter for next-edit on the mined examples (``training.mine``).
 
-    python -m serve_app.training.train --data data/next_edit --out data/adapters/next-edit
+    python -m training.train --data data/next_edit --out data/adapters/next-edit
     make next-edit-adapter
 
 The base is the embedded 0.5B (``--model``: any source the config takes). Every linear layer
@@ -35,12 +35,12 @@ import torch
 
 from serve_app.models.loader import TRAINING_RECORD
 from serve_app.prompts.edit.messages import PROMPT_STYLES
-from serve_app.training.edits import EditExample, context_support, typing_example
-from serve_app.training.losses import answer_loss, token_losses
-from serve_app.training.preference import Reference, preference_loss, preference_pairs
-from serve_app.training.record import data_record, run_record
-from serve_app.training.render import TrainingPair, pack, training_pair, unpack
-from serve_app.training.schedule import RunClock, learning_rate
+from training.edits import EditExample, context_support, typing_example
+from training.losses import answer_loss, token_losses
+from training.preference import Reference, preference_loss, preference_pairs
+from training.record import data_record, run_record
+from training.render import TrainingPair, pack, training_pair, unpack
+from training.schedule import RunClock, learning_rate
 
 DEFAULT_MODEL = "embedded:qwen2.5-coder-0.5b"
 STATE_FILE = "state.pt"

@@ -1,7 +1,7 @@
 """Mine next-edit training examples from the commit history of public repositories.
 
-    python -m serve_app.training.mine --out data/next_edit --mirrors /work/.mirror
-    python -m serve_app.training.mine --out data/next_edit DIR=owner/name [DIR=owner/name ...]
+    python -m training.mine --out data/next_edit --mirrors /work/.mirror
+    python -m training.mine --out data/next_edit DIR=owner/name [DIR=owner/name ...]
 
 Each repository is a git directory (a bare mirror is enough). Only repositories whose licence
 files are all permissive (MIT, Apache-2.0, BSD, ISC, Unlicense) are mined; a repository that
@@ -32,7 +32,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from serve_app.training.edits import EditExample, edit_examples, language_of, no_change_example
+from training.edits import EditExample, edit_examples, language_of, no_change_example
 
 # Evaluations held out from this project use these (../shared/data/README.md: the HumanEval
 # sources too, and the sets built from HumanEval); bench/next_edit's cases come from these.
