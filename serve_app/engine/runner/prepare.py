@@ -64,7 +64,7 @@ LINEARS = ("qkv", "o", "gate_up", "down", "lm_head")
 # generates: the down projection (inputs peaking at tens of times their RMS, in no fixed
 # channel) takes most of the rounding error away, q/k/v and the head are cheap to add (the head
 # reads one row per prompt chunk), gate/up is the largest matrix for the least gain
-# (``bench.int8_rounding``; its figures: docs/benchmarks.md).
+# (the measurement: docs/fim.md, "Rounding twice where it pays").
 PRECISE_WHEN_GENERATING = ("qkv", "down", "lm_head")
 
 
