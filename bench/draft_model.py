@@ -4,10 +4,11 @@
     python -m bench.draft_model --random 1.5b:0.5b --device cuda   # published shapes, a GPU
     python -m bench.draft_model --smoke               # the tiny model drafting for itself, CPU
 
-Real models (the default): lines cut from Python's standard library (``bench.int4_faithfulness``
-'s FIM cases), one request at a time, greedy, 64 tokens with no stop sequence; each prompt is
-read once untimed first (the target's prompt is then a prefix-cache hit, as on a keystroke;
-that request decodes nothing, so the draft model reads the prompt inside the timed decode).
+Real models (the default): lines cut from Python's standard library
+(``bench.fim_cases.stdlib_lines``), one request at a time, greedy, 64 tokens with no stop
+sequence; each prompt is read once untimed first (the target's prompt is then a prefix-cache
+hit, as on a keystroke; that request decodes nothing, so the draft model reads the prompt
+inside the timed decode).
 Engines, one per mode over the same loaded models:
 
 - ``none``: no speculation (the baseline of every ratio);
@@ -169,13 +170,13 @@ def print_step_costs(engine: LLMEngine, context: int, repeats: int) -> None:
 
 
 def stdlib_prompts(loaded: LoadedModel, count: int) -> list[list[int]]:
-    from bench.int4_faithfulness import fim_cases
+    from bench.fim_cases import stdlib_lines
     from serve_app.prompts.fim import build_fim_prompt, fim_format_for
 
     fmt = fim_format_for(loaded.tokenizer, loaded.model_type)
     return [
         build_fim_prompt(fmt, loaded.tokenizer, prefix, suffix)
-        for prefix, suffix, _ in fim_cases(count)
+        for prefix, suffix, _ in stdlib_lines(count)
     ]
 
 

@@ -10,6 +10,9 @@ Four shapes, because the best prompt layout differs between them (docs/fim.md):
   shape of public single-line infilling sets such as HumanEval-infilling);
 - ``cpp``: ``file``'s window over C++ headers that ship with torch (another language).
 
+``stdlib_lines`` is the speculation benches' workload (bench.fim_speculation,
+bench.draft_model): a line of one of six small modules with 40 lines either side.
+
 Lines are drawn with a seeded generator from files sorted by name, so a run is repeatable;
 blank lines, comments and lines under 8 characters are skipped (nothing to predict).
 """
@@ -32,6 +35,24 @@ class FimCase:
     prefix: str
     line: str
     suffix: str
+
+
+SMALL_MODULES = ["textwrap.py", "shlex.py", "fnmatch.py", "glob.py", "bisect.py", "heapq.py"]
+
+
+def stdlib_lines(count: int, seed: int = 0) -> list[tuple[str, str, str]]:
+    """(prefix, suffix, removed line) triples from ``SMALL_MODULES``, seeded."""
+    rng = random.Random(seed)
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [(root / name).read_text().splitlines(keepends=True) for name in SMALL_MODULES]
+    cases = []
+    while len(cases) < count:
+        lines = rng.choice(files)
+        i = rng.randrange(40, len(lines) - 40)
+        if len(lines[i].strip()) < 12 or lines[i].lstrip().startswith("#"):
+            continue
+        cases.append(("".join(lines[i - 40 : i]), "".join(lines[i + 1 : i + 41]), lines[i]))
+    return cases
 
 
 def stdlib_files() -> list[Path]:

@@ -8,7 +8,7 @@ Workloads:
 
 - ``bench.fim``'s prompt (a salted Python module, a new line to complete, 64 tokens, no stop
   sequences): every stream alone, then ``--concurrency`` streams at once (aggregate tok/s);
-- lines cut from Python's standard library (``bench.int4_faithfulness``'s cases, the FIM
+- lines cut from Python's standard library (``bench.fim_cases.stdlib_lines``, the FIM
   endpoint's default stop sequences, up to 64 tokens), one at a time: median tok/s.
 
 Each prompt is read once before it is timed, so the figures are decode (and the draft checks),
@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.common import table
 from bench.fim import CODE
-from bench.int4_faithfulness import fim_cases
+from bench.fim_cases import stdlib_lines
 from serve_app.engine.engine import LLMEngine
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
 from serve_app.engine_config import NO_SPECULATION, EngineConfig
@@ -112,7 +112,7 @@ def main() -> None:
         "bench": [build_fim_prompt(fmt, loaded.tokenizer, p, "\n") for p in salted],
         "stdlib": [
             build_fim_prompt(fmt, loaded.tokenizer, prefix, suffix)
-            for prefix, suffix, _ in fim_cases(args.cases)
+            for prefix, suffix, _ in stdlib_lines(args.cases)
         ],
     }
     results = {}

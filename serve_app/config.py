@@ -185,8 +185,8 @@ class HttpLimits(StrictConfig):
     """What one HTTP request may be: body size and time, questions, deadlines (not an
     account's limits: those are ``serve_app.auth.AccountLimits``)."""
 
-    # A body is parsed and validated on the router's event loop, ~0.1 s per MiB of small JSON
-    # values: 8 MiB is ~50x what a 32k-token prompt spells, and bounds that stall to ~1 s.
+    # A body is parsed and validated on the router's event loop, in time that grows with its
+    # size: 8 MiB is ~50x what a 32k-token prompt spells, and bounds that stall (security.md).
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     body_timeout_s: float = Field(
         default=30.0, gt=0, description="Longest a client may take to send its body (408)."

@@ -102,9 +102,9 @@ class EngineConfig(_Strict):
         description="The runner's decode weights: auto (q4 wherever torch has its "
         "fbgemm/x86 int8 engine and the runner's C kernels build, int8 where only the first "
         "holds, else int4; on a GPU dense), q4 (the runner's own 4-bit kernel, 5 bits a "
-        "weight, ~1.6-1.9x int8's decode; prompts on int8; needs a C compiler, else int8), "
+        "weight, decoding faster than int8; prompts on int8; needs a C compiler, else int8), "
         "int4 (torch's groupwise kernel, packed once next to the model and shared by "
-        "replicas), int8 (fbgemm per channel, ~2.5x faster decode than fp32 on AVX2, "
+        "replicas), int8 (fbgemm per channel, faster decode than fp32 on AVX2, "
         "quantized once, packed per replica) or dense (the model's own numbers). q4, int4 and "
         "int8 run on CPU only: asked for on a GPU, the replica fails at start.",
     )
@@ -119,8 +119,8 @@ class EngineConfig(_Strict):
         description="The runner's weights for reading prompts (prefill chunks and decision "
         "scoring): decode (the decode weights; the prompt's first token on dense weights, "
         "once per token id), dense, or auto (decode where the decode weights are int8: one "
-        "scale per row reads prompts ~1.5x faster than fp32 on AVX2 at the same measured "
-        "quality; dense elsewhere).",
+        "scale per row reads prompts faster than fp32 on AVX2 at the same measured quality; "
+        "dense elsewhere; docs/benchmarks.md).",
     )
     cuda_graphs: bool = Field(
         default=True,
@@ -134,7 +134,7 @@ class EngineConfig(_Strict):
         le=256,
         description="With dense prompts, a prompt chunk of at most this many tokens after the "
         "prompt's first position (the tail after a prefix-cache hit) runs on the decode "
-        "weights: 2-3x faster, but a cached prompt's tail is then read on other weights than "
+        "weights: faster, but a cached prompt's tail is then read on other weights than "
         "a cold one's, and the same request may answer differently cached and cold. 0 (the "
         "default): always the prompt weights, so cached and cold answer alike.",
     )

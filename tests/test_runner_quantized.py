@@ -67,7 +67,8 @@ def test_int4_decode_computes_its_dequantized_weights(loaded) -> None:
 
 def test_int4_engine_output_against_fp32(loaded) -> None:
     """Reports how many greedy outputs int4 keeps identical to fp32 on this random model
-    (std 0.3 weights amplify quantization; bench.int4_faithfulness measures the 0.5B)."""
+    (std 0.3 weights amplify quantization; ``bench.decode_kernels --kernels int8,int4`` measures
+    the 0.5B's faithfulness)."""
     prompts = [encode(loaded, t) for t in PROMPTS]
     requests = [greedy(f"r{i}", p, 16) for i, p in enumerate(prompts)]
     int4, engine = generate_all(loaded, engine_config(weights="int4"), requests)
@@ -80,7 +81,7 @@ def test_int4_engine_output_against_fp32(loaded) -> None:
 def test_int8_linear_is_close_to_dense() -> None:
     """fbgemm's int8 linear: per-channel int8 weights and per-call uint8 activations keep a
     matrix product within ~2% of its largest value (the tiny model amplifies it;
-    bench.int4_faithfulness measures the 0.5B)."""
+    bench.decode_kernels measures the 0.5B)."""
     generator = torch.Generator().manual_seed(2)
     weight = torch.randn(64, 96, generator=generator)
     bias = torch.randn(64, generator=generator)

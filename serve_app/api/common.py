@@ -20,15 +20,16 @@ JsonText = str | dict[str, Any] | list[Any]
 MAX_NESTING = 64
 
 # How many values a request may carry, checked as it is validated on the router's one event
-# loop, where every other request waits: the body's byte limit alone let a 30 MB list of 15M
-# zeros or 1.5M empty chat messages hold it for 28-53 s (and be refused, unbilled, later).
+# loop, where every other request waits: the body's byte limit alone let a list of millions of
+# zeros or empty chat messages hold it for tens of seconds (and be refused, unbilled, later;
+# docs/security.md).
 # Real requests are far below: a decision's text is at most a few hundred KiB, and a chat that
 # fits a 32k-token context has a few thousand messages at most.
 MAX_JSON_VALUES = 262_144  # in one free-form field (state, criteria, tool call history, ...)
 MAX_MESSAGES = 10_000
 
 # Stop sequences are matched against every generated chunk and held back as prefixes, so their
-# count and length bound per-token work (one 40,000-character stop cost 1.85 s and 779 MB).
+# count and length bound per-token work (one very long stop cost seconds and hundreds of MB).
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_CHARS = 256
 StopSequence = Annotated[str, Field(max_length=MAX_STOP_CHARS)]

@@ -3,8 +3,8 @@
 A store call that cannot reach the store (PostgreSQL down, a SQLite file locked past its
 ``busy_timeout``) fails only after that wait, and it holds the store's one connection while
 it waits: every call behind it waits its turn, so a minute's outage turned each request into
-tens of seconds before its 503 (measured: an apply 39 s, unary FIM answers 41-75 s while their
-ledger rows waited to be written). After such a failure the breaker refuses calls at once for
+tens of seconds before its 503 (docs/operations.md has the run, with its figures). After such
+a failure the breaker refuses calls at once for
 ``cooldown_s``; then one write tries the store while the others are still refused, and its
 success closes the breaker. The caller's answer to a refusal is the same 503 with
 Retry-After, and a ledger row refused goes to the replica's spool at once.

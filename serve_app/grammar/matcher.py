@@ -1,7 +1,7 @@
 """llguidance matchers for one tokenizer: the next token's mask, one request at a time.
 
-``GrammarTokenizer.for_tokenizer`` builds llguidance's view of a vocabulary once (~1.5 s for
-Qwen's 151k tokens; cached, and shared by every request of the replica); ``new_matcher`` then
+``GrammarTokenizer.for_tokenizer`` builds llguidance's view of a vocabulary once (a pass over
+every token, docs/structured_output.md; cached, shared by the replica's requests); ``new_matcher``
 gives a request its own matcher for a ``Grammar``: a copy of one built once per grammar and
 tokenizer, so a request pays microseconds, not the grammar's build. ``allowed`` turns a
 matcher's bitmask into a boolean row the size of the logits.

@@ -9,9 +9,10 @@ validation runs over a registry that retrieves nothing; and a schema whose refer
 without reading the answer (``{"$ref": "#"}``) is found by a trial validation instead of
 ending in a RecursionError after the answer was generated.
 
-A stranger writes the patterns too, and Python's ``re`` backtracks (``^(.|.)*Z$`` took 8.8 s
-on 26 characters), so ``pattern`` and ``patternProperties`` are evaluated with the ``regex``
-module under a per-match timeout; a pattern that runs out of time counts as not matching.
+A stranger writes the patterns too, and Python's ``re`` backtracks (``^(.|.)*Z$`` takes seconds
+on a few dozen characters: docs/security.md), so ``pattern`` and ``patternProperties`` are
+evaluated with the ``regex`` module under a per-match timeout; a pattern that runs out of time
+counts as not matching.
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ MAX_PATTERN_CHARS = 1000
 CACHE_SIZE = 64
 
 # Compile and per-token work llguidance may spend on a stranger's grammar: the lexer's fuel
-# (~50k a ms to build, ~14k a ms a step) and the parser's items a step (~20k a ms), so a mask
-# never costs more than ~15 ms and a compile a few tens of ms before the grammar is refused.
+# and the parser's items a step, sized so a mask never costs more than a few ms and a compile a
+# few tens of ms before the grammar is refused (the rates: docs/structured_output.md).
 LIMITS = llguidance.LLParserLimits(
     initial_lexer_fuel=1_000_000,
     step_lexer_fuel=200_000,

@@ -9,8 +9,7 @@ However the response ends, the chunks' iterator is closed before the response re
 is what cancels the model request behind it. Starlette never closes a streaming body itself;
 when the client leaves while the response awaits ``send``, the body generator is left
 suspended at its ``yield`` until the garbage collector finds it, and the engine went on
-writing the whole answer meanwhile (a stream dropped after 5 chunks was still running, and
-not yet billed, 60 s later in a test run).
+writing the whole answer meanwhile, unbilled until it ended (docs/security.md).
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ def pick_device(device: str = "auto") -> str:
 
 
 def pick_dtype(dtype: str, device: str) -> str:
-    """``auto``: bf16 on GPU; fp32 on CPU, bf16 reads prompts 3-4x slower there."""
+    """``auto``: bf16 on GPU; fp32 on CPU, where bf16 reads prompts slower (configuration.md)."""
     if dtype == "auto":
         return "bfloat16" if device.startswith("cuda") else "float32"
     if dtype not in DTYPES:

@@ -29,8 +29,8 @@ def encode_untrusted(tokenizer: Any, text: str) -> list[int]:
     the shared tokenizer (nearly all text). Text that spells one needs the split, and a fast
     tokenizer's ``encode(..., split_special_tokens=...)`` sets that as a flag on its one Rust
     backend: two threads encoding at once (prompts are built on worker threads) could each run
-    under the other's setting (measured: 4 threads x 3,000 calls gave 130 untrusted encodings
-    with real control tokens and 150 service prompts with their markers split). So that text
+    under the other's setting (untrusted text encoded with real control tokens, service
+    prompts with their markers split: docs/security.md). So that text
     goes through a copy of the backend whose flag is set once and never changes, made on first
     need (~45 MB, and twice that while it is made): the shared flag is never set to split.
     """

@@ -25,10 +25,9 @@ SYSTEM_TASK = (
 # The state a calibrated question is also asked about (``scoring.scorer.calibrated``, off
 # unless the scorer is built with ``calibrate``): it carries no information, and is the same
 # for every request, so its prefix is cached and only the questions' own tokens run again.
-# On the 60-claim probe (bench/noul_probe --calibration, 12 examples in the prefix) the empty
-# state gave 45/60 right, 26/30 pairs ordered, Brier 0.175 (uncalibrated 44, 26, 0.185);
-# "N/A" 44, 25, 0.188; "{}" 45, 25, 0.185. On 16 held-out pairs: 20/32, 14/16, 0.193 with or
-# without it. Not worth running and billing every noul question twice.
+# The empty state did at least as well as "N/A" or "{}" on the probe (bench/noul_probe
+# --calibration), and calibration itself barely moved it (docs/api-notes.md): not worth running
+# and billing every noul question twice.
 CONTENT_FREE_STATE = ""
 
 NOUL_TRUE_WORDS = ("true", "yes")
@@ -82,12 +81,11 @@ def noul_message(name: str, instructions: Any = None, criteria: Any = None) -> s
     The answer is read from the model's mass on the yes/no (and true/false) tokens. On
     Qwen2.5-Coder-0.5B this yes/no wording, with a one-line claim in quotes, puts true claims
     above 0.5 and false ones below it more often than "Is the statement true or false? Answer
-    true or false." (14-pair probe set over 4 states: both sides right on 10 pairs vs 9, each
-    statement on the right side 86% vs 79%, mean gap 0.22 vs 0.21). Asking the negated
+    true or false." (docs/api-notes.md has the probe's figures). Asking the negated
     question as well and averaging does not help at this size: the model barely reads the
     negation ("contradict", "false") and answers both questions alike. Calibrating on a
-    content-free state (``CONTENT_FREE_STATE``) gains at most one claim of 60: with the worked
-    examples in the prefix the empty state's p(yes) is already 0.2-0.7 per claim.
+    content-free state (``CONTENT_FREE_STATE``) barely moves the probe: with the worked
+    examples in the prefix the empty state's p(yes) is already far from 0 or 1 per claim.
     """
     criteria = criteria if isinstance(criteria, dict) else {}
     subject = _subject(name, instructions)
@@ -137,9 +135,9 @@ def score_message(name: str, instructions: Any, levels: list[Any]) -> str:
 
 
 # Worked yes/no examples, two per kind of state (one true, one false), none from the probe.
-# On Qwen2.5-Coder-0.5B (bench/noul_probe, 60 claims) these 12 turns move accuracy at 0.5
-# from 40 to 44 right, ordered pairs from 22 to 26 of 30 and Brier from 0.219 to 0.185; six
-# generic examples gave 43 / 26 / 0.185, the same six as text in the system message 39 / 22.
+# As chat turns they move more claims to the right side of 0.5 and order more pairs on
+# Qwen2.5-Coder-0.5B than fewer, generic examples or the same ones as system-message text
+# (bench/noul_probe; the figures: docs/api-notes.md).
 NOUL_EXAMPLES: tuple[tuple[Any, str, str], ...] = (
     ({"ticket": "The export button does nothing when I click it.", "customer": "acme"},
      "The ticket reports a bug.", "yes"),

@@ -69,7 +69,7 @@ LINEARS = ("qkv", "o", "gate_up", "down", "lm_head")
 # generates: the down projection (inputs peaking at tens of times their RMS, in no fixed
 # channel) takes most of the rounding error away, q/k/v and the head are cheap to add (the head
 # reads one row per prompt chunk), gate/up is the largest matrix for the least gain
-# (``bench.int8_rounding``; its figures: docs/benchmarks.md).
+# (the measurement: docs/fim.md, "Rounding twice where it pays").
 PRECISE_WHEN_GENERATING = ("qkv", "down", "lm_head")
 
 
@@ -230,8 +230,8 @@ def prepare_weights(
         )
         for index, (norm_in, _, _, norm_post, _, _) in enumerate(parts)
     )
-    # Decode attention in C on every CPU runner: a query alone over its own columns costs
-    # torch ~1.7x the batched pass (7 drafts, 800 columns, the 0.5B), C ~1.07x.
+    # Decode attention in C on every CPU runner: a query alone over its own columns costs torch
+    # far more than the batched pass it replaced, C about the same (docs/benchmarks.md).
     on_cpu = model_device(model).type == "cpu"
     kernels = native.load() if on_cpu and native.unavailable_reason() is None else None
     prepared = PreparedWeights(choice, layers, linear("lm_head"), kernels)

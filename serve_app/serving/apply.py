@@ -28,9 +28,8 @@ from serve_app.serving.envelope import chunk_maker, completion, usage_of
 # The model answers in the ``` block it was prefilled with; its end is the end of the code.
 MODEL_STOPS = ("\n```",)
 ANSWER_SLACK_TOKENS = 64
-# The model rewrites the whole file: past this it takes minutes on a CPU replica (a 488-line
-# file, 3,835 prompt tokens, ran past the 300 s request timeout in bench/apply.py on a loaded
-# 2-core box; a 344-line one, 2,418 tokens, answered in 47-72 s), so the chunk is refused.
+# The model rewrites the whole file: past this it takes minutes on a CPU replica, past the
+# request timeout (bench/apply.py's large files, docs/apply.md), so the chunk is refused.
 MODEL_MAX_PROMPT_TOKENS = 3072
 
 

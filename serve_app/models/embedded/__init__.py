@@ -8,7 +8,7 @@ dequantization, so memory holds one tensor, not the model), and saves tokenizer 
 config next to it. Later calls find the finished folder and return in milliseconds.
 
 Why float32 safetensors instead of loading the GGUF every start: dequantizing takes about a
-minute, and on this CPU float32 reads prompts 3-4x faster than bfloat16 (docs/benchmarks.md).
+minute, and on a CPU float32 reads prompts faster than bfloat16 (docs/configuration.md, dtype).
 
 The folder is written under ``<name>.tmp-<pid>`` and renamed when complete, so a first start that
 is killed never leaves a half model; a file lock makes concurrent replicas convert only once.

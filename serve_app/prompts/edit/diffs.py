@@ -7,7 +7,7 @@ lines cost each keystroke's latency. Shown here instead: each change with ``CONT
 of its context and hunk headers reduced to ``@@``; file headers and a client's notes stay
 (without the file headers, the 0.5B left the rename in Zed's request of
 tests/test_clients_edit.py undone). Measured on bench/next_edit.py's 40 real edits in
-docs/next_edit.md.
+docs/next_edit_log.md.
 
 A hunk is read by its header's line counts, so a removed line that starts with ``--`` (an SQL
 comment, say) stays a change and is never taken for a file header.

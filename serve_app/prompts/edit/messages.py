@@ -70,7 +70,7 @@ ANSWER_ROOM = 96
 # newest diff and re-reads only that diff, the region and the task; with the region inline,
 # it re-reads from the keystroke's place in the file on. One fixed line of prose, code in no
 # language, that points at the "Region:" section. ("[region: shown below]" scored a little
-# higher on bench/next_edit.py, docs/next_edit.md, but left the rename in Zed's request of
+# higher on bench/next_edit.py, docs/next_edit_log.md, but left the rename in Zed's request of
 # tests/test_clients_edit.py undone; the other four wordings tried there all made it.)
 REGION_PLACEHOLDER = "(the region, shown below, goes here)"
 # Fragments of the service's own wording in a prompt (``_task``, ``REGION_PLACEHOLDER``), never

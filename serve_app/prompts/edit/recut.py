@@ -4,9 +4,9 @@ Mined examples (``training.edits``) hold ``CONTEXT_LINES`` lines either side of 
 cursor on its first line; a model trained on them learns that the edit begins on the region's
 third line and is as long as the region less ``CONTEXT_LINES`` at each end, whatever the cursor
 says. Clients cut regions otherwise: Continue's starts at the cursor's line, Zed's excerpt holds
-it anywhere. On the bench's edits with Continue's cut, the shipped adapter got 0 of 40 exact and
-wrote on the wrong lines, losing one of the user's lines in 57% of its answers
-(docs/next_edit.md). So, for such a layout, the model is shown the region from
+it anywhere. With Continue's cut, the shipped adapter wrote on the wrong lines, often losing one
+of the user's lines (docs/next_edit.md; the runs: docs/next_edit_log.md). So, for such a
+layout, the model is shown the region from
 ``CONTEXT_LINES`` lines above the cursor's line to as many below it (lines the sent region lacks
 above taken from the file, its other lines left out), the same window in training and serving,
 and its answer is read back onto the region the client sent: a line it changed outside that

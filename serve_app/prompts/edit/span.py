@@ -25,8 +25,8 @@ def shown_region(region: str, cursor: str) -> str:
     The cursor moves because the examples an adapter learns this layout from are cut from
     commits, which place it where the next edit begins, at the start of a line's code, while
     an editor sends it where the user stopped typing: mid-line or at the line's end. The
-    shipped adapter, shown such a cursor, answered "no change" to 92% of bench/next_edit's
-    edits (0 of 40 exact, against 13 with the cursor at the line's code). Its line is still
+    shipped adapter, shown such a cursor, answered "no change" to nearly all of
+    bench/next_edit's edits (docs/next_edit_log.md, 2026-12-02). Its line is still
     the one it names, and the line as typed so far is in the region and the newest diff."""
     lines = region.split("\n")
     for index, line in enumerate(lines):
@@ -90,7 +90,7 @@ def _narrowed(
     touched. A line completes another when it is longer and starts with all of it (trailing
     whitespace aside), so a line written unchanged completes nothing and a deletion written
     as a wider span stays one. Read back from the mined edits' own answers (cursor on the
-    edit's first line), 1 of 13,556 comes out otherwise than written."""
+    edit's first line), all but a stray one come out as written (docs/next_edit_log.md)."""
     if not start <= cursor < end:
         return start, end
     written = {line.strip() for line in lines}

@@ -82,9 +82,9 @@ class LikelihoodScorer:
     """Scores decision questions on one model's scoring engine; many requests at once.
 
     ``calibrate``: the question kinds answered with contextual calibration (``calibrated``).
-    None by default: on the embedded model it moved the noul probe by one claim of 60 and a
-    held-out set by none (``bench/noul_probe --calibration``), while each calibrated
-    question runs and is billed twice.
+    None by default: on the embedded model it barely moved the noul probe and left a held-out
+    set where it was (``bench/noul_probe --calibration``; docs/api-notes.md), while each
+    calibrated question runs and is billed twice.
     """
 
     def __init__(
