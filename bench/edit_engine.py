@@ -14,7 +14,7 @@ from serve_app.engine.engine import LLMEngine
 from serve_app.engine.protocol import GenerationRequest, SamplingParams, generate_text
 from serve_app.engine_config import NO_SPECULATION, EngineConfig
 from serve_app.models.loader import load_model
-from serve_app.prompts.edit import fit_to_context, parse_edit_prompt
+from serve_app.prompts.next_edit import fit_to_context, parse_edit_prompt
 from tests.fixtures.edit import EXAMPLE_EDIT_CONTENT
 
 

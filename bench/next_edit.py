@@ -241,8 +241,8 @@ def start_services(
     counting its rejections in ``rejected[variant]``; sets ``args.model`` to that model."""
     from serve_app.engine.engine import LLMEngine
     from serve_app.engine.startup import EDIT_ADAPTER
-    from serve_app.serving.edit import EditService
     from serve_app.serving.engine_client import EngineClient
+    from serve_app.serving.next_edit import NextEditService
 
     # A fixed seed where the config sets none: the clients' temperature 0.2 then draws the
     # same answers run after run, so two runs (or two configs) differ only where their
@@ -259,7 +259,7 @@ def start_services(
     engine = LLMEngine.from_config(config, "edit", model=model)
     client = EngineClient(engine, model)
     services = {
-        name: EditService(
+        name: NextEditService(
             client,
             style=style or adapter_style(args.adapter),
             on_rejected=rejected[name],
@@ -303,7 +303,7 @@ async def run(args: argparse.Namespace, config: Any = None) -> list[dict]:
     """Every variant on every case, interleaved, on ``config``'s edit model (default:
     ``app_config(args)``); one log entry per case and variant (also appended to ``args.log``
     as it comes, so a run cut short still has its figures)."""
-    from serve_app.prompts.edit import parse_edit_prompt, rejected_edit
+    from serve_app.prompts.next_edit import parse_edit_prompt, rejected_edit
 
     cases = load_cases(args.data, args.cases, args.every, args.kind, args.cursor)
     rejected = {name: _LastReason() for name in VARIANTS}

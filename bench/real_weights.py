@@ -77,8 +77,8 @@ def fim_prompts(loaded: LoadedModel, count: int) -> list[dict[str, Any]]:
 
 def edit_prompts(loaded: LoadedModel, count: int) -> list[dict[str, Any]]:
     from bench.next_edit import load_cases
-    from serve_app.prompts.edit.messages import fit_to_context
-    from serve_app.prompts.edit.parse import parse_edit_prompt
+    from serve_app.prompts.next_edit.messages import fit_to_context
+    from serve_app.prompts.next_edit.parse import parse_edit_prompt
     from training.render import tagged_request
 
     cases = load_cases(SHARED_CASES, None)

@@ -20,7 +20,7 @@ from serve_app.config import AppConfig
 from serve_app.serving.apply import ApplyService
 from serve_app.serving.billing import RequestContext
 from serve_app.serving.chat import ChatService
-from serve_app.serving.edit import EditService
+from serve_app.serving.next_edit import NextEditService
 
 
 class EditModel(EngineDeployment):
@@ -32,7 +32,7 @@ class EditModel(EngineDeployment):
 
     def __init__(self, config: AppConfig, auth: Any = None) -> None:
         client = self.start_engine_client(config)
-        self.editor = EditService(client, on_rejected=count_edit_rejection)
+        self.editor = NextEditService(client, on_rejected=count_edit_rejection)
         self.chatter = ChatService(client)
         self.applier = ApplyService(client)
         self.usage = usage_recorder(auth, config.limits.request_timeout_s, config)

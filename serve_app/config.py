@@ -22,7 +22,7 @@ ENGINE_ROLES: tuple[EngineRole, ...] = get_args(EngineRole)
 Endpoint = Literal[
     "chat.completions", "edit.completions", "apply.completions", "fim.completions", "decisions"
 ]
-# How next-edit requests are put to a model (serve_app.prompts.edit.messages lays each out).
+# How next-edit requests are put to a model (serve_app.prompts.next_edit.messages lays each out).
 EditPromptStyle = Literal[
     "chat", "chat_split", "tagged", "few_shot", "fim", "chat_span", "sweep", "zeta"
 ]

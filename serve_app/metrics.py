@@ -104,6 +104,6 @@ def edit_rejections() -> metrics.Counter:
     return metrics.Counter(
         "serve_app_edit_rejections",
         description="Next-edit answers replaced by 'no change' before they were sent, by "
-        "reason (serve_app/prompts/edit/checks.py).",
+        "reason (serve_app/prompts/next_edit/checks.py).",
         tag_keys=("reason",),
     )

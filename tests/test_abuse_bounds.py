@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from serve_app.prompts.edit import CURSOR
+from serve_app.prompts.next_edit import CURSOR
 from tests.clients import tagged_apply
 from tests.conftest import AUTH, TEST_KEY, TINY_ID
 from tests.fixtures.constraints import nested_any_of, ref_chain

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from serve_app.prompts.edit import PROMPT_STYLES, parse_edit_prompt, rejected_edit
-from serve_app.prompts.edit.window import WINDOW_GRID, WINDOW_LINES
+from serve_app.prompts.next_edit import PROMPT_STYLES, parse_edit_prompt, rejected_edit
+from serve_app.prompts.next_edit.window import WINDOW_GRID, WINDOW_LINES
 from tests.conftest import AUTH, EMBEDDED_ID, TEST_KEY, TINY_ID, tiny_config
 from tests.fixtures.edit_clients import (
     CLIENTS,

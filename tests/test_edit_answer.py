@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serve_app.prompts.edit import (
+from serve_app.prompts.next_edit import (
     CURSOR,
     build_messages,
     extract_edited_region,
@@ -20,9 +20,9 @@ from serve_app.prompts.edit import (
     region_without_cursor,
     rejected_edit,
 )
-from serve_app.prompts.edit.extract import model_answer
-from serve_app.prompts.edit.messages import INSTRUCTION_PHRASES, REGION_PLACEHOLDER
-from serve_app.prompts.edit.span import apply_span, span_answer
+from serve_app.prompts.next_edit.extract import model_answer
+from serve_app.prompts.next_edit.messages import INSTRUCTION_PHRASES, REGION_PLACEHOLDER
+from serve_app.prompts.next_edit.span import apply_span, span_answer
 from tests.fixtures.edit import EXAMPLE, REGION, RENAMED, content
 
 # --- reading the model's answer ------------------------------------------------------------
@@ -449,8 +449,8 @@ def test_a_region_holding_zetas_end_marker_is_read_whole() -> None:
     the marker after the region's own: nothing of the region is cut."""
     from dataclasses import replace
 
-    from serve_app.prompts.edit.messages import answer_stops
-    from serve_app.prompts.edit.plain import ZETA_REGION_END
+    from serve_app.prompts.next_edit.messages import answer_stops
+    from serve_app.prompts.next_edit.plain import ZETA_REGION_END
 
     line = f'        end = "{ZETA_REGION_END}"\n'
     prompt = replace(EXAMPLE, region=line + EXAMPLE.region)
@@ -463,7 +463,7 @@ def test_a_region_holding_zetas_end_marker_is_read_whole() -> None:
 
 
 def test_zetas_prompt_marks_the_region_in_the_file_and_its_answer_closes_it() -> None:
-    from serve_app.prompts.edit.plain import ZETA_CURSOR, ZETA_REGION_END, ZETA_REGION_START
+    from serve_app.prompts.next_edit.plain import ZETA_CURSOR, ZETA_REGION_END, ZETA_REGION_START
 
     (piece,) = build_messages(EXAMPLE, style="zeta")
     text = piece["content"]

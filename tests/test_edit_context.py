@@ -10,7 +10,7 @@ import pytest
 from serve_app.errors import ContextLengthExceededError
 from serve_app.models.tiny import build_tiny_model
 from serve_app.prompts.chat_encoding import encode_chat
-from serve_app.prompts.edit import (
+from serve_app.prompts.next_edit import (
     CURSOR,
     EditPrompt,
     build_messages,
@@ -19,9 +19,9 @@ from serve_app.prompts.edit import (
     recent_renames,
     region_without_cursor,
 )
-from serve_app.prompts.edit.diffs import shown_diff
-from serve_app.prompts.edit.messages import REGION_PLACEHOLDER
-from serve_app.prompts.edit.window import WINDOW_CHARS, WINDOW_GRID, WINDOW_LINES
+from serve_app.prompts.next_edit.diffs import shown_diff
+from serve_app.prompts.next_edit.messages import REGION_PLACEHOLDER
+from serve_app.prompts.next_edit.window import WINDOW_CHARS, WINDOW_GRID, WINDOW_LINES
 from tests.fixtures.edit import EXAMPLE
 
 
@@ -194,7 +194,7 @@ def test_sweeps_layout_is_files_then_the_region_before_now_and_to_write() -> Non
     """Every file (snippets, the file without its region, each diff as original/updated
     blocks) after a file separator, then the region before the newest diff, with the
     cursor, and the block the model writes; a keystroke changes nothing before the diffs."""
-    from serve_app.prompts.edit.plain import MARKER
+    from serve_app.prompts.next_edit.plain import MARKER
 
     pieces = build_messages(EXAMPLE, style="sweep")
     texts = [p["content"] for p in pieces if p["role"] != MARKER]
@@ -213,7 +213,7 @@ def test_sweeps_layout_is_files_then_the_region_before_now_and_to_write() -> Non
 
 
 def test_the_region_before_the_newest_diff_undoes_its_hunks_found_in_the_region() -> None:
-    from serve_app.prompts.edit.plain import before_newest_diff
+    from serve_app.prompts.next_edit.plain import before_newest_diff
 
     diff = "--- a/x.py\n+++ b/x.py\n@@ -2,2 +2,2 @@\n a = 1\n-b = a\n+b = a + 1"
     assert before_newest_diff("a = 1\nb = a + 1\nc = b", diff) == "a = 1\nb = a\nc = b"

@@ -26,8 +26,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from serve_app.prompts.edit import CURSOR, EditPrompt, parse_edit_prompt, read_answer
-from serve_app.prompts.edit.extract import model_answer
+from serve_app.prompts.next_edit import CURSOR, EditPrompt, parse_edit_prompt, read_answer
+from serve_app.prompts.next_edit.extract import model_answer
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 MODULES = ["textwrap.py", "csv.py", "shlex.py", "fnmatch.py", "bisect.py", "colorsys.py"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from serve_app.prompts.edit import CURSOR, EditPrompt
-from serve_app.prompts.edit.following import typed_toward
+from serve_app.prompts.next_edit import CURSOR, EditPrompt
+from serve_app.prompts.next_edit.following import typed_toward
 from serve_app.serving.predictions import Predictions
 
 BEFORE = "if total < 0:\n    total = 0.0"

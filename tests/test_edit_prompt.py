@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from serve_app.errors import InvalidRequestError
-from serve_app.prompts.edit import (
+from serve_app.prompts.next_edit import (
     CURSOR,
     EditPrompt,
     Snippet,

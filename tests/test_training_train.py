@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.prompts.edit import CURSOR
+from serve_app.prompts.next_edit import CURSOR
 from training import train
 from training.edits import EditExample, context_support
 from training.render import IGNORED, training_pair

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from serve_app.prompts.edit.recut import CONTEXT_LINES
-from serve_app.prompts.edit.window import WINDOW_LINES
+from serve_app.prompts.next_edit.recut import CONTEXT_LINES
+from serve_app.prompts.next_edit.window import WINDOW_LINES
 
 LANGUAGES = {
     ".py": "python",

@@ -14,13 +14,13 @@ from typing import Any, Protocol
 import torch
 
 from serve_app.prompts.chat_encoding import encode_untrusted
-from serve_app.prompts.edit.extract import fence_region, model_answer
-from serve_app.prompts.edit.messages import (
+from serve_app.prompts.next_edit.extract import fence_region, model_answer
+from serve_app.prompts.next_edit.messages import (
     EditPromptStyle,
     build_messages,
     encode_edit_prompt,
 )
-from serve_app.prompts.edit.parse import CURSOR, parse_edit_prompt, region_without_cursor
+from serve_app.prompts.next_edit.parse import CURSOR, parse_edit_prompt, region_without_cursor
 
 REGION_OPEN, REGION_CLOSE = "<|code_to_edit|>", "<|/code_to_edit|>"
 IGNORED = -100  # a label the loss skips: prompt tokens teach nothing

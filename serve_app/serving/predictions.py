@@ -6,8 +6,8 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from serve_app.prompts.edit import EditPrompt, region_without_cursor
-from serve_app.prompts.edit.following import typed_toward
+from serve_app.prompts.next_edit import EditPrompt, region_without_cursor
+from serve_app.prompts.next_edit.following import typed_toward
 
 # Files remembered per replica, and the longest region and answer remembered (characters): an
 # editor's region is a few lines, and a stranger's megabyte regions must not pile up here.
@@ -29,7 +29,7 @@ class Predictions:
     """The newest prediction per (account, file path), least recently used dropped first.
 
     ``account`` is the caller's key for whose requests may see a prediction: one account's
-    prediction is never an answer to another's request (``EditService`` passes the prefix-cache
+    prediction is never an answer to another's request (``NextEditService`` passes the prefix-cache
     partition and the account id, so a cache shared by operator choice still keeps these apart).
     """
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from serve_app.prompts.edit.parse import CURSOR, EditPrompt
+from serve_app.prompts.next_edit.parse import CURSOR, EditPrompt
 
 # Unchanged lines either side of the expected change in a mined example's region
 # (``training.edits`` cuts them so): the cursor's line is the region's third.

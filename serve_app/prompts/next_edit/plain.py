@@ -20,8 +20,8 @@ the region as plain text, read back by ``extract.read_answer``.
 
 from __future__ import annotations
 
-from serve_app.prompts.edit.diffs import hunk_sides, shown_diff
-from serve_app.prompts.edit.parse import CURSOR, EditPrompt, region_without_cursor
+from serve_app.prompts.next_edit.diffs import hunk_sides, shown_diff
+from serve_app.prompts.next_edit.parse import CURSOR, EditPrompt, region_without_cursor
 
 # Roles of the pieces: the service's own markers, named by their ``FimFormat`` field and
 # spelled by the tokenizer's format, and text.

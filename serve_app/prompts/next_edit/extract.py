@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 
-from serve_app.prompts.edit.checks import EditRejection, rejected_edit
-from serve_app.prompts.edit.messages import EditPromptStyle
-from serve_app.prompts.edit.parse import EditPrompt, region_without_cursor
-from serve_app.prompts.edit.plain import ZETA_REGION_END, plain_answer
-from serve_app.prompts.edit.recut import recut, shown_expected
-from serve_app.prompts.edit.span import apply_span, span_answer
+from serve_app.prompts.next_edit.checks import EditRejection, rejected_edit
+from serve_app.prompts.next_edit.messages import EditPromptStyle
+from serve_app.prompts.next_edit.parse import EditPrompt, region_without_cursor
+from serve_app.prompts.next_edit.plain import ZETA_REGION_END, plain_answer
+from serve_app.prompts.next_edit.recut import recut, shown_expected
+from serve_app.prompts.next_edit.span import apply_span, span_answer
 
 # Styles whose answer is the region as plain text, no fence (``plain``).
 PLAIN_ANSWERS = ("sweep", "zeta")

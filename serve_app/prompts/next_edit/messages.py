@@ -20,8 +20,9 @@ from typing import Any, get_args
 from serve_app.config import EditPromptStyle
 from serve_app.errors import ContextLengthExceededError
 from serve_app.prompts.chat_encoding import encode_chat, encode_trusted, encode_untrusted
-from serve_app.prompts.edit.diffs import shown_diff
-from serve_app.prompts.edit.parse import (
+from serve_app.prompts.fim import FimFormat, fim_format_for
+from serve_app.prompts.next_edit.diffs import shown_diff
+from serve_app.prompts.next_edit.parse import (
     CURSOR,
     FILE,
     FILE_PATH_PREFIX,
@@ -36,7 +37,7 @@ from serve_app.prompts.edit.parse import (
     opening,
     region_without_cursor,
 )
-from serve_app.prompts.edit.plain import (
+from serve_app.prompts.next_edit.plain import (
     MARKER,
     TEXT,
     ZETA_REGION_END,
@@ -44,10 +45,9 @@ from serve_app.prompts.edit.plain import (
     sweep_pieces,
     zeta_pieces,
 )
-from serve_app.prompts.edit.recut import recut
-from serve_app.prompts.edit.span import shown_region
-from serve_app.prompts.edit.window import file_window
-from serve_app.prompts.fim import FimFormat, fim_format_for
+from serve_app.prompts.next_edit.recut import recut
+from serve_app.prompts.next_edit.span import shown_region
+from serve_app.prompts.next_edit.window import file_window
 
 # chat: an instruction (system prompt, the sections as markdown, the task last);
 # chat_split: chat, the file shown with its region cut out (``REGION_PLACEHOLDER``);

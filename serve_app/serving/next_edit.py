@@ -10,7 +10,7 @@ from serve_app.api.common import CompletionUsage
 from serve_app.api.edit import AssistantMessage, EditChoice, EditCompletion, EditCompletionRequest
 from serve_app.engine.protocol import GenerationRequest
 from serve_app.engine.startup import EDIT_ADAPTER
-from serve_app.prompts.edit import (
+from serve_app.prompts.next_edit import (
     EditPromptStyle,
     EditRejection,
     answer_budget,
@@ -30,7 +30,7 @@ from serve_app.serving.predictions import Prediction, Predictions
 logger = logging.getLogger(__name__)
 
 
-class EditService:
+class NextEditService:
     """``style``: the prompt style (default: the model's ``edit_prompt``); ``on_rejected`` is
     told why an answer was replaced by "no change" (the deployment counts it in metrics);
     ``adapter``: the engine's LoRA adapter to answer with (default: the model's next-edit

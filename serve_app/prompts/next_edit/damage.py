@@ -23,7 +23,7 @@ from collections import Counter
 from difflib import SequenceMatcher
 from typing import Literal
 
-from serve_app.prompts.edit.parse import CURSOR, EditPrompt, region_without_cursor
+from serve_app.prompts.next_edit.parse import CURSOR, EditPrompt, region_without_cursor
 
 Damage = Literal["border_copy", "breaks_syntax"]
 

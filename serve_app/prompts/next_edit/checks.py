@@ -27,9 +27,9 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from serve_app.prompts.edit.damage import damage
-from serve_app.prompts.edit.messages import INSTRUCTION_PHRASES
-from serve_app.prompts.edit.parse import EditPrompt, region_without_cursor
+from serve_app.prompts.next_edit.damage import damage
+from serve_app.prompts.next_edit.messages import INSTRUCTION_PHRASES
+from serve_app.prompts.next_edit.parse import EditPrompt, region_without_cursor
 
 EditRejection = Literal[
     "cut_off",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from serve_app.prompts.edit.parse import EditPrompt, region_without_cursor
+from serve_app.prompts.next_edit.parse import EditPrompt, region_without_cursor
 
 WINDOW_LINES = 20  # at least this many lines either side of the region, where the file has them
 WINDOW_GRID = 8  # the window starts and ends on a multiple of this many lines

@@ -2,9 +2,9 @@
 chat messages, or a plain prompt (``plain``), showing the file as a window around the region
 (``window``), and fit them to its context (``messages``), read the answer back (``extract``)."""
 
-from serve_app.prompts.edit.checks import EditRejection, rejected_edit
-from serve_app.prompts.edit.extract import extract_edited_region, fence_region, read_answer
-from serve_app.prompts.edit.messages import (
+from serve_app.prompts.next_edit.checks import EditRejection, rejected_edit
+from serve_app.prompts.next_edit.extract import extract_edited_region, fence_region, read_answer
+from serve_app.prompts.next_edit.messages import (
     PROMPT_STYLES,
     EditPromptStyle,
     answer_budget,
@@ -15,7 +15,7 @@ from serve_app.prompts.edit.messages import (
     fit_to_context,
     recent_renames,
 )
-from serve_app.prompts.edit.parse import (
+from serve_app.prompts.next_edit.parse import (
     CURSOR,
     EditPrompt,
     Snippet,
@@ -24,7 +24,7 @@ from serve_app.prompts.edit.parse import (
     render_edit_prompt,
     split_diffs,
 )
-from serve_app.prompts.edit.window import file_window, shown_chars
+from serve_app.prompts.next_edit.window import file_window, shown_chars
 
 __all__ = [
     "CURSOR",
