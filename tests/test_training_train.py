@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -179,6 +180,44 @@ def test_a_run_resumes_from_its_checkpoint_and_records_the_adapter(
     assert (tmp_path / "adapter" / "adapter_config.json").exists()
     assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
     assert not (tmp_path / "checkpoint.partial").exists()
+
+
+def test_a_seed_goes_on_where_the_run_paused_on_another_machine(
+    tiny_source: str, data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--session-minutes pauses a run, its schedule unchanged, with its seed (--seed-out)
+    written; a new OUT (another machine: no checkpoint) given the seed goes on from the step it
+    reached, on the seed's settings, and ends as the whole run would."""
+    seed = tmp_path / "seed"
+    common = ["--data", str(data), "--model", tiny_source, "--eval-every", "100"]
+    train.main([*common, "--out", str(tmp_path / "a"), "--steps", "4", "--batch", "1",
+                "--rank", "4", "--seed-out", str(seed), "--session-minutes", "1e-9"])  # fmt: skip
+    saved = json.loads((seed / "seed.json").read_text())
+    assert saved["progress"]["step"] == 1 and saved["data_version"] == "v-test"
+    assert saved["settings"]["steps"] == 4 and saved["settings"]["rank"] == 4
+    assert (seed / "adapter_model.safetensors").exists() and (seed / "training.json").exists()
+    assert not (tmp_path / "a" / "adapter").exists()  # paused, not finished
+    capsys.readouterr()
+    train.main([*common, "--out", str(tmp_path / "b"), "--init-adapter", str(seed)])
+    err = capsys.readouterr().err
+    assert "resumed at step 1 from the seed" in err and "step 2/4" in err and "step 1/" not in err
+    record = json.loads((tmp_path / "b" / "training.json").read_text())
+    assert record["steps"] == 4 and record["rank"] == 4 and record["batch"] == 1
+
+
+def test_a_seed_refuses_data_of_another_version(
+    tiny_source: str, data: Path, tmp_path: Path
+) -> None:
+    seed = tmp_path / "seed"
+    train.main(["--data", str(data), "--model", tiny_source, "--out", str(tmp_path / "a"),
+                "--steps", "1", "--batch", "1", "--seed-out", str(seed)])  # fmt: skip
+    other = tmp_path / "other"
+    shutil.copytree(data, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps(manifest | {"version": "v-other"}))
+    with pytest.raises(SystemExit, match="data version v-test"):
+        train.main(["--data", str(other), "--model", tiny_source, "--out", str(tmp_path / "b"),
+                    "--init-adapter", str(seed)])  # fmt: skip
 
 
 def test_a_run_given_minutes_ends_by_then_with_its_adapter(

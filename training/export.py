@@ -23,10 +23,17 @@ from serve_app.runner.lora import CONFIG_FILE, WEIGHTS_FILE
 
 def export(trained: Path, destination: Path) -> Path:
     """``trained``'s finished adapter (``adapter/``) in ``destination``, replacing it whole."""
+    record = json.loads((trained / RECORD).read_text())
+    files = {RECORD: json.dumps(record, indent=1) + "\n"}
+    return write_adapter(trained / "adapter", destination, record["base_model"], files)
+
+
+def write_adapter(source: Path, destination: Path, base_model: str, files: dict[str, str]) -> Path:
+    """peft's adapter in ``source`` written to ``destination`` as it ships: the weights in
+    bf16, the base named as a config names it, with ``files`` (name: text) beside them;
+    written whole, then renamed into place, so a run killed mid-write leaves the old one."""
     from safetensors.torch import load_file, save_file
 
-    record = json.loads((trained / RECORD).read_text())
-    source = trained / "adapter"
     partial = destination.with_name(destination.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -36,9 +43,10 @@ def export(trained: Path, destination: Path) -> Path:
         str(partial / WEIGHTS_FILE),
     )
     config = json.loads((source / CONFIG_FILE).read_text())
-    config["base_model_name_or_path"] = record["base_model"]
+    config["base_model_name_or_path"] = base_model
     (partial / CONFIG_FILE).write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
-    (partial / RECORD).write_text(json.dumps(record, indent=1) + "\n")
+    for name, text in files.items():
+        (partial / name).write_text(text)
     shutil.rmtree(destination, ignore_errors=True)
     partial.rename(destination)
     return destination

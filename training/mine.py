@@ -50,6 +50,8 @@ NEVER_MINED = (
     "sindresorhus/ky",
     "spf13/cobra",
     "dtolnay/anyhow",
+    # bench.tools' function-calling cases (BFCL).
+    "ShishirPatil/gorilla",
 )
 PERMISSIVE = {
     "MIT": ("permission is hereby granted, free of charge",),

@@ -38,3 +38,14 @@ class RunClock:
             return sys.maxsize
         pace = (now - self.since) / (self.steps_done - 1)
         return step + max(0, int((self.deadline - now) / pace))
+
+
+class SessionClock:
+    """Whether this session's time (``--session-minutes``) is up: the run then pauses, its
+    checkpoint saved, with its steps and schedule as they were, to go on in the next."""
+
+    def __init__(self, minutes: float | None) -> None:
+        self.deadline = time.monotonic() + 60 * minutes if minutes else None
+
+    def over(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline

@@ -11,8 +11,11 @@ On the CPU it trains in bf16 where the CPU computes it natively (AVX512-BF16, AM
 on a CUDA GPU in bf16.
 
 Long runs stop and go on: every ``--save-every`` steps the adapter, the optimizer, the step
-and the data order go to ``OUT/checkpoint`` (written whole, then renamed into place), and a
-later run with the same ``--out`` resumes from there. A line per step shows the loss, tokens
+and the data order go to ``OUT/checkpoint`` (written whole, then renamed into place; OUT is a
+cache folder outside the work tree by default), and a later run with the same ``--out``
+resumes from there. ``--session-minutes`` pauses a run before a session ends;
+``--seed-out`` keeps a small copy to commit, from which ``--init-adapter`` goes on on another
+machine (``training.seed``). A line per step shows the loss, tokens
 a second and what is left; every ``--eval-every`` steps, the loss on the validation split.
 The finished adapter is ``OUT/adapter`` (peft's files), with ``OUT/training.json`` beside it:
 the data's version, the seed, the steps, the style, the base model and every validation loss.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import sys
@@ -34,13 +38,14 @@ from typing import Any
 import torch
 
 from serve_app.models.loader import TRAINING_RECORD
-from serve_app.prompts.edit.messages import PROMPT_STYLES
+from serve_app.prompts.next_edit.messages import PROMPT_STYLES
 from training.edits import EditExample, context_support, typing_example
 from training.losses import answer_loss, token_losses
 from training.preference import Reference, preference_loss, preference_pairs
 from training.record import data_record, run_record
 from training.render import TrainingPair, pack, training_pair, unpack
-from training.schedule import RunClock, learning_rate
+from training.schedule import RunClock, SessionClock, learning_rate
+from training.seed import adopt_seed, is_seed, save_seed
 
 DEFAULT_MODEL = "embedded:qwen2.5-coder-0.5b"
 STATE_FILE = "state.pt"
@@ -57,6 +62,19 @@ class Progress:
     validation: list[tuple[int, float]] = field(default_factory=list)  # (step, loss)
     validation_changed: list[tuple[int, float]] = field(default_factory=list)  # changed tokens
     seconds: float = 0.0
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any]) -> Progress:
+        progress = cls(**fields)
+        progress.validation = [tuple(pair) for pair in progress.validation]
+        progress.validation_changed = [tuple(pair) for pair in progress.validation_changed]
+        return progress
+
+
+def default_out() -> Path:
+    """A cache folder outside the work tree: ``$XDG_CACHE_HOME/serve-app/training/next-edit``."""
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "serve-app" / "training" / "next-edit"
 
 
 def load_examples(path: Path) -> list[EditExample]:
@@ -200,10 +218,7 @@ def resume(out: Path, model: Any, optimizer: Any) -> Progress | None:
     load_adapter_weights(model, checkpoint)
     state = torch.load(checkpoint / STATE_FILE, weights_only=False)
     optimizer.load_state_dict(state["optimizer"])
-    progress = Progress(**state["progress"])
-    progress.validation = [tuple(pair) for pair in progress.validation]
-    progress.validation_changed = [tuple(pair) for pair in progress.validation_changed]
-    return progress
+    return Progress.from_dict(state["progress"])
 
 
 Encoded = tuple[list[TrainingPair], dict[int, TrainingPair], list[TrainingPair]]
@@ -249,6 +264,8 @@ def encoded_pairs(args: argparse.Namespace, rng: random.Random) -> Encoded:
 
 def run(args: argparse.Namespace) -> dict:
     clock = RunClock(args.minutes)  # loading and the first evaluation count against it
+    session = SessionClock(args.session_minutes)
+    seeded = adopt_seed(args.init_adapter, args) if is_seed(args.init_adapter) else None
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     train_pairs, rejected, validation_pairs = encoded_pairs(args, rng)
@@ -267,7 +284,10 @@ def run(args: argparse.Namespace) -> dict:
     # DPO's reference: the adapter the run starts from (none: the base model), not a resumed one.
     reference = Reference(model) if args.objective == "dpo" else None
     progress = resume(args.out, model, optimizer)
-    if progress is None and args.init_adapter:
+    if progress is None and seeded is not None:
+        progress = Progress.from_dict(seeded)
+        log(f"resumed at step {progress.step} from the seed {args.init_adapter}")
+    elif progress is None and args.init_adapter:
         log(f"starting from {args.init_adapter}")
     if progress is None:
         order = list(range(len(train_pairs)))
@@ -308,8 +328,14 @@ def run(args: argparse.Namespace) -> dict:
             args.steps = fit
         if validation_pairs and progress.step % args.eval_every == 0:
             evaluate(model, validation_pairs, progress, args.device)
-        if progress.step % args.save_every == 0 or progress.step == args.steps:
+        pausing = session.over() and progress.step < args.steps
+        if progress.step % args.save_every == 0 or progress.step == args.steps or pausing:
             save_checkpoint(args.out, model, optimizer, progress)
+            if args.seed_out:
+                save_seed(args.seed_out, model, progress, args)
+        if pausing:
+            log(f"the session's {args.session_minutes} minutes are up at step {progress.step}")
+            return {"paused_at": progress.step, "steps": args.steps}
     return finish(args, model, progress)
 
 
@@ -372,7 +398,10 @@ def log(message: str) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, required=True, help="training.mine's --out")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--out", type=Path, default=default_out(),
+        help="checkpoints, the adapter and its record (default: %(default)s)",
+    )  # fmt: skip
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--style", default="chat_split", choices=PROMPT_STYLES)
     parser.add_argument("--steps", type=int, default=600)
@@ -423,11 +452,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--sft-weight", type=float, default=1.0, help="DPO: weight of the expected answer's loss"
     )
     parser.add_argument(
-        "--init-adapter", type=Path, help="start from this adapter's weights (same rank, layers)"
-    )
+        "--init-adapter", type=Path,
+        help="start from this adapter's weights (same rank, layers); a seed (--seed-out) "
+        "also gives its run's settings, step and data order, to go on from there",
+    )  # fmt: skip
     parser.add_argument(
         "--minutes", type=float, default=None,
         help="end by then: the steps are cut to what fits at the pace measured so far",
+    )  # fmt: skip
+    parser.add_argument(
+        "--session-minutes", type=float, default=None,
+        help="stop after this long, checkpoint (and seed) saved, the schedule unchanged: the "
+        "same command goes on from there (unlike --minutes, which ends the run by then)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--seed-out", type=Path, default=None,
+        help="at every checkpoint also write this folder: the adapter (bf16) and the run's "
+        "settings and progress, small enough to commit; --init-adapter it to go on from there "
+        "on another machine (training.seed)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
