@@ -301,14 +301,18 @@ def test_prefix_cache_reuses_state(tiny: LoadedModel) -> None:
 
 
 def test_prefix_cache_is_partitioned_by_salt(tiny: LoadedModel) -> None:
-    """Another account (salt) never hits the state one account cached."""
+    """Another account (salt) never hits the state one account cached: only the prompt's
+    fixed head, text the service wrote, which every account shares, with the same answers."""
     scorer = make_scorer(tiny, 4096)
     questions = mixed_questions()[:2]
-    run(scorer.score(STATE, questions, cache_salt="account-a"))
+    first = run(scorer.score(STATE, questions, cache_salt="account-a"))
+    assert first.cached_tokens == 0
     other = run(scorer.score(STATE, questions, cache_salt="account-b"))
-    assert other.cached_tokens == 0
+    assert other.cached_tokens == len(scorer.frame.head)
+    for name in first.outcomes:
+        assert other.outcomes[name].probabilities == first.outcomes[name].probabilities
     again = run(scorer.score(STATE, questions, cache_salt="account-a"))
-    assert again.cached_tokens > 0
+    assert again.cached_tokens > len(scorer.frame.head)
 
 
 def test_context_length_exceeded(tiny: LoadedModel) -> None:

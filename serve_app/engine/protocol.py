@@ -16,6 +16,9 @@ FinishReason = Literal["stop", "length"]
 
 # The prefix-cache partition of a deployment that shares one cache across accounts.
 SHARED_CACHE = "shared"
+# Where a request's public head is kept (``ScoringRequest.public_prefix``): text no client
+# wrote, so every account may read its KV; no account's salt is this.
+PUBLIC_CACHE = "public"
 
 
 # Temperatures this small pick the top token anyway; vLLM's _SAMPLING_EPS.
@@ -119,6 +122,10 @@ class ScoringRequest:
     prompt_token_ids: list[int]
     passes: list[Any]
     cache_salt: str
+    # The prefix's first tokens that the service wrote itself, the same for every account (the
+    # decisions prompt's fixed head): their KV is kept apart (``PUBLIC_CACHE``) for every
+    # account to read, so an account's first request reads only its own state.
+    public_prefix: int = 0
 
     adapter = ""  # scoring runs on the base model's weights
 

@@ -1,7 +1,9 @@
 """What a request reuses from its account's earlier requests, through the prefix cache.
 
 Three kinds, cheapest first, all within the request's cache partition (its account's, so one
-account's prompts never hit for another's; apart per LoRA adapter: ``protocol.cache_partition``):
+account's prompts never hit for another's; apart per LoRA adapter: ``protocol.cache_partition``),
+and one public head shared by every account (``ScoringRequest.public_prefix``: text the service
+wrote, such as the decisions prompt's instructions and examples):
 
 - **the answer**: the same greedy request again (equal prompt ids and sampling parameters) is
   last time's answer, replayed through the output processor with no forward pass: greedy
@@ -26,7 +28,8 @@ import torch
 
 from serve_app.engine.model_backend import ModelBackend
 from serve_app.engine.prefix_cache import PrefixCache, crop_kv
-from serve_app.engine.requests import RequestState, State
+from serve_app.engine.protocol import PUBLIC_CACHE
+from serve_app.engine.requests import RequestState, ScoringState, State
 from serve_app.grammar.token_bytes import TokenTexts
 
 
@@ -82,6 +85,12 @@ class PromptReuse:
         if isinstance(state, RequestState) and whole is not None:
             return len(state.prompt_ids), whole[0], whole[1]
         cached, kv = self.cache.lookup(state.lookup_ids, salt)
+        public = _public_prefix(state)
+        if public > cached:  # the service's own head, read before for any account
+            # One id past the head, so a hit may cover all of it (lookup keeps the last id).
+            shared, shared_kv = self.cache.lookup(state.lookup_ids[: public + 1], PUBLIC_CACHE)
+            if shared > cached:
+                return shared, shared_kv, None
         return cached, kv, None
 
     def insert(self, state: State, logits: torch.Tensor | None = None) -> None:
@@ -101,6 +110,9 @@ class PromptReuse:
             recipe=_recipe(state) if whole_prompt else None,
             logits=logits if whole_prompt else None,
         )
+        public = _public_prefix(state)
+        if 1 < public <= length:  # a no-op once stored: the cache keeps a prompt once
+            self.cache.insert(state.prompt_ids[:public], crop_kv(kv, public), PUBLIC_CACHE)
 
     def keep(self, states: Sequence[State]) -> None:
         """Store ended requests' prompt KV and output ids, a partly read prompt too (module doc).
@@ -108,6 +120,14 @@ class PromptReuse:
         for state in states:
             if state.prompt_computed > state.cached_tokens or state.following_ids:
                 self.insert(state)
+
+
+def _public_prefix(state: State) -> int:
+    """How many of the prompt's first tokens every account may share (scoring requests on the
+    base model only: an adapter's keys and values are not the base model's)."""
+    if not isinstance(state, ScoringState) or state.request.adapter:
+        return 0
+    return state.request.public_prefix
 
 
 def _recipe(state: State) -> object | None:

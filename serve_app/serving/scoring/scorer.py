@@ -263,7 +263,9 @@ class LikelihoodScorer:
     async def _run(self, group: _Group, salt: str, work: WorkDone) -> list[list[float]]:
         """The group's passes through the engine; each packed row's reads, in order. The
         prefix is billed whether read now or taken from the cache (as a prompt is)."""
-        request = ScoringRequest(uuid.uuid4().hex, group.prefix, group.packed, salt)
+        request = ScoringRequest(
+            uuid.uuid4().hex, group.prefix, group.packed, salt, public_prefix=len(self.frame.head)
+        )
         work.input_tokens += len(group.prefix)
         reads: list[list[float]] = []
         async with aclosing(self.engine.score(request)) as chunks:  # a cancel aborts it at once
