@@ -125,6 +125,9 @@ def test_the_miner_takes_permissive_repositories_only(repos, tmp_path, capsys) -
     assert mine.refused("Zed-Industries/zed", ["MIT"]) == "held out from this project"
     assert mine.refused("openai/human-eval", ["MIT"]) == "held out from this project"
     assert mine.refused("openai/human-eval-infilling", ["MIT"]) == "held out from this project"
+    assert mine.refused("ShishirPatil/gorilla", ["Apache-2.0"]) == "held out from this project"
+    # Names are compared lowercased: an entry with a capital would never match.
+    assert all(banned == banned.lower() for banned in mine.NEVER_MINED)
 
 
 def test_examples_have_the_clients_shape_and_their_provenance(repos, tmp_path) -> None:

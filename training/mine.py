@@ -51,7 +51,7 @@ NEVER_MINED = (
     "spf13/cobra",
     "dtolnay/anyhow",
     # bench.tools' function-calling cases (BFCL).
-    "ShishirPatil/gorilla",
+    "shishirpatil/gorilla",
 )
 PERMISSIVE = {
     "MIT": ("permission is hereby granted, free of charge",),
