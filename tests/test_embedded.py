@@ -333,3 +333,22 @@ def test_cli_prepares_a_model_where_the_config_puts_it(fake_model: dict, tmp_pat
     assert prepare(["models", "--config", _serve_file(tmp_path, roles, cache_dir=str(cache))]) == 0
     assert capsys.readouterr().out.strip() == str(cache / spec.name)
     assert embedded.is_complete(cache / spec.name, spec)
+
+
+@pytest.mark.embedded
+def test_cli_prepares_the_runner_weights_before_any_replica_starts(tmp_path, capsys) -> None:
+    """make run builds each model deployment's runner weights once, beside the converted
+    model: a replica's engine started after it reads them and writes nothing."""
+    from serve_app.config import AppConfig
+    from serve_app.engine.engine import LLMEngine
+
+    roles = {"fim": DEFAULT_MODEL, "edit": DEFAULT_MODEL, "decisions": DEFAULT_MODEL}
+    path = _serve_file(tmp_path, roles)
+    assert prepare(["weights", "--config", path]) == 0
+    assert capsys.readouterr().out.count("weights prepared") == 3
+    folder = ensure_embedded_model(DEFAULT_MODEL)
+    written = {file: file.stat().st_mtime_ns for file in folder.glob("runner-*.pt")}
+    assert written  # the quantized packs this CPU's choice reads
+    config = AppConfig.model_validate(json.loads(Path(path).read_text())["applications"][0]["args"])
+    LLMEngine.from_config(config, "fim").shutdown()
+    assert {file: file.stat().st_mtime_ns for file in folder.glob("runner-*.pt")} == written
