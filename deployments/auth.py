@@ -7,6 +7,7 @@ import logging
 import os
 from typing import Any
 
+from deployments.options import deployment_options
 from serve_app.auth.authorizer import AuthConfig, Authorizer, Grant
 from serve_app.auth.local_key import bootstrap_key_file
 from serve_app.auth.records import Usage
@@ -71,14 +72,4 @@ class AuthService:
 
     @staticmethod
     def get_deployment_options(config: AppConfig) -> dict[str, Any]:
-        return {
-            "name": "AuthService",
-            "max_ongoing_requests": 512,
-            "max_queued_requests": 1024,
-            "autoscaling_config": {
-                "min_replicas": 1,
-                "max_replicas": 4,
-                "target_ongoing_requests": 128,
-            },
-            "ray_actor_options": {"num_cpus": 0.1},
-        }
+        return deployment_options("AuthService", ongoing=512, max_replicas=4, target=128, cpus=0.1)

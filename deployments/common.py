@@ -7,6 +7,7 @@ import contextlib
 import logging
 from typing import Any, ClassVar
 
+from deployments.options import deployment_options
 from deployments.replica_metrics import LatencyMetrics, report_engine_stats
 from serve_app.config import AppConfig, EngineRole
 from serve_app.engine.engine import LLMEngine
@@ -73,18 +74,14 @@ class EngineDeployment:
         """Admit ``max_ongoing``, queue as many again, then answer 503 instead of queueing on;
         scale out at half of what a replica admits."""
         ongoing = cls.max_ongoing or 2 * config.engine_for(cls.engine_role).max_batch_size
-        return {
-            "name": cls.deployment_name,
-            "max_ongoing_requests": ongoing,
-            "max_queued_requests": 2 * ongoing,
-            "autoscaling_config": {
-                "min_replicas": 1,
-                "max_replicas": 2,
-                "target_ongoing_requests": max(1, ongoing // 2),
-            },
-            "ray_actor_options": {"num_cpus": 1},
-            "health_check_period_s": 10,
-        }
+        return deployment_options(
+            cls.deployment_name,
+            ongoing=ongoing,
+            max_replicas=2,
+            target=max(1, ongoing // 2),
+            cpus=1,
+            health_check_period_s=10,
+        )
 
 
 def _start_background(coroutine) -> asyncio.Task | None:

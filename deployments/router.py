@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from deployments.options import deployment_options
 from serve_app.config import AppConfig
 from serve_app.http.app import Backends, build_router_app
 
@@ -24,14 +25,4 @@ class Router:
 
     @staticmethod
     def get_deployment_options(config: AppConfig) -> dict[str, Any]:
-        return {
-            "name": "Router",
-            "max_ongoing_requests": 256,
-            "max_queued_requests": 512,
-            "autoscaling_config": {
-                "min_replicas": 1,
-                "max_replicas": 4,
-                "target_ongoing_requests": 64,
-            },
-            "ray_actor_options": {"num_cpus": 0.25},
-        }
+        return deployment_options("Router", ongoing=256, max_replicas=4, target=64, cpus=0.25)
