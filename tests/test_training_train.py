@@ -3,6 +3,7 @@ its checkpoint, and the adapter is written with its record."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import shutil
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from serve_app.prompts.next_edit import CURSOR
-from training import train
+from training import mix, train
 from training.edits import EditExample, context_support
 from training.render import IGNORED, training_pair
 
@@ -94,7 +95,7 @@ def test_a_span_example_whose_edit_the_prompt_does_not_show_is_left_out(tiny_sou
     assert training_pair(far, far.expected, tokenizer, "chat_split") is not None
     near = far.expected.replace("x6 = 60", "x6 = 6").replace("x1 = 1", "x1 = 10")
     assert training_pair(far, near, tokenizer, "chat_span") is not None
-    assert train.encode_all([far], tokenizer, "chat_span", 4096) == []
+    assert mix.encode_all([far], tokenizer, "chat_span", 4096) == []
 
 
 def test_the_tokens_that_write_the_change_are_marked_and_only_they(tiny_source: str) -> None:
@@ -344,9 +345,9 @@ def test_the_mix_keeps_every_edit_and_caps_the_no_change_share() -> None:
     quiet = [example(f"q{i}.py", expected=FILE) for i in range(10)]
     for item in quiet:
         item.kind = "no_change"
-    mix = train.training_mix(edits + quiet, 0.2, 0.0, random.Random(0))
-    assert [e for e in mix if e.kind == "edit"] == edits
-    assert sum(e.kind == "no_change" for e in mix) == 2  # 2 of 10: a fifth
+    mixed = mix.training_mix(edits + quiet, 0.2, 0.0, random.Random(0))
+    assert [e for e in mixed if e.kind == "edit"] == edits
+    assert sum(e.kind == "no_change" for e in mixed) == 2  # 2 of 10: a fifth
 
 
 def test_the_mix_can_keep_only_edits_the_prompt_shows() -> None:
@@ -360,8 +361,8 @@ def test_the_mix_can_keep_only_edits_the_prompt_shows() -> None:
     support = {e.path: context_support(e, e.expected) for e in (carried, invented, deleted)}
     assert support["carried.py"] >= 0.8 > 0.3 > support["invented.py"]
     assert support["deleted.py"] == 1.0
-    mix = train.training_mix([carried, invented, deleted], 0.2, 0.8, random.Random(0))
-    assert mix == [carried, deleted]
+    mixed = mix.training_mix([carried, invented, deleted], 0.2, 0.8, random.Random(0))
+    assert mixed == [carried, deleted]
 
 
 def test_a_typing_example_is_the_edit_caught_halfway_through_its_first_new_line() -> None:
@@ -379,8 +380,35 @@ def test_a_typing_example_is_the_edit_caught_halfway_through_its_first_new_line(
         assert typed.region == "\n" + line and typed.hunks[0] == RENAME
         assert "-print(total(cart))" in typed.hunks[-1] and f"+{line}" in typed.hunks[-1]
     assert typing_example(example("deleted.py", expected="\n"), random.Random(0)) is None
-    mix = train.training_mix([edit], 0.0, 0.0, random.Random(0), typing=1.0)
-    assert mix[0] == edit and mix[1].cursor[0] == 4 and len(mix) == 2
+    mixed = mix.training_mix([edit], 0.0, 0.0, random.Random(0), typing=1.0)
+    assert mixed[0] == edit and mixed[1].cursor[0] == 4 and len(mixed) == 2
+
+
+def test_a_typing_example_is_cut_where_a_typist_pauses() -> None:
+    """The typed part ends at a boundary between a word and what is not one."""
+    from training.edits import pause_points, typing_example
+
+    assert pause_points("print(subtotal(cart))", 0) == [5, 6, 14, 15, 19]
+    assert pause_points("    abc", 4) == [5, 6]  # no boundary: anywhere in the word
+    whole = "print(subtotal(cart))"
+    for seed in range(20):
+        typed = typing_example(example("cart.py"), random.Random(seed))
+        line = typed.file.split("\n")[typed.cursor[0]]
+        assert len(line) in (5, 6, 14, 15, 19) and whole.startswith(line)
+
+
+def test_a_history_cursor_example_puts_the_cursor_where_the_last_edit_ended() -> None:
+    """The cursor at the end of the newest diff's last added line, where that line is in the
+    region; the answer stays the edit's. Outside the region: no such example."""
+    from training.edits import history_cursor_example
+
+    assert history_cursor_example(example("cart.py")) is None  # the renamed line is above it
+    wide = dataclasses.replace(example("cart.py"), first_line=0)
+    moved = history_cursor_example(wide)
+    assert moved.cursor == (0, len("def subtotal(items):"))
+    assert moved.expected == wide.expected and moved.file == wide.file
+    mixed = mix.training_mix([wide], 0.0, 0.0, random.Random(0), history_cursor=1.0)
+    assert mixed == [wide, moved]
 
 
 def test_an_exported_adapter_serves_and_names_its_base(

@@ -11,12 +11,16 @@ apart merged), in file order. The user is taken to make them in that order:
   the same lines with hunk ``i`` applied.
 - **A typing example** (``typing_example``, made from an edit example when a run asks for
   them): the user is halfway through typing the edit's first new line, the old lines it
-  replaces gone, the cursor after what is typed, the typing the newest diff; the expected
-  region is the edit's. Commits hold finished code only, but an IDE asks at every pause in
-  typing, mostly with a line left unfinished at the cursor.
+  replaces gone, the cursor after what is typed (cut where a typist pauses, ``pause_points``),
+  the typing the newest diff; the expected region is the edit's. Commits hold finished code
+  only, but an IDE asks at every pause in typing, mostly with a line left unfinished at the
+  cursor.
 - **A no-change example**: every hunk applied, the region around the last one (the edit the
   user just finished), the cursor at the end of its last changed line. Nothing more is to be
   done there, so the expected region is the region itself.
+- **A history-cursor example** (``history_cursor_example``, from an edit example when a run
+  asks): the cursor at the end of the newest diff's last added line, where the user's last
+  edit left it, instead of at the start of the line to change.
 
 The file is sent as an excerpt of ``WINDOW`` lines either side of the region, as Zed sends.
 """
@@ -241,7 +245,7 @@ def typing_example(example: EditExample, rng: random.Random) -> EditExample | No
     indent = len(line) - len(line.lstrip())
     if len(line) - indent < 2:
         return None
-    typed = line[: rng.randrange(indent + 1, len(line))]  # at least a character, never all
+    typed = line[: rng.choice(pause_points(line, indent))]
     at = example.first_line + i1
     typing = lines[:at] + [typed] + lines[example.first_line + i2 :]
     return dataclasses.replace(
@@ -251,6 +255,34 @@ def typing_example(example: EditExample, rng: random.Random) -> EditExample | No
         cursor=(at, len(typed)),
         hunks=[*example.hunks, unified_hunk(lines, typing)][-MAX_HISTORY:],
     )
+
+
+def pause_points(line: str, indent: int) -> list[int]:
+    """Where a typist pauses in ``line`` (at least a character typed, never all of it): at a
+    boundary between a word and what is not one (after ``foo``, ``(``, ``.``, ``= ``), where an
+    IDE's request comes; every position where the line has no such boundary."""
+    inside = range(indent + 1, len(line))
+    word = [char.isalnum() or char == "_" for char in line]
+    boundaries = [at for at in inside if word[at - 1] != word[at]]
+    return boundaries or list(inside)
+
+
+def history_cursor_example(example: EditExample) -> EditExample | None:
+    """``example`` with the cursor where the user's last edit left it: at the end of the
+    newest diff's last added line, where that line is in the region once (an IDE asks after a
+    pause, the cursor at the end of what was just written); None where it is not."""
+    if not example.hunks:
+        return None
+    newest = example.hunks[-1].split("\n")
+    added = [line[1:] for line in newest if line.startswith("+") and line[1:].strip()]
+    if not added:
+        return None
+    lines = example.file.split("\n")
+    region = range(example.first_line, example.last_line + 1)
+    hits = [at for at in region if at < len(lines) and lines[at] == added[-1]]
+    if len(hits) != 1 or example.cursor == (hits[0], len(added[-1])):
+        return None
+    return dataclasses.replace(example, cursor=(hits[0], len(added[-1])))
 
 
 def _history(old: list[str], new: list[str], done: list[Hunk]) -> list[str]:

@@ -45,6 +45,7 @@ def run_record(args: argparse.Namespace, progress: Mapping[str, Any]) -> dict[st
         "no_change_share": args.no_change,
         "min_support": args.min_support,
         "typing": args.typing,
+        "history_cursor": args.history_cursor,
         "seed": args.seed,
         "steps": progress["step"],
         "batch": args.batch,

@@ -29,8 +29,8 @@ SEED_FILE = "seed.json"
 # from. A run going on from a seed takes these from it.
 RUN_SETTINGS = (
     "model", "style", "steps", "batch", "lr", "warmup", "rank", "layers", "max_tokens", "seed",
-    "no_change", "min_support", "typing", "change_weight", "detach_prompt", "objective",
-    "eval_examples",
+    "no_change", "min_support", "typing", "history_cursor", "change_weight", "detach_prompt",
+    "objective", "eval_examples",
 )  # fmt: skip
 
 

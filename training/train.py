@@ -39,11 +39,11 @@ import torch
 
 from serve_app.models.loader import TRAINING_RECORD
 from serve_app.prompts.next_edit.messages import PROMPT_STYLES
-from training.edits import EditExample, context_support, typing_example
 from training.losses import answer_loss, token_losses
+from training.mix import encode_all, load_examples, training_mix
 from training.preference import Reference, preference_loss, preference_pairs
 from training.record import data_record, run_record
-from training.render import TrainingPair, pack, training_pair, unpack
+from training.render import TrainingPair, pack, unpack
 from training.schedule import RunClock, SessionClock, learning_rate
 from training.seed import adopt_seed, is_seed, save_seed
 
@@ -75,53 +75,6 @@ def default_out() -> Path:
     """A cache folder outside the work tree: ``$XDG_CACHE_HOME/serve-app/training/next-edit``."""
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(cache) / "serve-app" / "training" / "next-edit"
-
-
-def load_examples(path: Path) -> list[EditExample]:
-    examples = []
-    for line in path.read_text().splitlines():
-        raw = json.loads(line)
-        raw["cursor"] = tuple(raw["cursor"])
-        raw["snippets"] = [tuple(snippet) for snippet in raw["snippets"]]
-        examples.append(EditExample(**raw))
-    return examples
-
-
-def training_mix(
-    examples: list[EditExample],
-    share: float,
-    min_support: float,
-    rng: random.Random,
-    typing: float = 0.0,
-) -> list[EditExample]:
-    """The edit examples whose new text the prompt shows at least ``min_support`` of
-    (``training.edits.context_support``), a ``typing`` share of them again as caught halfway
-    through typing (``training.edits.typing_example``), and no-change ones drawn to make at
-    most ``share`` of the whole: the miner keeps them all, the mix a model learns from is
-    chosen here."""
-    edits = [
-        example
-        for example in examples
-        if example.kind == "edit" and context_support(example, example.expected) >= min_support
-    ]
-    typed = [typing_example(e, rng) for e in rng.sample(edits, round(len(edits) * typing))]
-    edits += [example for example in typed if example is not None]
-    quiet = [example for example in examples if example.kind != "edit"]
-    wanted = round(len(edits) * share / (1 - share)) if share < 1 else len(quiet)
-    return edits + rng.sample(quiet, min(wanted, len(quiet)))
-
-
-def encode_all(
-    examples: list[EditExample], tokenizer: Any, style: str, max_tokens: int
-) -> list[TrainingPair]:
-    """Each example's tokens; those over ``max_tokens``, or that ``style`` cannot show
-    (``training_pair``), are left out."""
-    pairs = []
-    for example in examples:
-        pair = training_pair(example, example.expected, tokenizer, style)
-        if pair is not None and len(pair.ids) <= max_tokens:
-            pairs.append(pair)
-    return pairs
 
 
 def train_dtype(device: str) -> torch.dtype:
@@ -235,6 +188,7 @@ def encoded_pairs(args: argparse.Namespace, rng: random.Random) -> Encoded:
         **{name: getattr(args, name) for name in ("no_change", "eval_examples", "objective")},
         **({"min_support": args.min_support} if args.min_support else {}),
         **({"typing": args.typing} if args.typing else {}),
+        **({"history_cursor": args.history_cursor} if args.history_cursor else {}),
     }
     path = args.out / PAIRS_FILE
     if path.exists():
@@ -246,7 +200,9 @@ def encoded_pairs(args: argparse.Namespace, rng: random.Random) -> Encoded:
         log(f"{path} was encoded for another run: encoding again")
     tokenizer = load_tokenizer(args.model)
     examples = load_examples(args.data / "train.jsonl")
-    mix = training_mix(examples, args.no_change, args.min_support, rng, args.typing)
+    mix = training_mix(
+        examples, args.no_change, args.min_support, rng, args.typing, args.history_cursor
+    )
     if args.objective == "dpo":
         train_pairs, rejected = preference_pairs(mix, tokenizer, args.style, args.max_tokens)
     else:
@@ -432,6 +388,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--typing", type=float, default=0.0,
         help="this share of the edits again, caught halfway through typing their first new "
         "line (training.edits.typing_example)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--history-cursor", type=float, default=0.0,
+        help="this share of the edits again, the cursor at the end of the newest diff's last "
+        "added line (training.edits.history_cursor_example)",
     )  # fmt: skip
     parser.add_argument(
         "--change-weight", type=float, default=1.0,
