@@ -277,7 +277,7 @@ def run(args: argparse.Namespace) -> dict:
         left = (args.steps - progress.step) * progress.seconds / progress.step
         log(
             f"step {progress.step}/{args.steps} loss {loss_sum / args.batch:.4f} "
-            f"{tokens / seconds:.0f} tok/s, {left / 60:.1f} min left"
+            f"{seconds:.1f} s, {tokens / seconds:.0f} tok/s, {left / 60:.1f} min left"
         )
         if (fit := clock.steps_that_fit(progress.step)) < args.steps:
             log(f"{args.minutes} minutes fit {fit} steps: the run ends there")
