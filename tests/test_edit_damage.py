@@ -167,3 +167,38 @@ def test_the_readme_example_with_an_edited_copy_of_the_line_above_is_no_change(s
         pytest.skip("the shown region cannot hold that answer in this layout")
     region, rejected = read_answer(text, prompt, "stop", style)
     assert region == prompt.region.replace(CURSOR, "") and rejected == "border_copy"
+
+
+# Files in other languages, each with a region and an answer that drops a closing brace (the
+# file no longer parses) or makes the edit (it still does).
+OTHER_LANGUAGES = [
+    ("main.go", "package main\n\nfunc total(xs []int) int {\n\ts := 0\n",
+     "\tfor _, x := range xs {\n\t\ts += x\n\t}", "\treturn s\n}\n",
+     "\tfor _, x := range xs {\n\t\ts += 2 * x", "\tfor _, x := range xs {\n\t\ts += 2 * x\n\t}"),
+    ("cart.ts", "export function total(items: number[]): number {\n  let s = 0;\n",
+     "  for (const x of items) {\n    s += x;\n  }", "  return s;\n}\n",
+     "  for (const x of items) {\n    s += 2 * x;",
+     "  for (const x of items) {\n    s += 2 * x;\n  }"),
+    ("lib.rs", "pub fn total(xs: &[i32]) -> i32 {\n    let mut s = 0;\n",
+     "    for x in xs {\n        s += x;\n    }", "    s\n}\n",
+     "    for x in xs {\n        s += 2 * x;", "    for x in xs {\n        s += 2 * x;\n    }"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "before", "region", "after", "broken", "edited"), OTHER_LANGUAGES)
+def test_an_answer_that_breaks_a_file_in_another_language_is_no_change(
+    path: str, before: str, region: str, after: str, broken: str, edited: str
+) -> None:
+    """tree-sitter judges what ``ast`` cannot: the answer that leaves the file unparsable is
+    "no change"; the edit is kept; a language with no grammar here is not judged."""
+    prompt = EditPrompt(
+        file_path=path, file_before=before, region=CURSOR + region, file_after="\n" + after
+    )
+    kept, rejected = read_answer(model_answer(edited, prompt, "chat"), prompt, "stop", "chat")
+    assert kept == edited and rejected is None
+    kept, rejected = read_answer(model_answer(broken, prompt, "chat"), prompt, "stop", "chat")
+    assert kept == region and rejected == "breaks_syntax"
+    unknown = EditPrompt(file_path="cart.zig", file_before=before, region=CURSOR + region,
+                         file_after="\n" + after)  # fmt: skip
+    kept, rejected = read_answer(model_answer(broken, unknown, "chat"), unknown, "stop", "chat")
+    assert kept == broken and rejected is None

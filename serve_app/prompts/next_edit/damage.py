@@ -9,21 +9,21 @@ what can still hurt is what the answer brings into the region:
   left a second ``return`` at module level in the README's own example). Short lines
   (``} else {``, ``return None``) are common in real edits and never count, nor does a line
   that finishes the one the user is typing (the cursor's).
-- ``breaks_syntax``: the file parsed before and does not after (Python, by ``ast``; a file
-  that did not parse, half-typed, is not judged). Other languages are not parsed here: no
-  tree-sitter grammar is a dependency.
+- ``breaks_syntax``: the file parsed before and does not after (``syntax.parses``: Python by
+  ``ast``, JavaScript, TypeScript, Go, Rust, Java, C and C++ by tree-sitter; a file that did
+  not parse, half-typed, is not judged, nor a language with no parser here).
 
 Either makes the answer "no change".
 """
 
 from __future__ import annotations
 
-import ast
 from collections import Counter
 from difflib import SequenceMatcher
 from typing import Literal
 
 from serve_app.prompts.next_edit.parse import CURSOR, EditPrompt, region_without_cursor
+from serve_app.prompts.next_edit.syntax import parses
 
 Damage = Literal["border_copy", "breaks_syntax"]
 
@@ -35,7 +35,6 @@ MIN_COPY_CHARS = 12
 MIN_NEAR_CHARS = 12
 MIN_BEGUN_CHARS = 4
 NEAR_RATIO = 0.8
-PYTHON_SUFFIXES = (".py", ".pyi", ".pyw")
 
 
 def damage(answer: str, prompt: EditPrompt) -> Damage | None:
@@ -43,7 +42,7 @@ def damage(answer: str, prompt: EditPrompt) -> Damage | None:
     region = region_without_cursor(prompt)
     if _copies_a_border_line(answer, region, _border_lines(prompt), _cursor_line(prompt)):
         return "border_copy"
-    if _breaks_python(answer, region, prompt):
+    if _breaks_syntax(answer, region, prompt):
         return "breaks_syntax"
     return None
 
@@ -105,17 +104,10 @@ def _likeness(a: str, b: str) -> float:
     return SequenceMatcher(None, a, b, autojunk=False).ratio()
 
 
-def _breaks_python(answer: str, region: str, prompt: EditPrompt) -> bool:
-    if prompt.file_path and not prompt.file_path.endswith(PYTHON_SUFFIXES):
+def _breaks_syntax(answer: str, region: str, prompt: EditPrompt) -> bool:
+    """The file parsed with the region and does not with the answer in its place. A request
+    that names no file is taken as Python (Continue's tagged prompt often names none)."""
+    path = prompt.file_path or "file.py"
+    if parses(path, prompt.file_before + region + prompt.file_after) is not True:
         return False
-    before = prompt.file_before + region + prompt.file_after
-    after = prompt.file_before + answer + prompt.file_after
-    return parses_as_python(before) and not parses_as_python(after)
-
-
-def parses_as_python(source: str) -> bool:
-    try:
-        ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return False
-    return True
+    return parses(path, prompt.file_before + answer + prompt.file_after) is False
