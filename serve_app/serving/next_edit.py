@@ -88,7 +88,7 @@ class NextEditService:
         if followed is not None and followed.completion_tokens <= params.max_tokens:
             return self._answer_followed(body, call, len(prompt_ids), followed)
         raw, last = await self.client.complete(call, request)
-        # Off the event loop: the damage check parses the whole file (``prompts.edit.damage``).
+        # Off the event loop: the damage check parses the whole file (``prompts.next_edit.damage``).
         region, rejected = await self.client.off_loop(
             read_answer, answer_prefix(messages) + raw, prompt, last.finish_reason, self.style
         )
