@@ -25,10 +25,8 @@ from collections.abc import Sequence
 
 from serve_app.auth import cli as keys_cli
 from serve_app.config import ENGINE_ROLES, serve_file_configs
-from serve_app.engine.startup import load_role_model
 from serve_app.models.embedded import embedded_name
 from serve_app.models.embedded.cli import Target, missing_extras, prepare_models
-from serve_app.runner.builder import configured_runner
 
 
 def served_embedded_models(config_path: str) -> list[Target]:
@@ -49,6 +47,10 @@ def prepare_weights(config_path: str, cache_dir: str | None = None) -> int:
     they are on disk before any replica starts. Models not converted into the cache (a hub
     id, a local folder) keep nothing on disk and are skipped; the engine knows no other
     way to prepare them."""
+    # Here, not at the top: the other steps run without loading torch.
+    from serve_app.engine.startup import load_role_model
+    from serve_app.runner.builder import configured_runner
+
     for config in serve_file_configs(config_path):
         if cache_dir is not None:
             config = config.model_copy(update={"cache_dir": cache_dir})
