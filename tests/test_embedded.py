@@ -352,3 +352,18 @@ def test_cli_prepares_the_runner_weights_before_any_replica_starts(tmp_path, cap
     config = AppConfig.model_validate(json.loads(Path(path).read_text())["applications"][0]["args"])
     LLMEngine.from_config(config, "fim").shutdown()
     assert {file: file.stat().st_mtime_ns for file in folder.glob("runner-*.pt")} == written
+
+
+def test_the_weights_step_leaves_models_outside_the_cache_to_their_replicas(
+    tmp_path, capsys
+) -> None:
+    """A model that is no embedded one (a hub id, a folder, tiny) keeps nothing on disk to
+    prepare: the step passes it by without loading it."""
+    roles = {"fim": "t", "edit": "t", "decisions": "t"}
+    document = {
+        "applications": [{"args": {"models": [{"id": "t", "source": "tiny"}], "roles": roles}}]
+    }
+    path = tmp_path / "serve.yaml"
+    path.write_text(json.dumps(document))
+    assert prepare(["weights", "--config", str(path)]) == 0
+    assert capsys.readouterr().out == ""
