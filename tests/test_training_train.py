@@ -221,6 +221,17 @@ def test_a_seed_refuses_data_of_another_version(
                     "--init-adapter", str(seed)])  # fmt: skip
 
 
+def test_the_levers_time_each_recipe_on_the_same_examples(
+    tiny_source: str, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from training import levers
+
+    levers.main(["--data", str(data), "--steps", "1", "--batch", "1", "--model", tiny_source])
+    table = capsys.readouterr().out
+    assert table.startswith("CPU:") and "| r 16, all blocks, full gradient |" in table
+    assert table.count("x |") == len(levers.LEVERS) and "| 1.00x |" in table
+
+
 def test_a_run_given_minutes_ends_by_then_with_its_adapter(
     tiny_source: str, data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -64,6 +64,7 @@ def run_record(args: argparse.Namespace, progress: Mapping[str, Any]) -> dict[st
         "validation_loss": progress["validation"],
         "validation_loss_changed_tokens": progress["validation_changed"],
         "hours": round(progress["seconds"] / 3600, 3),
+        "seconds": round(progress["seconds"], 3),
     }
 
 
