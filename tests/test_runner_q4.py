@@ -16,10 +16,22 @@ from serve_app.runner.builder import build_runner, configured_runner, decode_wei
 from tests.conftest import engine_config
 from tests.runner_support import PROMPTS, encode, generate_all, greedy
 
-pytestmark = pytest.mark.skipif(
+
+def _no_library() -> str | None:
+    try:
+        native.load()
+    except native.KernelUnavailable as e:
+        return str(e)
+    return None
+
+
+# The kernels' own math runs wherever they build (a CPU without AVX2 on the portable path); a
+# runner uses them only where a SIMD path is there (``needs_simd``).
+pytestmark = pytest.mark.skipif(_no_library() is not None, reason=f"C kernels: {_no_library()}")
+needs_simd = pytest.mark.skipif(
     native.unavailable_reason() is not None, reason=f"C kernels: {native.unavailable_reason()}"
 )
-ISAS = [isa for isa in (1, 2) if isa <= weights_q4.Q4Kernel().isa]
+ISAS = [isa for isa in (0, 1, 2) if isa <= weights_q4.Q4Kernel().isa]  # 0: portable C
 
 
 def reference(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
@@ -47,6 +59,30 @@ def test_kernel_computes_its_documented_math(isa: int, n: int, k: int, rows: int
     y = weights_q4.Q4Kernel(isa=isa).matmul(x, packed, n)
     expected = reference(x, packed, n)
     torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("isa", ISAS[1:])
+def test_every_simd_path_agrees_with_the_portable_one(isa: int) -> None:
+    """The portable C path (what a CPU without AVX2 runs) against each SIMD path this CPU has,
+    on a decode row, a register tile's worth and a ragged prompt chunk: the same integer dots,
+    only the order of a group's float sum differs."""
+    generator = torch.Generator().manual_seed(11)
+    packed = weights_q4.quantize(torch.randn(96, 320, generator=generator) * 0.05)
+    portable, simd = weights_q4.Q4Kernel(isa=0), weights_q4.Q4Kernel(isa=isa)
+    for rows in (1, 4, 19):
+        x = torch.randn(rows, 320, generator=generator) * 2
+        torch.testing.assert_close(simd.matmul(x, packed, 96), portable.matmul(x, packed, 96))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_threads_share_the_work_not_the_result(isa: int) -> None:
+    generator = torch.Generator().manual_seed(13)
+    packed = weights_q4.quantize(torch.randn(80, 64, generator=generator))
+    x = torch.randn(21, 64, generator=generator)
+    kernel = weights_q4.Q4Kernel(isa=isa)
+    one = kernel.matmul(x, packed, 80, threads=1)
+    for threads in (2, 3, 5, 8):  # 8 > the 5 tiles: some threads get none
+        assert torch.equal(kernel.matmul(x, packed, 80, threads=threads), one)
 
 
 def test_quantization_is_within_half_a_step_and_refits_lower_the_error() -> None:
@@ -89,6 +125,7 @@ def q4_numbers(loaded: LoadedModel) -> LoadedModel:
     return dataclasses.replace(loaded, model=model)
 
 
+@needs_simd
 def test_decode_steps_run_on_q4_and_prompts_do_not(loaded) -> None:
     """A decode pass computes the model whose weights are q4's (up to int8 activations, far
     closer than that model is to fp32); a prompt chunk the int8 weights (its numbers differ)."""
@@ -105,6 +142,7 @@ def test_decode_steps_run_on_q4_and_prompts_do_not(loaded) -> None:
     assert all(layer.qkv.q4 is not None and layer.down.q4 is not None for layer in runner.layers)
 
 
+@needs_simd
 def test_greedy_output_is_the_same_alone_and_batched(loaded) -> None:
     prompts = [encode(loaded, t) for t in PROMPTS]
     requests = [greedy(f"r{i}", p, 12) for i, p in enumerate(prompts)]
@@ -115,6 +153,7 @@ def test_greedy_output_is_the_same_alone_and_batched(loaded) -> None:
     assert engine.stats().backend == "RunnerBackend"
 
 
+@needs_simd
 def test_the_decision_scorer_never_holds_q4(loaded) -> None:
     config = engine_config(weights="q4", prompt_weights="auto")
     runner = configured_runner(loaded, config.for_scoring(0), "scorer")
@@ -129,12 +168,21 @@ def test_without_a_compiler_q4_falls_back_to_int8(monkeypatch, tmp_path) -> None
     assert decode_weights("q4") == "int8" and decode_weights("auto") == "int8"
 
 
+def test_a_cpu_without_avx2_keeps_torchs_kernels(monkeypatch) -> None:
+    """The library loads there (its portable path), but the runner does not decode on it."""
+    portable = native.Native(native.load().library, 0)
+    monkeypatch.setattr(native, "load", lambda build_dir=None: portable)
+    assert "portable C path only" in (native.unavailable_reason() or "")
+    assert decode_weights("q4") == "int8" and decode_weights("auto") == "int8"
+
+
 def test_without_torchs_int8_engine_auto_is_int4_not_q4(monkeypatch) -> None:
     """q4 reads prompts on int8: with the kernels built but no int8 engine, neither runs."""
     monkeypatch.setattr(builder, "int8_supported", lambda: False)
     assert decode_weights("auto") == decode_weights("q4") == decode_weights("int8") == "int4"
 
 
+@needs_simd
 def test_drafts_verified_together_get_the_numbers_each_gets_alone(loaded) -> None:
     """Speculation's exactness: a row of 4 tokens (a token and 3 drafts) in one decode pass,
     beside another request, gives bit for bit the logits of 4 single-token steps alone."""
@@ -154,6 +202,7 @@ def test_drafts_verified_together_get_the_numbers_each_gets_alone(loaded) -> Non
     assert torch.equal(together[:4], torch.stack(alone))
 
 
+@needs_simd
 def test_native_decode_attention_computes_what_torch_does(loaded) -> None:
     """The C attention (``kernels/attention.c``) against torch's, on dense weights (nothing
     rounds after it): the same logits up to float rounding (its exp is a polynomial)."""
@@ -170,6 +219,7 @@ def test_native_decode_attention_computes_what_torch_does(loaded) -> None:
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
 
 
+@needs_simd
 def test_q4_packs_are_made_once_and_mapped_by_later_replicas(loaded, tmp_path) -> None:
     first = build_runner(loaded.model, weights="q4", cache_dir=tmp_path)
     assert len(list(tmp_path.glob("runner-q4-*.pt"))) == 1

@@ -6,8 +6,10 @@ llama.cpp's hand-written kernels show. The system C compiler (``$CC``, else ``cc
 package with a C extension needs) builds one shared library in the user's cache, named by a
 digest of sources and compiler, under a file lock so replicas starting together build it once.
 Paths are chosen at run time from the CPU (``isa``), never by compile flags, so the library runs
-on any x86-64 CPU it was built on. ctypes releases the GIL for a call. Without a compiler or
-AVX2/FMA/F16C, ``load`` raises ``KernelUnavailable`` and the runner keeps torch's kernels.
+on any CPU it was built on: AVX512-VNNI, AVX2 (with FMA and F16C), or portable C (``isa`` 0:
+any CPU, an ARM laptop included; correct, and what the SIMD paths are tested against, but slower
+than torch's kernels, so the runner uses the kernels only where ``unavailable_reason`` is None).
+ctypes releases the GIL for a call. Without a compiler ``load`` raises ``KernelUnavailable``.
 """
 
 from __future__ import annotations
@@ -25,21 +27,22 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 SOURCES = sorted((Path(__file__).with_name("kernels")).glob("*.c"))
-ISA_NAMES = {1: "avx2", 2: "avx512-vnni"}
+ISA_NAMES = {0: "scalar", 1: "avx2", 2: "avx512-vnni"}
 _P, _I64, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {
     "q4_isa": ([], _INT),
-    "q4_matmul": ([_P, _I64, _I64, _P, _I64, _P, _INT], _INT),
+    "q4_matmul": ([_P, _I64, _I64, _P, _I64, _P, _INT, _INT], _INT),
     "attend_one": ([_P, _I64, _I64, _I64, _P, _P, _I64, _I64, _FLOAT, _P], _INT),
 }
 
 
 class KernelUnavailable(RuntimeError):
-    """The C kernels cannot run here (no compiler, no AVX2); the message says why."""
+    """The C kernels cannot run here, or not faster than torch's (no compiler, no AVX2)."""
 
 
 class Native:
-    """The loaded library and the best path this CPU runs (``isa``: 1 AVX2, 2 AVX512-VNNI)."""
+    """The loaded library and the best path this CPU runs (``isa``: 0 portable C, 1 AVX2,
+    2 AVX512-VNNI)."""
 
     def __init__(self, library: ctypes.CDLL, isa: int) -> None:
         self.library = library
@@ -52,16 +55,19 @@ def default_build_dir() -> str:
 
 
 def load(build_dir: str | None = None) -> Native:
-    """The library, built into ``build_dir`` on first use; ``KernelUnavailable`` if it can't."""
+    """The library, built into ``build_dir`` on first use; ``KernelUnavailable`` if it can't.
+    Its ``isa`` may be 0 (portable C): ``unavailable_reason`` says whether to use it."""
     return _load(build_dir or default_build_dir(), os.environ.get("CC", "cc"))
 
 
 def unavailable_reason(build_dir: str | None = None) -> str | None:
-    """None where the kernels run here, else why not."""
+    """None where the kernels run here on SIMD (faster than torch's), else why not."""
     try:
-        load(build_dir)
+        native = load(build_dir)
     except KernelUnavailable as e:
         return str(e)
+    if native.isa == 0:
+        return "the CPU lacks AVX2, FMA or F16C: the kernels' portable C path only"
     return None
 
 
@@ -82,15 +88,22 @@ def _load(build_dir: str, compiler: str) -> Native:
     for name, (arguments, result) in SIGNATURES.items():
         function = getattr(library, name)
         function.argtypes, function.restype = arguments, result
-    isa = library.q4_isa()
-    if isa == 0:
-        raise KernelUnavailable("the runner's kernels need AVX2, FMA and F16C")
-    return Native(library, isa)
+    return Native(library, library.q4_isa())
 
 
 def _build(compiler: str, path: Path) -> None:
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    command = [compiler, "-O3", "-shared", "-fPIC", "-o", str(tmp), *map(str, SOURCES), "-lm"]
+    command = [
+        compiler,
+        "-O3",
+        "-shared",
+        "-fPIC",
+        "-pthread",
+        "-o",
+        str(tmp),
+        *map(str, SOURCES),
+        "-lm",
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise KernelUnavailable(f"{' '.join(command)} failed: {done.stderr[-2000:]}")

@@ -9,12 +9,15 @@
  * for all the query heads that share it.
  *
  * 8 floats wide (AVX2 + FMA; AVX-512 CPUs run it too): on Zen 4 a 512-bit op costs two 256-bit
- * ones anyway.
+ * ones anyway. Off x86 (no AVX2 to target) attend_one answers -3 and the runner keeps torch's
+ * attention (native.py: the kernels' isa is 0 there).
  */
-#include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
@@ -154,3 +157,11 @@ int attend_one(const float *q, int64_t heads, int64_t kv_heads, int64_t dim, con
     free(scores);
     return 0;
 }
+#else
+int attend_one(const float *q, int64_t heads, int64_t kv_heads, int64_t dim, const float *keys,
+               const float *values, int64_t kv_stride, int64_t end, float scale, float *out) {
+    (void)q, (void)heads, (void)kv_heads, (void)dim, (void)keys, (void)values;
+    (void)kv_stride, (void)end, (void)scale, (void)out;
+    return -3;
+}
+#endif
