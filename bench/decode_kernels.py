@@ -1,13 +1,17 @@
 """The runner's decode and prompt speed per kernel, against llama.cpp on the same GGUF, one run.
 
-    python -m bench.decode_kernels --model qwen2.5-coder-1.5b --kernels int8,q4 \\
-        [--llama-url http://127.0.0.1:8091]
+    python -m bench.decode_kernels --model qwen2.5-coder-1.5b --kernels q4:fbgemm,q4:q8 \\
+        [--threads 2] [--llama-url http://127.0.0.1:8091]
+
+A kernel is ``WEIGHTS[:INT8_KERNEL]`` (``EngineConfig.weights`` and ``int8_kernel``: the
+8-bit weights prompts are read on). ``RUNNER_KERNEL_ISA=avx2`` in the environment measures
+an AVX2-only CPU's C kernels on an AVX-512 one (torch's own kernels still use what they find).
 
 Start llama-server on the model's own GGUF (``bench/llama_side_by_side.sh`` says how to
 assemble it) with one thread, as a replica decodes: ``llama-server -m MODEL.gguf -t 1 -c 4096
 -np 1 --port 8091``. Then, for each of ``--prompts`` standard-library files (code no one here
-wrote), its first 2,000 characters (~500 tokens) as the prompt, in this process, one torch
-thread:
+wrote), its first 2,000 characters (~500 tokens) as the prompt, in this process, on
+``--threads`` torch threads (1: as a replica decodes; 2: as it reads prompts):
 
 - prompt tok/s: the runner reads the prompt cold in 256-token chunks (as the engine does);
   llama.cpp's ``/completion`` with ``cache_prompt: false`` (its own ``timings``);
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sysconfig
 import time
@@ -37,6 +42,7 @@ import torch
 from bench.common import cpu_flags, table
 from serve_app.engine_config import EngineConfig
 from serve_app.models.loader import load_model
+from serve_app.runner import native
 from serve_app.runner.builder import configured_runner
 
 FILES = ["csv.py", "argparse.py", "tokenize.py", "dataclasses.py", "pprint.py"]
@@ -81,6 +87,11 @@ def forced_logits(runner, ids: list[int], prompt: int) -> torch.Tensor:
     return torch.stack(out)
 
 
+def kernel_config(kernel: str) -> EngineConfig:
+    weights, _, int8_kernel = kernel.partition(":")
+    return EngineConfig(weights=weights, int8_kernel=int8_kernel or "auto")
+
+
 def llama_rates(url: str, text: str) -> tuple[float, float]:
     body = {"prompt": text, "n_predict": DECODE_TOKENS, "temperature": 0,
             "cache_prompt": False, "ignore_eos": True}  # fmt: skip
@@ -95,19 +106,24 @@ def llama_rates(url: str, text: str) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--kernels", default="int8,q4", help="decode weights, comma-separated")
+    parser.add_argument(
+        "--kernels", default="int8,q4", help="WEIGHTS[:INT8_KERNEL], comma-separated"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
     parser.add_argument("--prompts", type=int, default=5, help=f"files, at most {len(FILES)}")
     parser.add_argument("--tokens", type=int, default=64, help="forced tokens per file (KL)")
     parser.add_argument("--llama-url", default=None)
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
-    print(f"CPU: {cpu_flags()}; torch threads 1")
-    loaded = load_model(f"embedded:{args.model}", threads=1)
+    isa = os.environ.get(native.ISA_CAP_VARIABLE, "best")
+    print(f"CPU: {cpu_flags()}; torch threads {args.threads}; C kernels: {isa}; "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")  # fmt: skip
+    loaded = load_model(f"embedded:{args.model}", threads=args.threads)
     texts = prompt_texts(args.prompts)
     prompts = [loaded.tokenizer.encode(text) for text in texts]
     kernels = args.kernels.split(",")
-    runners = {k: configured_runner(loaded, EngineConfig(weights=k), "bench") for k in kernels}
+    runners = {k: configured_runner(loaded, kernel_config(k), "bench") for k in kernels}
     dense = configured_runner(
         loaded, EngineConfig(weights="dense", prefill_dtype="float32"), "bench"
     )

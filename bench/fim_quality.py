@@ -110,6 +110,9 @@ def main() -> None:
     parser.add_argument(
         "--prompt-weights", default="auto", help="engine.prompt_weights (auto: int8 on AVX2)"
     )
+    parser.add_argument(
+        "--int8-kernel", default="auto", help="engine.int8_kernel (the prompts' 8-bit kernel)"
+    )
     parser.add_argument("--show-misses", action="store_true")
     parser.add_argument(
         "--no-service", action="store_true", help="with --llama-url: only llama.cpp's column"
@@ -126,6 +129,7 @@ def main() -> None:
     config = EngineConfig(
         weights=args.weights,
         prompt_weights=args.prompt_weights,
+        int8_kernel=args.int8_kernel,
         max_batch_size=4,
         prefix_cache_mb=0,
         speculation=NO_SPECULATION,
@@ -162,7 +166,8 @@ def main() -> None:
         engine.shutdown()
     print(
         f"\n{args.source}, exact first line, greedy, {args.cases} cases per set, {args.cursor}, "
-        f"weights {args.weights}, prompt_weights {args.prompt_weights}"
+        f"weights {args.weights}, prompt_weights {args.prompt_weights}, "
+        f"int8_kernel {args.int8_kernel}"
     )
     print(f"CPU: {cpu_flags()}; engine backend: {engine.stats().backend}")
     print(_table(results, list(sets), layouts))

@@ -102,10 +102,10 @@ class EngineConfig(_Strict):
         description="The runner's decode weights: auto (q4 wherever torch has its "
         "fbgemm/x86 int8 engine and the runner's C kernels build, int8 where only the first "
         "holds, else int4; on a GPU dense), q4 (the runner's own 4-bit kernel, 5 bits a "
-        "weight, decoding faster than int8; prompts on int8; needs a C compiler, else int8), "
-        "int4 (torch's groupwise kernel, packed once next to the model and shared by "
-        "replicas), int8 (fbgemm per channel, faster decode than fp32 on AVX2, "
-        "quantized once, packed per replica) or dense (the model's own numbers). q4, int4 and "
+        "weight, decoding faster than int8; prompts on 8 bits, int8_kernel's; needs a C "
+        "compiler, else int8), int4 (torch's groupwise kernel, packed once next to the model "
+        "and shared by replicas), int8 (8 bits, int8_kernel's: faster decode than fp32 on "
+        "AVX2) or dense (the model's own numbers). q4, int4 and "
         "int8 run on CPU only: asked for on a GPU, the replica fails at start.",
     )
     prefill_dtype: Literal["auto", "float32", "bfloat16"] = Field(
@@ -121,6 +121,15 @@ class EngineConfig(_Strict):
         "once per token id), dense, or auto (decode where the decode weights are int8: one "
         "scale per row reads prompts faster than fp32 on AVX2 at the same measured quality; "
         "dense elsewhere; docs/benchmarks.md).",
+    )
+    int8_kernel: Literal["auto", "q8", "fbgemm"] = Field(
+        default="auto",
+        description="The kernel of the runner's 8-bit weights (prompts and scores on the "
+        "decode weights, the LM head beside q4, decode steps on int8): q8 (the runner's own, "
+        "one scale per 32 inputs on weights and activations, rounded once; one file mapped "
+        "and shared by every replica), fbgemm (torch's, one scale per row; a second rounding "
+        "pass where precision matters; a private pack per replica), or auto (q8 wherever the "
+        "runner's C kernels run on AVX2 or AVX512-VNNI, else fbgemm).",
     )
     cuda_graphs: bool = Field(
         default=True,

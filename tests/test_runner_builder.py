@@ -33,15 +33,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_auto_weights_follow_the_cpu(loaded, tmp_path) -> None:
-    """auto: q4 decode with int8 prompts wherever torch has its fbgemm/x86 int8 engine and the
-    runner's C kernels build (AVX2 and a C compiler), int8 where only the first holds, else
-    int4."""
+    """auto: q4 decode with 8-bit prompts wherever torch has its fbgemm/x86 int8 engine and
+    the runner's C kernels build (AVX2 and a C compiler), the prompts then on the runner's q8;
+    fbgemm's int8 where only the first holds, else int4."""
     runner = build_runner(loaded.model, weights="auto", cache_dir=tmp_path)
     expect_int8 = int8_supported()
     expect_q4 = expect_int8 and native.unavailable_reason() is None
     expected = "q4" if expect_q4 else "int8" if expect_int8 else "int4"
     assert decode_weights("auto") == runner.decode_weights == expected
-    assert (runner.layers[0].down.int8 is not None) == expect_int8
+    assert (runner.layers[0].down.int8 is not None) == (expect_int8 and not expect_q4)
+    assert (runner.layers[0].down.q8 is not None) == expect_q4
     assert (runner.layers[0].down.q4 is not None) == expect_q4
     assert (runner.layers[0].down.int4 is not None) == (not expect_int8)
     assert decode_weights("dense") == "dense"
@@ -152,7 +153,11 @@ def test_the_int8_file_is_released_once_packed(loaded, tmp_path) -> None:
     calibration = encode(loaded, PROMPTS[0])
     for _ in range(2):  # the first replica saves the file, the second maps it
         runner = build_runner(
-            loaded.model, weights="int8", cache_dir=tmp_path, calibration=calibration
+            loaded.model,
+            weights="int8",
+            cache_dir=tmp_path,
+            calibration=calibration,
+            int8_kernel="fbgemm",
         )
         gc.collect()
         (saved,) = tmp_path.glob("runner-int8-*.pt")

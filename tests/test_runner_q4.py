@@ -13,6 +13,7 @@ import torch
 from serve_app.models.loader import LoadedModel
 from serve_app.runner import builder, native, weights_q4
 from serve_app.runner.builder import build_runner, configured_runner, decode_weights
+from serve_app.runner.native_matmul import NativeMatmul
 from tests.conftest import engine_config
 from tests.runner_support import PROMPTS, encode, generate_all, greedy
 
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.skipif(_no_library() is not None, reason=f"C kernels: {
 needs_simd = pytest.mark.skipif(
     native.unavailable_reason() is not None, reason=f"C kernels: {native.unavailable_reason()}"
 )
-ISAS = [isa for isa in (0, 1, 2) if isa <= weights_q4.Q4Kernel().isa]  # 0: portable C
+ISAS = [isa for isa in (0, 1, 2) if isa <= NativeMatmul().isa]  # 0: portable C
 
 
 def reference(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
@@ -56,7 +57,7 @@ def test_kernel_computes_its_documented_math(isa: int, n: int, k: int, rows: int
     x = torch.randn(rows, k, generator=generator) * 3
     x[0, :32] = 0  # an all-zero group: scale 0, no division by it
     packed = weights_q4.quantize(weight)
-    y = weights_q4.Q4Kernel(isa=isa).matmul(x, packed, n)
+    y = NativeMatmul(isa=isa).q4(x, packed, n)
     expected = reference(x, packed, n)
     torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
 
@@ -68,10 +69,10 @@ def test_every_simd_path_agrees_with_the_portable_one(isa: int) -> None:
     only the order of a group's float sum differs."""
     generator = torch.Generator().manual_seed(11)
     packed = weights_q4.quantize(torch.randn(96, 320, generator=generator) * 0.05)
-    portable, simd = weights_q4.Q4Kernel(isa=0), weights_q4.Q4Kernel(isa=isa)
+    portable, simd = NativeMatmul(isa=0), NativeMatmul(isa=isa)
     for rows in (1, 4, 19):
         x = torch.randn(rows, 320, generator=generator) * 2
-        torch.testing.assert_close(simd.matmul(x, packed, 96), portable.matmul(x, packed, 96))
+        torch.testing.assert_close(simd.q4(x, packed, 96), portable.q4(x, packed, 96))
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -79,10 +80,10 @@ def test_threads_share_the_work_not_the_result(isa: int) -> None:
     generator = torch.Generator().manual_seed(13)
     packed = weights_q4.quantize(torch.randn(80, 64, generator=generator))
     x = torch.randn(21, 64, generator=generator)
-    kernel = weights_q4.Q4Kernel(isa=isa)
-    one = kernel.matmul(x, packed, 80, threads=1)
+    kernel = NativeMatmul(isa=isa)
+    one = kernel.q4(x, packed, 80, threads=1)
     for threads in (2, 3, 5, 8):  # 8 > the 5 tiles: some threads get none
-        assert torch.equal(kernel.matmul(x, packed, 80, threads=threads), one)
+        assert torch.equal(kernel.q4(x, packed, 80, threads=threads), one)
 
 
 def test_quantization_is_within_half_a_step_and_refits_lower_the_error() -> None:
@@ -102,9 +103,9 @@ def test_a_rows_result_does_not_depend_on_its_batch(isa: int) -> None:
     generator = torch.Generator().manual_seed(5)
     packed = weights_q4.quantize(torch.randn(32, 64, generator=generator))
     x = torch.randn(7, 64, generator=generator)
-    kernel = weights_q4.Q4Kernel(isa=isa)
-    alone = torch.cat([kernel.matmul(row[None], packed, 32) for row in x])
-    assert torch.equal(kernel.matmul(x, packed, 32), alone)
+    kernel = NativeMatmul(isa=isa)
+    alone = torch.cat([kernel.q4(row[None], packed, 32) for row in x])
+    assert torch.equal(kernel.q4(x, packed, 32), alone)
 
 
 def test_shapes_the_kernel_cannot_take_are_refused() -> None:

@@ -137,7 +137,7 @@ def test_int8_engine_decodes_on_int8_and_prefills_dense(loaded) -> None:
     prefill writes exactly the dense runner's KV and a decode step's logits stay close. Both
     read their logits through the int8 head (it feeds no KV)."""
     dense = build_runner(loaded.model, weights="dense")
-    int8 = build_runner(loaded.model, weights="int8")
+    int8 = build_runner(loaded.model, weights="int8", int8_kernel="fbgemm")
     assert int8.layers[0].qkv.int8 is not None and dense.layers[0].qkv.int8 is None
     prompt = encode(loaded, PROMPTS[1])[:12]
     with torch.inference_mode():

@@ -53,13 +53,14 @@ def test_the_runner_smooths_int8_once_and_reads_the_factors_back(loaded, tmp_pat
     without calibration keeps its unsmoothed values in a file of its own, so neither ever
     reads the other's."""
     ids = calibration_ids(loaded.tokenizer)
-    first = build_runner(loaded.model, weights="int8", cache_dir=tmp_path, calibration=ids)
+    fbgemm = {"weights": "int8", "cache_dir": tmp_path, "int8_kernel": "fbgemm"}
+    first = build_runner(loaded.model, **fbgemm, calibration=ids)
     saved = torch.load(next(tmp_path.glob("runner-int8-v3-*.pt")), weights_only=True)
     assert "layers.0.down.smooth" in saved and "lm_head.smooth" in saved
-    plain = build_runner(loaded.model, weights="int8", cache_dir=tmp_path)
+    plain = build_runner(loaded.model, **fbgemm)
     assert plain.lm_head.smooth is None
     assert len(list(tmp_path.glob("runner-int8-raw-v3-*.pt"))) == 1
-    second = build_runner(loaded.model, weights="int8", cache_dir=tmp_path, calibration=ids)
+    second = build_runner(loaded.model, **fbgemm, calibration=ids)
     assert len(list(tmp_path.glob("runner-int8-v3-*.pt"))) == 1
     x = torch.randn(3, loaded.model.config.hidden_size, generator=torch.Generator().manual_seed(1))
     for a, b in ((first.layers[0].qkv, second.layers[0].qkv), (first.lm_head, second.lm_head)):

@@ -6,14 +6,16 @@ Which weights run where is decided at run time, from what the CPU computes nativ
 the defaults"):
 
 - decode steps (few rows): the runner's own 4-bit kernel (``weights_q4``; its prompts on
-  int8) wherever torch has its fbgemm/x86 int8 engine and the runner's C kernels build
-  (``native``), fbgemm int8 per channel where only the first holds, torch's int4 elsewhere;
-  or what ``weights`` names;
-- prompts: on the decode weights where those are int8 (per-row int8 reads a prompt faster than
-  fp32 GEMM on AVX2, at the same measured quality), the prompt's first token on the dense
-  weights (``Qwen2Runner.first_token``); elsewhere on the dense weights: the HF parameters as
-  they are (fp32) on CPUs without bf16 compute, a bf16 copy where the CPU has AVX512-BF16 or
-  AMX.
+  8 bits) wherever torch has its fbgemm/x86 int8 engine and the runner's C kernels build
+  (``native``), 8 bits where only the first holds, torch's int4 elsewhere; or what ``weights``
+  names;
+- 8 bits (prompts, scores, q4's LM head): the runner's q8 (``weights_q8``: a scale per 32
+  inputs, rounded once, one mapped file every replica shares) where its C kernels run on SIMD,
+  else fbgemm's int8 per channel (a private pack per replica); or what ``int8_kernel`` names;
+- prompts: on the decode weights where those are 8-bit (faster than fp32 GEMM, at the same
+  measured quality), the prompt's first token on the dense weights
+  (``Qwen2Runner.first_token``); elsewhere on the dense weights: the HF parameters as they are
+  (fp32) on CPUs without bf16 compute, a bf16 copy where the CPU has AVX512-BF16 or AMX.
 
 On a CUDA GPU (the weights' device, ``model_device``) none of that applies: the decode and
 prompt weights are the dense ones, in the model's own dtype unless ``prefill_dtype`` names
@@ -35,18 +37,21 @@ import torch
 
 from serve_app.engine_config import EngineConfig
 from serve_app.models.loader import DeviceError
-from serve_app.runner import native, weights_q4
+from serve_app.runner import native
 from serve_app.runner.graphs import DecodeGraphs
 from serve_app.runner.lora import LoraAdapter, load_adapter
+from serve_app.runner.native_matmul import NativeMatmul
 from serve_app.runner.packs import (
     INT8_FILE,
     Q4_FILE,
+    Q8_FILE,
     UNSMOOTHED_INT8_FILE,
     cache_path,
     cached,
     int4_packs,
     int8_packs,
     q4_packs,
+    q8_packs,
 )
 from serve_app.runner.pages import page_out
 from serve_app.runner.prepared_weights import (
@@ -62,6 +67,7 @@ from serve_app.runner.weights import Linear, int8_supported
 logger = logging.getLogger(__name__)
 
 WEIGHTS = ("auto", "q4", "int4", "int8", "dense")
+INT8_KERNELS = ("auto", "q8", "fbgemm")
 PROMPT_WEIGHTS = ("auto", "dense", "decode")
 CPU = torch.device("cpu")
 LINEARS = ("qkv", "o", "gate_up", "down", "lm_head")
@@ -161,9 +167,11 @@ def choose_weights(
     dense_dtype: torch.dtype | str = torch.float32,
     precise: Sequence[str] = (),
     scoring: bool = False,
+    int8_kernel: str = "auto",
 ) -> WeightChoice:
-    """What ``weights``, ``prompt_weights`` and ``dense_dtype`` (a dtype, or an
-    ``EngineConfig.prefill_dtype`` name) mean for ``model`` on this machine.
+    """What ``weights``, ``prompt_weights``, ``dense_dtype`` (a dtype, or an
+    ``EngineConfig.prefill_dtype`` name) and ``int8_kernel`` mean for ``model`` on this
+    machine.
     ``scoring``: a runner that only reads prompts (the decision scorer's) gets no decode
     weights where prompts are dense, and only q4's int8 (which reads its prompts) on q4."""
     if weights not in WEIGHTS:
@@ -171,6 +179,8 @@ def choose_weights(
     unknown = set(precise) - set(LINEARS)
     if unknown:
         raise ValueError(f"unknown linears {sorted(unknown)}; use some of {LINEARS}")
+    if int8_kernel not in INT8_KERNELS:
+        raise ValueError(f"unknown int8 kernel {int8_kernel!r}; use one of {INT8_KERNELS}")
     device = model_device(model)
     decode = decode_weights(weights, device)
     prompts_quantized = quantized_prompts(prompt_weights, decode)
@@ -179,7 +189,20 @@ def choose_weights(
     if isinstance(dense_dtype, str):
         model_dtype = next(model.parameters()).dtype
         dense_dtype = prefill_dtype(dense_dtype, device, model_dtype, prompts_quantized)
-    return WeightChoice(decode, prompts_quantized, dense_dtype, tuple(precise))
+    kernel = resolved_int8_kernel(int8_kernel)
+    return WeightChoice(decode, prompts_quantized, dense_dtype, tuple(precise), kernel)
+
+
+def resolved_int8_kernel(requested: str) -> str:
+    """``auto``: q8 wherever the runner's C kernels run on SIMD (one rounding per 32 inputs,
+    a mapped file every replica shares), else fbgemm. q8 asked for where they do not: fbgemm,
+    with a warning."""
+    reason = native.unavailable_reason()
+    if requested == "q8" and reason is not None:
+        logger.warning("runner: q8 weights unavailable (%s); using fbgemm's int8", reason)
+    if requested == "fbgemm" or reason is not None:
+        return "fbgemm"
+    return "q8"
 
 
 def prepare_weights(
@@ -202,22 +225,28 @@ def prepare_weights(
     q4: dict[str, torch.Tensor] = {}
     if choice.decode == "int4":
         packs = int4_packs(matrices, cache_path(model, cache_dir, "int4"))
-    elif choice.decode in ("int8", "q4"):
+    eight_bit = choice.decode in ("int8", "q4")
+    kernel = NativeMatmul() if choice.decode == "q4" or choice.int8_kernel == "q8" else None
+    q8: dict[str, torch.Tensor] = {}
+    if eight_bit and choice.int8_kernel == "q8":
+        q8 = q8_packs(matrices, cache_path(model, cache_dir, Q8_FILE))
+    if eight_bit and set(matrices) - set(q8):  # fbgemm, or a shape q8 does not take
         path = cache_path(model, cache_dir, INT8_FILE if calibration else UNSMOOTHED_INT8_FILE)
-        int8 = int8_packs(matrices, path, model, calibration)
-    kernel = weights_q4.Q4Kernel() if choice.decode == "q4" else None
-    if kernel is not None:
-        # q4 takes the decoder layers' linears; the LM head stays on int8, rounded twice (as
-        # llama.cpp's Q4_K_M keeps its output matrix in 6 bits): every logit goes through it,
-        # and a q4 head lost FIM first lines an int8 one kept (docs/benchmarks.md).
+        rest = {k: v for k, v in matrices.items() if k not in q8}
+        int8 = int8_packs(rest, path, model, calibration)
+    if choice.decode == "q4":
+        # q4 takes the decoder layers' linears; the LM head stays on 8 bits (as llama.cpp's
+        # Q4_K_M keeps its output matrix in 6): every logit goes through it, and a q4 head lost
+        # FIM first lines an int8 one kept (docs/benchmarks.md).
         layers_only = {k: v for k, v in matrices.items() if k != "lm_head"}
         q4 = q4_packs(layers_only, cache_path(model, cache_dir, Q4_FILE))
 
     def linear(name: str) -> Linear:
         packed, smooth = int8.get(name, (None, None))
         precise = name.rsplit(".", 1)[-1] in choice.precise
-        own = (kernel, q4[name]) if kernel is not None and name in q4 else None
-        return Linear(matrices[name], _pack(packs, name), packed, precise, smooth, own)
+        own4 = (kernel, q4[name]) if name in q4 else None
+        own8 = (kernel, q8[name]) if name in q8 else None
+        return Linear(matrices[name], _pack(packs, name), packed, precise, smooth, own4, own8)
 
     layers = tuple(
         Layer(
@@ -260,6 +289,7 @@ def build_runner(
     adapters: Mapping[str, LoraAdapter] | None = None,
     scoring: bool = False,
     graphs: DecodeGraphs | None = None,
+    int8_kernel: str = "auto",
 ) -> Qwen2Runner:
     """A runner over ``model``'s weights, as ``choose_weights`` resolves the options and
     ``prepare_weights`` makes them. ``small_prefill_tokens``, ``prompt_weights``: see
@@ -273,6 +303,7 @@ def build_runner(
         dense_dtype=dense_dtype,
         precise=precise_activations,
         scoring=scoring,
+        int8_kernel=int8_kernel,
     )
     prepared = prepare_weights(
         model, choice, cache_dir=cache_dir, calibration=calibration, first_tokens=first_tokens
@@ -318,6 +349,7 @@ def configured_runner(
         },
         scoring=scoring,
         graphs=DecodeGraphs() if captured else None,
+        int8_kernel=config.int8_kernel,
     )
 
 

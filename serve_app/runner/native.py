@@ -26,12 +26,16 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-SOURCES = sorted((Path(__file__).with_name("kernels")).glob("*.c"))
+KERNELS = Path(__file__).with_name("kernels")
+SOURCES = sorted(KERNELS.glob("*.c"))
+HEADERS = sorted(KERNELS.glob("*.h"))  # in the digest: a changed header is a new library
 ISA_NAMES = {0: "scalar", 1: "avx2", 2: "avx512-vnni"}
+ISA_CAP_VARIABLE = "RUNNER_KERNEL_ISA"
 _P, _I64, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {
     "q4_isa": ([], _INT),
     "q4_matmul": ([_P, _I64, _I64, _P, _I64, _P, _INT, _INT], _INT),
+    "q8_matmul": ([_P, _I64, _I64, _P, _I64, _P, _INT, _INT], _INT),
     "attend_one": ([_P, _I64, _I64, _I64, _P, _P, _I64, _I64, _FLOAT, _P], _INT),
 }
 
@@ -56,8 +60,17 @@ def default_build_dir() -> str:
 
 def load(build_dir: str | None = None) -> Native:
     """The library, built into ``build_dir`` on first use; ``KernelUnavailable`` if it can't.
-    Its ``isa`` may be 0 (portable C): ``unavailable_reason`` says whether to use it."""
-    return _load(build_dir or default_build_dir(), os.environ.get("CC", "cc"))
+    Its ``isa`` may be 0 (portable C): ``unavailable_reason`` says whether to use it.
+    ``$RUNNER_KERNEL_ISA`` (``scalar``, ``avx2``) caps the path, to measure an AVX2-only CPU's
+    kernels on an AVX-512 one."""
+    native = _load(build_dir or default_build_dir(), os.environ.get("CC", "cc"))
+    cap = os.environ.get(ISA_CAP_VARIABLE)
+    if cap is None:
+        return native
+    names = {name: isa for isa, name in ISA_NAMES.items()}
+    if cap not in names:
+        raise KernelUnavailable(f"${ISA_CAP_VARIABLE}={cap!r}: use one of {sorted(names)}")
+    return Native(native.library, min(native.isa, names[cap]))
 
 
 def unavailable_reason(build_dir: str | None = None) -> str | None:
@@ -76,7 +89,7 @@ def _load(build_dir: str, compiler: str) -> Native:
     if shutil.which(compiler) is None:
         raise KernelUnavailable(f"no C compiler ({compiler!r}) to build the runner's kernels")
     digest = hashlib.sha256(compiler.encode())
-    for source in SOURCES:
+    for source in SOURCES + HEADERS:
         digest.update(source.name.encode() + source.read_bytes())
     path = Path(build_dir) / f"runner-kernels-{digest.hexdigest()[:16]}.so"
     path.parent.mkdir(parents=True, exist_ok=True)

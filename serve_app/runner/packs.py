@@ -1,10 +1,11 @@
 """The runner's quantized weights on disk: made once per machine, mapped by every replica.
 
 Quantizing reads every dense weight and takes seconds (minutes for the 1.5B), so the results
-are saved once next to the converted model and later replicas read them from there: int4 and
-q4 packs (``runner-int4-g32-<fingerprint>.pt``, ``runner-q4-v1-*``) are mapped, so every
-replica on the machine shares one page-cache copy; int8 values (``runner-int8-v3-*``,
-smoothed: ``smoothing.py``) are read into fbgemm's own packed copy per replica. A replica that
+are saved once next to the converted model and later replicas read them from there: int4, q4
+and q8 packs (``runner-int4-g32-<fingerprint>.pt``, ``runner-q4-v1-*``, ``runner-q8-v1-*``)
+are mapped, so every replica on the machine shares one page-cache copy; fbgemm's int8 values
+(``runner-int8-v3-*``, smoothed: ``smoothing.py``) are read into its own packed copy per
+replica. A replica that
 finds these files never reads the dense weights of its layers, so the memory-mapped model file
 stays out of its memory.
 """
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 from serve_app.models.progress import visible_progress
-from serve_app.runner import weights_q4
+from serve_app.runner import weights_q4, weights_q8
 from serve_app.runner.smoothing import input_peaks, smoothing
 from serve_app.runner.weights import (
     INT4_GROUP,
@@ -45,6 +46,7 @@ RUNNER_LOGGER = logging.getLogger("serve_app.runner")  # its progress, smoothing
 INT8_FILE = "int8-v3"
 UNSMOOTHED_INT8_FILE = "int8-raw-v3"
 Q4_FILE = "q4-v1"
+Q8_FILE = "q8-v1"
 
 
 def int4_packs(matrices: dict[str, list], path: Path | None) -> dict[str, torch.Tensor]:
@@ -73,6 +75,19 @@ def q4_packs(matrices: dict[str, list], path: Path | None) -> dict[str, torch.Te
         path, "q4 weights", lambda: _quantize(matrices, lambda _, w: {"q4": weights_q4.quantize(w)})
     )
     return {name: saved[f"{name}.q4"] for name in matrices}
+
+
+def q8_packs(matrices: dict[str, list], path: Path | None) -> dict[str, torch.Tensor]:
+    """The q8 kernel's packs of every matrix it takes, mapped from ``path``: shared pages."""
+    matrices = {
+        k: v
+        for k, v in matrices.items()
+        if weights_q8.supported(sum(w.shape[0] for w, _ in v), v[0][0].shape[1])
+    }
+    saved = cached(
+        path, "q8 weights", lambda: _quantize(matrices, lambda _, w: {"q8": weights_q8.quantize(w)})
+    )
+    return {name: saved[f"{name}.q8"] for name in matrices}
 
 
 def int8_packs(

@@ -35,7 +35,8 @@ class WeightChoice:
     decode: str  # "q4", "int8", "int4" or "dense": never "auto"
     quantized_prompts: bool  # prompts on the decode weights (position 0 on dense ones)
     dense_dtype: torch.dtype
-    precise: tuple[str, ...] = ()  # ``LINEARS`` whose int8 activations are rounded twice
+    precise: tuple[str, ...] = ()  # ``LINEARS`` whose fbgemm activations are rounded twice
+    int8_kernel: str = "fbgemm"  # "q8" (the runner's own) or "fbgemm": never "auto"
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,9 @@ class Qwen2Runner:
         linear = self.layers[0].qkv
         if linear.q4 is not None:
             return "q4"
-        return "int8" if linear.int8 is not None else "int4" if linear.int4 is not None else "dense"
+        if linear.q8 is not None or linear.int8 is not None:
+            return "int8"
+        return "int4" if linear.int4 is not None else "dense"
 
     def new_cache(self, slots: int, capacity: int, max_capacity: int) -> SlotCache:
         return SlotCache(

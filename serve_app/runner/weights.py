@@ -33,7 +33,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from serve_app.runner.weights_q4 import Q4Kernel
+from serve_app.runner.native_matmul import NativeMatmul
 
 INT4_GROUP = 32
 
@@ -157,10 +157,12 @@ class Linear:
     gate/up: one kernel call per decode step).
 
     ``parts``: the dense ``(weight, bias)`` pieces, often the HF parameters (no copy); ``q4``:
-    the C kernel and its pack (``weights_q4``), decode steps only; ``int4``: ``(packed,
-    scales_and_zeros)``; ``int8``: fbgemm's pack (``quantize_int8``) of the stacked matrix
-    times ``1 / smooth`` per input column where ``smooth`` is given (``smoothing``: the int8
-    call then multiplies its input by it). The quantized forms add ``quantized_bias``.
+    the C kernel and its pack (``weights_q4``), decode steps only; ``q8``: the C kernel and its
+    pack (``weights_q8``), the 8-bit weights where it runs (in place of ``int8``); ``int4``:
+    ``(packed, scales_and_zeros)``; ``int8``: fbgemm's pack (``quantize_int8``) of the
+    stacked matrix times ``1 / smooth`` per input column where ``smooth`` is given
+    (``smoothing``: the int8 call then multiplies its input by it). The quantized forms add
+    ``quantized_bias``.
     """
 
     def __init__(
@@ -170,12 +172,14 @@ class Linear:
         int8: torch.ScriptObject | None = None,
         precise: bool = False,
         smooth: torch.Tensor | None = None,
-        q4: tuple[Q4Kernel, torch.Tensor] | None = None,
+        q4: tuple[NativeMatmul, torch.Tensor] | None = None,
+        q8: tuple[NativeMatmul, torch.Tensor] | None = None,
     ) -> None:
         self.parts = parts
         self.int4 = int4
         self.int8 = int8
         self.q4 = q4
+        self.q8 = q8
         self.precise = precise  # int8: see ``int8_linear``
         self.smooth = smooth
         self.out_features = sum(w.shape[0] for w, _ in parts)
@@ -184,11 +188,15 @@ class Linear:
 
     def __call__(self, x: torch.Tensor, quantized: bool, decode: bool = False) -> torch.Tensor:
         """``x`` is ``[rows, in]`` fp32; the result is ``[rows, out]`` fp32. ``quantized``: use
-        the int4 or int8 copy when there is one, else the dense weights; ``decode`` (a decode
-        step's rows, quantized): the q4 copy first where there is one."""
+        the q8, int8 or int4 copy when there is one, else the dense weights; ``decode`` (a
+        decode step's rows, quantized): the q4 copy first where there is one."""
         if decode and self.q4 is not None:
             kernel, packed = self.q4
-            y = kernel.matmul(x, packed, self.out_features)
+            y = kernel.q4(x, packed, self.out_features)
+            return y if self.quantized_bias is None else y.add_(self.quantized_bias)
+        if quantized and self.q8 is not None:
+            kernel, packed = self.q8
+            y = kernel.q8(x, packed, self.out_features)
             return y if self.quantized_bias is None else y.add_(self.quantized_bias)
         if quantized and self.int8 is not None:
             return int8_linear(x, self.int8, self.quantized_bias, self.precise, self.smooth)

@@ -1,65 +1,23 @@
-"""The runner's own 4-bit kernel (``kernels/q4.c``): decode-step linears at llama.cpp's speed.
+"""The runner's 4-bit weight format (``kernels/q4.c``): decode-step linears at llama.cpp's speed.
 
 A decode step's time is the bytes of weights read (see ``weights``). torch's CPU kernels read
 8 bits per weight (fbgemm int8) or convert 4-bit groups to bf16 in software (int4); ``q4.c``
 does what llama.cpp does: 4-bit weights (asymmetric, an fp16 scale and minimum per 32 inputs:
 5 bits per weight in all) times activations rounded to int8 per 32 inputs, multiplied as
-integers on AVX512-VNNI where the CPU has it, else AVX2, else portable C (tests; the runner
-keeps torch's kernels there, as without a compiler). ``native`` builds and loads it. A call of
-many rows (a prompt chunk) shares the output tiles among torch's intra-op threads.
+integers (``native_matmul.NativeMatmul.q4``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from serve_app.runner.native import ISA_NAMES, KernelUnavailable, load
-
 TILE = 16
 GROUP = 32
-# Calls of at least this many rows share their tiles among threads: a thread costs tens of
-# microseconds to start, a decode step's call of a few rows less than that of work per thread.
-PARALLEL_ROWS = 16
 BLOCK = TILE * GROUP // 2 + TILE * 4  # nibbles, then fp16 scales and minimums (q4.c)
 
 
 def supported(out_features: int, in_features: int) -> bool:
     return out_features % TILE == 0 and in_features % GROUP == 0
-
-
-class Q4Kernel:
-    """The q4 matmul of the runner's C kernels (``native``). ``isa``: force a path the CPU has
-    (0 portable C, 1 AVX2, 2 AVX512-VNNI; tests and benchmarks), else the best one."""
-
-    def __init__(self, build_dir: str | None = None, isa: int | None = None) -> None:
-        native = load(build_dir)
-        if isa is not None and not 0 <= isa <= native.isa:
-            raise KernelUnavailable(f"this CPU runs q4 up to {ISA_NAMES[native.isa]}, not {isa}")
-        self.library = native.library
-        self.isa = native.isa if isa is None else isa
-
-    @property
-    def isa_name(self) -> str:
-        return ISA_NAMES[self.isa]
-
-    def matmul(
-        self, x: torch.Tensor, packed: torch.Tensor, out_features: int, threads: int | None = None
-    ) -> torch.Tensor:
-        """``x`` ``[rows, in]`` times the packed ``[out, in]`` matrix, transposed: fp32.
-        ``threads``: how many share the call (default: torch's intra-op threads from
-        ``PARALLEL_ROWS`` rows on, else one); the result is the same for any count."""
-        x = x.float().contiguous()
-        rows, in_features = x.shape
-        if threads is None:
-            threads = torch.get_num_threads() if rows >= PARALLEL_ROWS else 1
-        y = torch.empty(rows, out_features)
-        status = self.library.q4_matmul(
-            packed.data_ptr(), out_features, in_features, x.data_ptr(), rows, y.data_ptr(),
-            self.isa, threads,
-        )  # fmt: skip
-        if status != 0:
-            raise MemoryError("q4 kernel: out of memory for the activations' int8 copy")
-        return y
 
 
 def quantize(weight: torch.Tensor, refits: int = 2) -> torch.Tensor:

@@ -19,71 +19,14 @@
  * The tiles' blocks follow each other in memory, so a call streams the matrix once. Each SIMD
  * path unpacks a block's nibbles once for up to ROWS_PER_PASS activation rows (a register
  * tile), and a row's result is computed the same whatever else the call holds.
- *
- * Threads: a call given several splits the tiles between them (pthreads, created per call:
- * tens of microseconds, so the caller asks only for calls of many rows); every output is still
- * computed by one thread in one order, so the result does not depend on the thread count.
+ * A call of many rows may split its tiles among threads (activations.h).
  */
-#include <math.h>
-#include <pthread.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
+#include "activations.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define Q4_X86 1
-#endif
-
-#define TILE 16
-#define GROUP 32
 #define NIBBLES (TILE * GROUP / 2)
 #define BLOCK (NIBBLES + TILE * 4)
-#define ROWS_PER_PASS 4
-#define MAX_THREADS 64
-
-enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_VNNI = 2 };
-
-typedef struct {
-    int8_t *q;     /* [m][k] */
-    float *scale;  /* [m][k / 32] */
-    float *sum;    /* [m][k / 32] */
-} activations;
 
 /* ---------------------------------------------------------------- portable C */
-
-static float half_to_float(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = (h >> 10) & 0x1F,
-                   mantissa = h & 0x3FF;
-    float value;
-    if (exponent == 0)
-        value = ldexpf((float)mantissa, -24); /* zero or subnormal */
-    else if (exponent == 31)
-        value = mantissa ? NAN : INFINITY;
-    else
-        value = ldexpf((float)(mantissa | 0x400), (int)exponent - 25);
-    uint32_t bits;
-    memcpy(&bits, &value, 4);
-    bits |= sign;
-    memcpy(&value, &bits, 4);
-    return value;
-}
-
-/* Rounds half to even (lrintf under the default rounding mode), as cvtps_epi32 does. */
-static void quantize_group_scalar(const float *x, int8_t *q, float *scale, float *sum) {
-    float peak = 0.f, total = 0.f;
-    for (int i = 0; i < GROUP; i++) {
-        peak = fmaxf(peak, fabsf(x[i]));
-        total += x[i];
-    }
-    *sum = total;
-    *scale = peak / 127.f;
-    const float inverse = peak > 0.f ? 127.f / peak : 0.f;
-    for (int i = 0; i < GROUP; i++) {
-        const long v = lrintf(x[i] * inverse);
-        q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
-    }
-}
 
 static void tile_scalar(const uint8_t *tile, int64_t groups, int64_t k, const activations *act,
                         int64_t row, float *y) {
@@ -117,55 +60,7 @@ static void tiles_scalar(const uint8_t *w, int64_t n, int64_t k, const activatio
             tile_scalar(w + t * groups * BLOCK, groups, k, act, row, y + row * n + t * TILE);
 }
 
-#ifdef Q4_X86
-/* ---------------------------------------------------------------- activations, SIMD */
-
-/* Vectorized per ISA (a scalar loop of lrintf cost ~1.5 ms of a 1.5B decode step). */
-__attribute__((target("avx512f,avx512bw,avx512vl")))
-static void quantize_group_avx512(const float *x, int8_t *q, float *scale, float *sum) {
-    const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
-    const float peak = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-    *sum = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
-    *scale = peak / 127.f;
-    const __m512 inverse = _mm512_set1_ps(peak > 0.f ? 127.f / peak : 0.f);
-    _mm_storeu_si128((void *)q, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, inverse))));
-    _mm_storeu_si128((void *)(q + 16),
-                     _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, inverse))));
-}
-
-__attribute__((target("avx2,fma")))
-static void quantize_group_avx2(const float *x, int8_t *q, float *scale, float *sum) {
-    const __m256 sign = _mm256_set1_ps(-0.f);
-    __m256 v[4], peak = _mm256_setzero_ps(), total = _mm256_setzero_ps();
-    for (int i = 0; i < 4; i++) {
-        v[i] = _mm256_loadu_ps(x + 8 * i);
-        peak = _mm256_max_ps(peak, _mm256_andnot_ps(sign, v[i]));
-        total = _mm256_add_ps(total, v[i]);
-    }
-    float lanes[8], sums[8];
-    _mm256_storeu_ps(lanes, peak);
-    _mm256_storeu_ps(sums, total);
-    float top = 0.f, all = 0.f;
-    for (int i = 0; i < 8; i++) top = fmaxf(top, lanes[i]);
-    for (int i = 0; i < 8; i++) all += sums[i];
-    *sum = all;
-    *scale = top / 127.f;
-    const __m256 inverse = _mm256_set1_ps(top > 0.f ? 127.f / top : 0.f);
-    __m256i r[4];
-    for (int i = 0; i < 4; i++) r[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
-    const __m256i words = _mm256_packs_epi32(r[0], r[1]), words2 = _mm256_packs_epi32(r[2], r[3]);
-    const __m256i bytes = _mm256_packs_epi16(words, words2);
-    /* the packs interleave 128-bit lanes: put the 8 groups of 4 back in order */
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    _mm256_storeu_si256((void *)q, _mm256_permutevar8x32_epi32(bytes, order));
-}
-
-static inline int32_t four_bytes(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
+#ifdef KERNELS_X86
 /* ---------------------------------------------------------------- AVX512-VNNI */
 
 /* rows is a constant wherever this is inlined (the switch in tiles_vnni): the accumulators
@@ -328,72 +223,32 @@ static void tiles_avx2(const uint8_t *w, int64_t n, int64_t k, const activations
         }
     }
 }
-#endif /* Q4_X86 */
+#endif /* KERNELS_X86 */
 
 /* ---------------------------------------------------------------- dispatch */
 
-static void quantize_group(const float *x, int8_t *q, float *scale, float *sum, int isa) {
-#ifdef Q4_X86
-    if (isa == ISA_VNNI) return quantize_group_avx512(x, q, scale, sum);
-    if (isa == ISA_AVX2) return quantize_group_avx2(x, q, scale, sum);
-#endif
-    (void)isa;
-    quantize_group_scalar(x, q, scale, sum);
-}
-
-static void tiles(const uint8_t *w, int64_t n, int64_t k, const activations *act, int64_t m,
-                  float *y, int64_t t0, int64_t t1, int isa) {
-#ifdef Q4_X86
-    if (isa == ISA_VNNI) return tiles_vnni(w, n, k, act, m, y, t0, t1);
-    if (isa == ISA_AVX2) return tiles_avx2(w, n, k, act, m, y, t0, t1);
-#endif
-    (void)isa;
-    tiles_scalar(w, n, k, act, m, y, t0, t1);
-}
-
 typedef struct {
     const uint8_t *w;
-    int64_t n, k, m, t0, t1;
+    int64_t n, k, m;
     const activations *act;
     float *y;
     int isa;
-} split;
+} q4_call;
 
-static void *run_split(void *arg) {
-    const split *s = arg;
-    tiles(s->w, s->n, s->k, s->act, s->m, s->y, s->t0, s->t1, s->isa);
-    return NULL;
-}
-
-/* The tiles in `threads` contiguous shares, the calling thread taking the first; a thread
- * that cannot be created leaves its share to the caller. */
-static void tiles_threaded(const uint8_t *w, int64_t n, int64_t k, const activations *act,
-                           int64_t m, float *y, int isa, int threads) {
-    const int64_t count = n / TILE;
-    if (threads > count) threads = (int)count;
-    if (threads > MAX_THREADS) threads = MAX_THREADS;
-    if (threads <= 1) return tiles(w, n, k, act, m, y, 0, count, isa);
-    split shares[MAX_THREADS];
-    pthread_t ids[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
-    for (int i = 0; i < threads; i++)
-        shares[i] = (split){w, n, k, m, count * i / threads, count * (i + 1) / threads, act, y, isa};
-    for (int i = 1; i < threads; i++)
-        started[i] = pthread_create(&ids[i], NULL, run_split, &shares[i]) == 0;
-    run_split(&shares[0]);
-    for (int i = 1; i < threads; i++) {
-        if (started[i])
-            pthread_join(ids[i], NULL);
-        else
-            run_split(&shares[i]);
-    }
+static void q4_tiles(const void *arg, int64_t t0, int64_t t1) {
+    const q4_call *c = arg;
+#ifdef KERNELS_X86
+    if (c->isa == ISA_VNNI) return tiles_vnni(c->w, c->n, c->k, c->act, c->m, c->y, t0, t1);
+    if (c->isa == ISA_AVX2) return tiles_avx2(c->w, c->n, c->k, c->act, c->m, c->y, t0, t1);
+#endif
+    tiles_scalar(c->w, c->n, c->k, c->act, c->m, c->y, t0, t1);
 }
 
 /* ---------------------------------------------------------------- entry points */
 
 /* The best path this CPU runs: 2 AVX512-VNNI, 1 AVX2 (with FMA and F16C), 0 portable C. */
 int q4_isa(void) {
-#ifdef Q4_X86
+#ifdef KERNELS_X86
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c"))
@@ -410,20 +265,12 @@ int q4_isa(void) {
  * the tiles (1: the calling thread alone). 0 on success, -1 out of memory. */
 int q4_matmul(const uint8_t *w, int64_t n, int64_t k, const float *a, int64_t m, float *y,
               int isa, int threads) {
-    const int64_t groups = k / GROUP;
-    activations act = {
-        malloc((size_t)(m * k)),
-        malloc(sizeof(float) * (size_t)(m * groups)),
-        malloc(sizeof(float) * (size_t)(m * groups)),
-    };
-    const int ok = act.q && act.scale && act.sum;
+    activations act;
+    const int ok = quantize_activations(a, m, k, isa, &act) == 0;
     if (ok) {
-        for (int64_t i = 0; i < m * groups; i++)
-            quantize_group(a + i * GROUP, act.q + i * GROUP, act.scale + i, act.sum + i, isa);
-        tiles_threaded(w, n, k, &act, m, y, isa, threads);
+        const q4_call call = {w, n, k, m, &act, y, isa};
+        run_tiles(q4_tiles, &call, n / TILE, threads);
     }
-    free(act.q);
-    free(act.scale);
-    free(act.sum);
+    free_activations(&act);
     return ok ? 0 : -1;
 }
