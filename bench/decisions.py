@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.decisions --key $SERVE_APP_API_KEY     # against a running service
     .venv/bin/python -m bench.decisions --in-process [--threads 2]   # the scorer, no HTTP
     .venv/bin/python -m bench.decisions --in-process --runner both   # HF vs the engine's runner
+    .venv/bin/python -m bench.decisions --in-process --int8-kernels fbgemm,q8   # 8-bit kernels
 
 p50/p95 latency of one request about one ~1,700-token prompt (state ~1,600 tokens) with 1, 5, 10 and
 64 questions, and one 255-label choice; then the baselines: the same 10 questions sent as 10
@@ -157,41 +158,49 @@ async def run_http(args) -> list[list[str]]:
 
 async def run_in_process(args) -> list[list[str]]:
     """The same requests through the decision service on the embedded model, no HTTP, to a
-    scorer per forward asked for (``--runner``); with both, their figures side by side."""
+    scorer per forward asked for (``--runner``) or per 8-bit kernel (``--int8-kernels``);
+    with several, their figures side by side against the first."""
+    from serve_app.engine_config import EngineConfig
     from serve_app.models.loader import load_model
 
     loaded = load_model(f"embedded:{args.model}", dtype="float32", threads=args.threads)
-    kinds = ["hf", "auto"] if args.runner == "both" else [args.runner]
-    sends = {kind: in_process_sender(loaded, kind, args.cpu_time) for kind in kinds}
+    if args.int8_kernels:
+        kinds = {f"int8_kernel {k}": EngineConfig(int8_kernel=k) for k in args.int8_kernels}
+    else:
+        runners = ["hf", "auto"] if args.runner == "both" else [args.runner]
+        kinds = {runner: EngineConfig(runner=runner) for runner in runners}
+    sends = {
+        kind: in_process_sender(loaded, config, args.cpu_time) for kind, config in kinds.items()
+    }
     tables = await run(args, sends)
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    if len(kinds) == 1:
-        return tables[kinds[0]]
-    hf, runner = tables["hf"], tables["auto"]
-    print(
-        f"scorer forward 'hf':\n{table(hf)}\n\nscorer forward 'auto' (runner):\n{table(runner)}\n"
-    )
-    rows = [["case", "hf p50 s", "runner p50 s", "hf vs 1 q", "runner vs 1 q", "runner / hf"]]
-    for a, b in zip(hf[1:], runner[1:], strict=True):
-        rows.append([a[0], a[1], b[1], a[3], b[3], f"{float(b[1]) / float(a[1]):.2f}"])
+    names = list(kinds)
+    if len(names) == 1:
+        return tables[names[0]]
+    for name in names:
+        print(f"scorer {name}:\n{table(tables[name])}\n")
+    base = tables[names[0]]
+    rows = [["case", *(f"{n} p50 s" for n in names), *(f"{n} / {names[0]}" for n in names[1:])]]
+    for index, row in enumerate(base[1:], start=1):
+        others = [tables[n][index][1] for n in names[1:]]
+        ratios = [f"{float(o) / float(row[1]):.2f}" for o in others]
+        rows.append([row[0], row[1], *others, *ratios])
     return rows
 
 
-def in_process_sender(loaded, engine: str | EngineConfig, cpu_time: bool = False) -> Send:
+def in_process_sender(loaded, engine: EngineConfig, cpu_time: bool = False) -> Send:
     """A decision service whose scorer is built as the scorer deployment builds it, on the
-    engine settings ``engine`` (or the defaults with ``runner: engine``).
+    engine settings ``engine``.
 
     ``cpu_time``: seconds of this process's CPU instead of wall-clock time; with
     ``--threads 1`` that is the request's own work, which other jobs on a shared machine
     hardly change (wall-clock time there measures mostly the load)."""
     from serve_app.api.decisions import DecisionRequest
-    from serve_app.engine_config import EngineConfig
     from serve_app.serving.billing import BilledCall, RequestContext, UsageMeter
     from serve_app.serving.decisions import DecisionService
     from serve_app.serving.scoring import LikelihoodScorer
 
-    settings = engine if isinstance(engine, EngineConfig) else EngineConfig(runner=engine)
-    service = DecisionService(LikelihoodScorer.for_model(loaded, settings, 32768))
+    service = DecisionService(LikelihoodScorer.for_model(loaded, engine, 32768))
     context = RequestContext(grant=None, model="bench", endpoint="decisions", cache_salt="bench")
 
     async def send(body: dict) -> tuple[float, dict]:
@@ -212,6 +221,12 @@ def main() -> None:
     parser.add_argument("--no-baselines", dest="baselines", action="store_false")
     parser.add_argument(
         "--runner", choices=["auto", "hf", "both"], default="auto", help="(--in-process)"
+    )
+    parser.add_argument(
+        "--int8-kernels",
+        type=lambda text: text.split(","),
+        default=None,
+        help="(--in-process) engine.int8_kernel values, comma-separated, side by side",
     )
     parser.add_argument(
         "--cpu-time", action="store_true", help="process CPU seconds, not wall (--in-process)"

@@ -61,10 +61,19 @@ def _cmdline(pid: int) -> str:
 
 def find_serve_run() -> int:
     """The pid of the only ``serve run`` process, or a message naming the candidates."""
-    pids = [pid for pid in _parents() if " serve run " in f" {_cmdline(pid)} "]
+    pids = [pid for pid in _parents() if _is_serve_run(_cmdline(pid))]
     if len(pids) != 1:
         raise SystemExit(f"expected one `serve run` process, found {pids or 'none'}: use --pid")
     return pids[0]
+
+
+def _is_serve_run(command: str) -> bool:
+    """``serve run ...`` however ``serve`` was named (``.venv/bin/serve``, a full path)."""
+    words = command.split()
+    return any(
+        Path(word).name == "serve" and following == "run"
+        for word, following in zip(words, words[1:], strict=False)
+    )
 
 
 def tree(root: int) -> list[int]:

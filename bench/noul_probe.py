@@ -20,6 +20,7 @@ question kinds to calibrate on the content-free state (``--calibrate noul,choice
     python -m bench.noul_probe [--model embedded:qwen2.5-coder-0.5b] [--threads 2]
         [--noul-only | --choice-only] [--calibration] [--held-out] [--calibrate KINDS]
         [--runner auto|hf] [--weights auto|int4|int8|dense] [--prompt-weights auto|dense|decode]
+        [--int8-kernel auto|q8|fbgemm]
 """
 
 from __future__ import annotations
@@ -159,16 +160,20 @@ def main() -> None:
     parser.add_argument("--runner", choices=("auto", "hf"), default="auto")
     parser.add_argument("--weights", choices=("auto", "int4", "int8", "dense"), default="auto")
     parser.add_argument("--prompt-weights", choices=("auto", "dense", "decode"), default="auto")
+    parser.add_argument("--int8-kernel", choices=("auto", "q8", "fbgemm"), default="auto")
     args = parser.parse_args()
     pairs = HELD_OUT if args.held_out else PAIRS
     kinds = () if args.calibration else tuple(k for k in args.calibrate.split(",") if k)
     loaded = load_model(args.model, dtype="float32", threads=args.threads)
     options = EngineConfig(
-        runner=args.runner, weights=args.weights, prompt_weights=args.prompt_weights
+        runner=args.runner,
+        weights=args.weights,
+        prompt_weights=args.prompt_weights,
+        int8_kernel=args.int8_kernel,
     )
     scorer = LikelihoodScorer.for_model(loaded, options, 4096, calibrate=kinds)
     started = time.perf_counter()
-    weights = f"{scorer.engine.stats().backend}, {args.weights} weights"
+    weights = f"{scorer.engine.stats().backend}, {args.weights} weights, {args.int8_kernel} int8"
     print(f"model {args.model} ({weights}), {len(pairs)} pairs, calibrating {list(kinds)}")
     if args.calibration:
         compare_calibration(scorer, pairs)
