@@ -30,6 +30,7 @@ import asyncio
 import json
 import time
 import urllib.request
+from pathlib import Path
 
 from bench.common import cpu_flags
 from bench.fim_cases import CASE_SETS, FimCase
@@ -113,6 +114,15 @@ def main() -> None:
     parser.add_argument(
         "--int8-kernel", default="auto", help="engine.int8_kernel (the prompts' 8-bit kernel)"
     )
+    parser.add_argument(
+        "--save-answers", type=Path, help="write the service's first lines here (JSON)"
+    )
+    parser.add_argument(
+        "--agree-with",
+        type=Path,
+        help="a --save-answers file of another run (fp32 prompts, another kernel): print how "
+        "many of this run's first lines are the same as its",
+    )
     parser.add_argument("--show-misses", action="store_true")
     parser.add_argument(
         "--no-service", action="store_true", help="with --llama-url: only llama.cpp's column"
@@ -136,6 +146,7 @@ def main() -> None:
     )
     engine = LLMEngine(loaded, config)
     results: dict[tuple[str, str, str], list[bool]] = {}
+    answers: dict[str, str] = {}
     started = time.perf_counter()
     try:
         for set_name, cases in sets.items():
@@ -152,6 +163,8 @@ def main() -> None:
                         first_line_matches(t, c.line) for t, c in zip(texts, cases, strict=True)
                     ]
                     results[("service", set_name, layout)] = hits
+                    for i, text in enumerate(texts):
+                        answers[f"{set_name}/{layout}/{i}"] = text.split("\n", 1)[0].rstrip()
                     _report_progress("service", set_name, layout, hits, started)
                     if args.show_misses:
                         _show_misses(cases, texts, hits)
@@ -171,6 +184,21 @@ def main() -> None:
     )
     print(f"CPU: {cpu_flags()}; engine backend: {engine.stats().backend}")
     print(_table(results, list(sets), layouts))
+    if args.save_answers:
+        args.save_answers.write_text(json.dumps(answers, indent=1))
+    if args.agree_with:
+        print(_agreement(answers, json.loads(args.agree_with.read_text()), args.agree_with))
+
+
+def _agreement(answers: dict[str, str], reference: dict[str, str], name: Path) -> str:
+    """How many first lines are the same as ``reference``'s, per set and in all."""
+    common = [key for key in answers if key in reference]
+    per_set: dict[str, list[bool]] = {}
+    for key in common:
+        per_set.setdefault(key.split("/", 1)[0], []).append(answers[key] == reference[key])
+    parts = [f"{k} {sum(v)}/{len(v)}" for k, v in per_set.items()]
+    same = sum(sum(v) for v in per_set.values())
+    return f"same first line as {name}: {', '.join(parts)}; all {same}/{len(common)}"
 
 
 def _report_progress(engine: str, set_name: str, layout: str, hits: list[bool], t0: float):
