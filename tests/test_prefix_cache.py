@@ -46,6 +46,22 @@ def test_longest_common_prefix_is_returned_cropped() -> None:
     assert (cache.hits, cache.hit_tokens) == (1, 4)
 
 
+def test_a_shared_head_is_looked_up_with_the_account_and_counted_once() -> None:
+    """A prompt whose first tokens are a head kept in another partition (the decisions
+    prompt's public head): the longer of the two hits wins, the head's whole length included,
+    and the lookup is one query and at most one hit in the stats."""
+    cache = PrefixCache(1 << 20)
+    cache.insert([1, 2, 3], make_kv([1, 2, 3]), "public")
+    prompt = [1, 2, 3, 7, 8]
+    n, kv = cache.lookup(prompt, SALT, shared=(3, "public"))
+    assert n == 3 and kv[0][0][0, 0, :, 0].tolist() == [1, 2, 3]
+    assert (cache.queries, cache.hits, cache.hit_tokens) == (1, 1, 3)
+    cache.insert([1, 2, 3, 7], make_kv([1, 2, 3, 7]), SALT)  # the account's own, longer
+    assert cache.lookup(prompt, SALT, shared=(3, "public"))[0] == 4
+    assert cache.lookup([5, 6, 7], SALT, shared=(2, "public")) == (0, None)
+    assert (cache.queries, cache.hits, cache.hit_tokens) == (3, 2, 7)
+
+
 def test_leaves_the_last_prompt_token_uncomputed() -> None:
     cache = PrefixCache(1 << 20)
     cache.insert([1, 2, 3, 4], make_kv([1, 2, 3, 4]), SALT)

@@ -122,3 +122,16 @@ def test_a_runner_reads_prompts_on_q8_from_one_mapped_file(loaded, tmp_path) -> 
             for r in (runners[1], dense)
         )
     assert (got - want).abs().max() < want.abs().max() * 0.05
+
+
+def test_q8_asked_for_where_the_kernels_cannot_run_is_fbgemm(monkeypatch, caplog) -> None:
+    """A CPU without AVX2 (the portable path only) reads its 8-bit weights on fbgemm, auto or
+    asked for, with a warning when asked for."""
+    from serve_app.runner import builder
+
+    portable = native.Native(native.load().library, 0)
+    monkeypatch.setattr(native, "load", lambda build_dir=None: portable)
+    assert builder.resolved_int8_kernel("auto") == "fbgemm"
+    assert builder.resolved_int8_kernel("q8") == "fbgemm"
+    assert "q8 weights unavailable" in caplog.text
+    assert builder.resolved_int8_kernel("fbgemm") == "fbgemm"

@@ -97,14 +97,35 @@ class PrefixCache:
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
-    def lookup(self, token_ids: Sequence[int], salt: str) -> tuple[int, KV | None]:
+    def lookup(
+        self, token_ids: Sequence[int], salt: str, shared: tuple[int, str] | None = None
+    ) -> tuple[int, KV | None]:
         """``(cached_len, kv)`` for the longest prefix of ``token_ids`` stored under ``salt``,
         or ``(0, None)``. At most ``len(token_ids) - 1`` tokens: the last prompt token must
-        still go through the model, for the logits the first output token is sampled from."""
+        still go through the model, for the logits the first output token is sampled from.
+        ``shared``: ``(length, partition)``, the prompt's first ``length`` tokens may also come
+        from ``partition`` (a head every account reads alike); the longer hit wins, and the
+        lookup counts once in the stats."""
         if not self.enabled:
             return 0, None
         self.queries += 1
         token_ids = list(token_ids)
+        best_len, best_key = self._longest(token_ids, salt)
+        if shared is not None and shared[0] > best_len:
+            # One id past the head, so a hit may cover all of it (the last id is kept back).
+            head_len, head_key = self._longest(token_ids[: shared[0] + 1], shared[1])
+            if head_len > best_len:
+                best_len, best_key = head_len, head_key
+        if best_key is None or best_len < self.min_match_tokens:
+            return 0, None
+        self._entries.move_to_end(best_key)
+        self.hits += 1
+        self.hit_tokens += best_len
+        return best_len, crop_kv(self._entries[best_key].kv, best_len)
+
+    def _longest(self, token_ids: list[int], salt: str) -> tuple[int, _Key | None]:
+        """The longest common prefix (at most all but the last id) with an entry of ``salt``,
+        and that entry's key."""
         limit = len(token_ids) - 1
         best_len, best_key = 0, None
         for key, entry in self._entries.items():
@@ -113,12 +134,7 @@ class PrefixCache:
             n = min(common_prefix_len(entry.token_ids, token_ids), limit)
             if n > best_len:
                 best_len, best_key = n, key
-        if best_key is None or best_len < self.min_match_tokens:
-            return 0, None
-        self._entries.move_to_end(best_key)
-        self.hits += 1
-        self.hit_tokens += best_len
-        return best_len, crop_kv(self._entries[best_key].kv, best_len)
+        return best_len, best_key
 
     def continuation(self, token_ids: Sequence[int], salt: str, overlap: int = 4) -> list[int]:
         """Drafts: what a stored prompt + answer of ``salt`` holds past its longest common prefix

@@ -84,13 +84,9 @@ class PromptReuse:
         whole = self.cache.whole(state.lookup_ids, salt)
         if isinstance(state, RequestState) and whole is not None:
             return len(state.prompt_ids), whole[0], whole[1]
-        cached, kv = self.cache.lookup(state.lookup_ids, salt)
-        public = _public_prefix(state)
-        if public > cached:  # the service's own head, read before for any account
-            # One id past the head, so a hit may cover all of it (lookup keeps the last id).
-            shared, shared_kv = self.cache.lookup(state.lookup_ids[: public + 1], PUBLIC_CACHE)
-            if shared > cached:
-                return shared, shared_kv, None
+        public = _public_prefix(state)  # the service's own head, read before for any account
+        shared = (public, PUBLIC_CACHE) if public else None
+        cached, kv = self.cache.lookup(state.lookup_ids, salt, shared)
         return cached, kv, None
 
     def insert(self, state: State, logits: torch.Tensor | None = None) -> None:
