@@ -17,18 +17,11 @@ from serve_app.runner.native_matmul import NativeMatmul
 from tests.conftest import engine_config
 from tests.runner_support import PROMPTS, encode, generate_all, greedy
 
-
-def _no_library() -> str | None:
-    try:
-        native.load()
-    except native.KernelUnavailable as e:
-        return str(e)
-    return None
-
-
 # The kernels' own math runs wherever they build (a CPU without AVX2 on the portable path); a
 # runner uses them only where a SIMD path is there (``needs_simd``).
-pytestmark = pytest.mark.skipif(_no_library() is not None, reason=f"C kernels: {_no_library()}")
+pytestmark = pytest.mark.skipif(
+    native.library_reason() is not None, reason=f"C kernels: {native.library_reason()}"
+)
 needs_simd = pytest.mark.skipif(
     native.unavailable_reason() is not None, reason=f"C kernels: {native.unavailable_reason()}"
 )
@@ -62,30 +55,6 @@ def test_kernel_computes_its_documented_math(isa: int, n: int, k: int, rows: int
     torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("isa", ISAS[1:])
-def test_every_simd_path_agrees_with_the_portable_one(isa: int) -> None:
-    """The portable C path (what a CPU without AVX2 runs) against each SIMD path this CPU has,
-    on a decode row, a register tile's worth and a ragged prompt chunk: the same integer dots,
-    only the order of a group's float sum differs."""
-    generator = torch.Generator().manual_seed(11)
-    packed = weights_q4.quantize(torch.randn(96, 320, generator=generator) * 0.05)
-    portable, simd = NativeMatmul(isa=0), NativeMatmul(isa=isa)
-    for rows in (1, 4, 19):
-        x = torch.randn(rows, 320, generator=generator) * 2
-        torch.testing.assert_close(simd.q4(x, packed, 96), portable.q4(x, packed, 96))
-
-
-@pytest.mark.parametrize("isa", ISAS)
-def test_threads_share_the_work_not_the_result(isa: int) -> None:
-    generator = torch.Generator().manual_seed(13)
-    packed = weights_q4.quantize(torch.randn(80, 64, generator=generator))
-    x = torch.randn(21, 64, generator=generator)
-    kernel = NativeMatmul(isa=isa)
-    one = kernel.q4(x, packed, 80, threads=1)
-    for threads in (2, 3, 5, 8):  # 8 > the 5 tiles: some threads get none
-        assert torch.equal(kernel.q4(x, packed, 80, threads=threads), one)
-
-
 def test_quantization_is_within_half_a_step_and_refits_lower_the_error() -> None:
     """From each group's range every weight is within half a step (fp16 scales round a little
     too); the least-squares refits then lower the squared error of the whole matrix."""
@@ -96,16 +65,6 @@ def test_quantization_is_within_half_a_step_and_refits_lower_the_error() -> None
     assert ((plain - weight).abs().reshape(64, 8, 32).amax(-1) <= step * 0.5 + 1e-3).all()
     refit = weights_q4.dequantize(weights_q4.quantize(weight), 64, 256)
     assert ((refit - weight) ** 2).sum() < 0.95 * ((plain - weight) ** 2).sum()
-
-
-@pytest.mark.parametrize("isa", ISAS)
-def test_a_rows_result_does_not_depend_on_its_batch(isa: int) -> None:
-    generator = torch.Generator().manual_seed(5)
-    packed = weights_q4.quantize(torch.randn(32, 64, generator=generator))
-    x = torch.randn(7, 64, generator=generator)
-    kernel = NativeMatmul(isa=isa)
-    alone = torch.cat([kernel.q4(row[None], packed, 32) for row in x])
-    assert torch.equal(kernel.q4(x, packed, 32), alone)
 
 
 def test_shapes_the_kernel_cannot_take_are_refused() -> None:

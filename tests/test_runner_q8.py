@@ -15,17 +15,10 @@ from serve_app.runner.builder import build_runner
 from serve_app.runner.native_matmul import NativeMatmul
 from tests.runner_support import PROMPTS, encode
 
-
-def _no_library() -> str | None:
-    try:
-        native.load()
-    except native.KernelUnavailable as e:
-        return str(e)
-    return None
-
-
-pytestmark = pytest.mark.skipif(_no_library() is not None, reason=f"C kernels: {_no_library()}")
-ISAS = [isa for isa in (0, 1, 2) if _no_library() is None and isa <= NativeMatmul().isa]
+pytestmark = pytest.mark.skipif(
+    native.library_reason() is not None, reason=f"C kernels: {native.library_reason()}"
+)
+ISAS = [isa for isa in (0, 1, 2) if native.library_reason() is None and isa <= NativeMatmul().isa]
 
 
 def reference(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
@@ -48,27 +41,6 @@ def test_kernel_computes_its_documented_math(isa: int, n: int, k: int, rows: int
     packed = weights_q8.quantize(weight)
     y = NativeMatmul(isa=isa).q8(x, packed, n)
     torch.testing.assert_close(y.double(), reference(x, packed, n), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("isa", ISAS[1:])
-def test_every_simd_path_agrees_with_the_portable_one(isa: int) -> None:
-    generator = torch.Generator().manual_seed(17)
-    packed = weights_q8.quantize(torch.randn(96, 320, generator=generator) * 0.05)
-    portable, simd = NativeMatmul(isa=0), NativeMatmul(isa=isa)
-    for rows in (1, 4, 19):
-        x = torch.randn(rows, 320, generator=generator) * 2
-        torch.testing.assert_close(simd.q8(x, packed, 96), portable.q8(x, packed, 96))
-
-
-@pytest.mark.parametrize("isa", ISAS)
-def test_a_rows_result_depends_on_neither_its_batch_nor_the_threads(isa: int) -> None:
-    generator = torch.Generator().manual_seed(19)
-    packed = weights_q8.quantize(torch.randn(80, 64, generator=generator))
-    x = torch.randn(21, 64, generator=generator)
-    kernel = NativeMatmul(isa=isa)
-    alone = torch.cat([kernel.q8(row[None], packed, 80) for row in x])
-    for threads in (1, 2, 3, 8):
-        assert torch.equal(kernel.q8(x, packed, 80, threads=threads), alone)
 
 
 def test_weights_are_within_half_a_step_of_their_groups_scale() -> None:

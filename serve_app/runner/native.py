@@ -73,15 +73,22 @@ def load(build_dir: str | None = None) -> Native:
     return Native(native.library, min(native.isa, names[cap]))
 
 
-def unavailable_reason(build_dir: str | None = None) -> str | None:
-    """None where the kernels run here on SIMD (faster than torch's), else why not."""
+def library_reason(build_dir: str | None = None) -> str | None:
+    """None where the library builds and loads here (any path, portable C included), else why
+    not: what the kernels' own tests need, not whether a runner uses them."""
     try:
-        native = load(build_dir)
+        load(build_dir)
     except KernelUnavailable as e:
         return str(e)
-    if native.isa == 0:
-        return "the CPU lacks AVX2, FMA or F16C: the kernels' portable C path only"
     return None
+
+
+def unavailable_reason(build_dir: str | None = None) -> str | None:
+    """None where the kernels run here on SIMD (faster than torch's), else why not."""
+    reason = library_reason(build_dir)
+    if reason is None and load(build_dir).isa == 0:
+        return "the CPU lacks AVX2, FMA or F16C: the kernels' portable C path only"
+    return reason
 
 
 @functools.cache

@@ -66,28 +66,31 @@ def int4_packs(matrices: dict[str, list], path: Path | None) -> dict[str, torch.
 
 def q4_packs(matrices: dict[str, list], path: Path | None) -> dict[str, torch.Tensor]:
     """The q4 kernel's packs of every matrix it takes, mapped from ``path``: shared pages."""
-    matrices = {
-        k: v
-        for k, v in matrices.items()
-        if weights_q4.supported(sum(w.shape[0] for w, _ in v), v[0][0].shape[1])
-    }
-    saved = cached(
-        path, "q4 weights", lambda: _quantize(matrices, lambda _, w: {"q4": weights_q4.quantize(w)})
-    )
-    return {name: saved[f"{name}.q4"] for name in matrices}
+    return _own_packs(matrices, path, "q4", weights_q4.supported, weights_q4.quantize)
 
 
 def q8_packs(matrices: dict[str, list], path: Path | None) -> dict[str, torch.Tensor]:
     """The q8 kernel's packs of every matrix it takes, mapped from ``path``: shared pages."""
+    return _own_packs(matrices, path, "q8", weights_q8.supported, weights_q8.quantize)
+
+
+def _own_packs(
+    matrices: dict[str, list],
+    path: Path | None,
+    kind: str,
+    supported: Callable[[int, int], bool],
+    quantize: Callable[[torch.Tensor], torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """The runner's own kernel's packs (``kind``) of the matrices whose shape it takes."""
     matrices = {
         k: v
         for k, v in matrices.items()
-        if weights_q8.supported(sum(w.shape[0] for w, _ in v), v[0][0].shape[1])
+        if supported(sum(w.shape[0] for w, _ in v), v[0][0].shape[1])
     }
     saved = cached(
-        path, "q8 weights", lambda: _quantize(matrices, lambda _, w: {"q8": weights_q8.quantize(w)})
+        path, f"{kind} weights", lambda: _quantize(matrices, lambda _, w: {kind: quantize(w)})
     )
-    return {name: saved[f"{name}.q8"] for name in matrices}
+    return {name: saved[f"{name}.{kind}"] for name in matrices}
 
 
 def int8_packs(

@@ -155,32 +155,49 @@ static inline int32_t four_bytes(const int8_t *p) {
     return v;
 }
 
-/* A call's tiles [t0, t1) of the output, as one thread computes them. */
-typedef void (*tile_range)(const void *call, int64_t t0, int64_t t1);
+/* A format's tiles [t0, t1) of y = a . w^T, as one thread computes them on one path. */
+typedef void (*tiles_fn)(const uint8_t *w, int64_t n, int64_t k, const activations *act,
+                         int64_t m, float *y, int64_t t0, int64_t t1);
+
+/* What one call computes: a format's tile function per ISA (NULL where the format has no
+ * such path: the portable one runs), the weights, activations and output. */
+typedef struct {
+    const tiles_fn *by_isa; /* [ISA_SCALAR, ISA_AVX2, ISA_VNNI] */
+    const uint8_t *w;
+    int64_t n, k, m;
+    const activations *act;
+    float *y;
+    int isa;
+} matmul_call;
 
 typedef struct {
-    tile_range run;
-    const void *call;
+    const matmul_call *call;
     int64_t t0, t1;
 } share;
 
+static void run_share_of(const matmul_call *c, int64_t t0, int64_t t1) {
+    const tiles_fn path = c->by_isa[c->isa] ? c->by_isa[c->isa] : c->by_isa[ISA_SCALAR];
+    path(c->w, c->n, c->k, c->act, c->m, c->y, t0, t1);
+}
+
 static void *run_share(void *arg) {
     const share *s = arg;
-    s->run(s->call, s->t0, s->t1);
+    run_share_of(s->call, s->t0, s->t1);
     return NULL;
 }
 
-/* The tiles in `threads` contiguous shares, the calling thread taking the first; a thread
- * that cannot be created leaves its share to the caller. */
-static void run_tiles(tile_range run, const void *call, int64_t count, int threads) {
+/* The n / TILE tiles in `threads` contiguous shares, the calling thread taking the first; a
+ * thread that cannot be created leaves its share to the caller. */
+static void run_tiles(const matmul_call *call, int threads) {
+    const int64_t count = call->n / TILE;
     if (threads > count) threads = (int)count;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
-    if (threads <= 1) return run(call, 0, count);
+    if (threads <= 1) return run_share_of(call, 0, count);
     share shares[MAX_THREADS];
     pthread_t ids[MAX_THREADS];
     int started[MAX_THREADS] = {0};
     for (int i = 0; i < threads; i++)
-        shares[i] = (share){run, call, count * i / threads, count * (i + 1) / threads};
+        shares[i] = (share){call, count * i / threads, count * (i + 1) / threads};
     for (int i = 1; i < threads; i++)
         started[i] = pthread_create(&ids[i], NULL, run_share, &shares[i]) == 0;
     run_share(&shares[0]);
@@ -190,6 +207,21 @@ static void run_tiles(tile_range run, const void *call, int64_t count, int threa
         else
             run_share(&shares[i]);
     }
+}
+
+/* y [m][n] = a [m][k] (fp32, contiguous) times the packed [n][k] matrix w, transposed, on a
+ * format's paths: the activations rounded once, then the tiles shared among `threads`.
+ * 0 on success, -1 out of memory. */
+static int quantized_matmul(const tiles_fn *by_isa, const uint8_t *w, int64_t n, int64_t k,
+                            const float *a, int64_t m, float *y, int isa, int threads) {
+    activations act;
+    const int ok = quantize_activations(a, m, k, isa, &act) == 0;
+    if (ok) {
+        const matmul_call call = {by_isa, w, n, k, m, &act, y, isa};
+        run_tiles(&call, threads);
+    }
+    free_activations(&act);
+    return ok ? 0 : -1;
 }
 
 #endif /* RUNNER_KERNELS_ACTIVATIONS_H */

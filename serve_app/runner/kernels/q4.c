@@ -227,24 +227,16 @@ static void tiles_avx2(const uint8_t *w, int64_t n, int64_t k, const activations
 
 /* ---------------------------------------------------------------- dispatch */
 
-typedef struct {
-    const uint8_t *w;
-    int64_t n, k, m;
-    const activations *act;
-    float *y;
-    int isa;
-} q4_call;
-
-static void q4_tiles(const void *arg, int64_t t0, int64_t t1) {
-    const q4_call *c = arg;
+static const tiles_fn Q4_PATHS[] = {
+    tiles_scalar,
 #ifdef KERNELS_X86
-    if (c->isa == ISA_VNNI) return tiles_vnni(c->w, c->n, c->k, c->act, c->m, c->y, t0, t1);
-    if (c->isa == ISA_AVX2) return tiles_avx2(c->w, c->n, c->k, c->act, c->m, c->y, t0, t1);
+    tiles_avx2,
+    tiles_vnni,
+#else
+    NULL,
+    NULL,
 #endif
-    tiles_scalar(c->w, c->n, c->k, c->act, c->m, c->y, t0, t1);
-}
-
-/* ---------------------------------------------------------------- entry points */
+};
 
 /* The best path this CPU runs: 2 AVX512-VNNI, 1 AVX2 (with FMA and F16C), 0 portable C. */
 int q4_isa(void) {
@@ -265,12 +257,5 @@ int q4_isa(void) {
  * the tiles (1: the calling thread alone). 0 on success, -1 out of memory. */
 int q4_matmul(const uint8_t *w, int64_t n, int64_t k, const float *a, int64_t m, float *y,
               int isa, int threads) {
-    activations act;
-    const int ok = quantize_activations(a, m, k, isa, &act) == 0;
-    if (ok) {
-        const q4_call call = {w, n, k, m, &act, y, isa};
-        run_tiles(q4_tiles, &call, n / TILE, threads);
-    }
-    free_activations(&act);
-    return ok ? 0 : -1;
+    return quantized_matmul(Q4_PATHS, w, n, k, a, m, y, isa, threads);
 }

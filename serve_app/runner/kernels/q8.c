@@ -163,34 +163,21 @@ static void tiles_avx2_8(const uint8_t *w, int64_t n, int64_t k, const activatio
 
 /* ---------------------------------------------------------------- entry point */
 
-typedef struct {
-    const uint8_t *w;
-    int64_t n, k, m;
-    const activations *act;
-    float *y;
-    int isa;
-} q8_call;
-
-static void q8_tiles(const void *arg, int64_t t0, int64_t t1) {
-    const q8_call *c = arg;
+static const tiles_fn Q8_PATHS[] = {
+    tiles_scalar8,
 #ifdef KERNELS_X86
-    if (c->isa == ISA_VNNI) return tiles_vnni8(c->w, c->n, c->k, c->act, c->m, c->y, t0, t1);
-    if (c->isa == ISA_AVX2) return tiles_avx2_8(c->w, c->n, c->k, c->act, c->m, c->y, t0, t1);
+    tiles_avx2_8,
+    tiles_vnni8,
+#else
+    NULL,
+    NULL,
 #endif
-    tiles_scalar8(c->w, c->n, c->k, c->act, c->m, c->y, t0, t1);
-}
+};
 
 /* y [m][n] = a [m][k] (fp32, contiguous) times the packed [n][k] matrix w, transposed.
  * n a multiple of 16, k of 32. isa: at most what q4_isa returned; threads: how many share
  * the tiles. 0 on success, -1 out of memory. */
 int q8_matmul(const uint8_t *w, int64_t n, int64_t k, const float *a, int64_t m, float *y,
               int isa, int threads) {
-    activations act;
-    const int ok = quantize_activations(a, m, k, isa, &act) == 0;
-    if (ok) {
-        const q8_call call = {w, n, k, m, &act, y, isa};
-        run_tiles(q8_tiles, &call, n / TILE, threads);
-    }
-    free_activations(&act);
-    return ok ? 0 : -1;
+    return quantized_matmul(Q8_PATHS, w, n, k, a, m, y, isa, threads);
 }
