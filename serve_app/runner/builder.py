@@ -125,7 +125,7 @@ def prefill_dtype(
 
 def decode_weights(requested: str, device: torch.device = CPU) -> str:
     """The decode weights ``requested`` means on this CPU (``auto`` resolved; ``int8`` and
-    ``q4``, which reads prompts on int8, fall back to int4 where torch has no fbgemm/x86
+    ``q4``, which reads prompts on 8 bits, fall back to int4 where torch has no fbgemm/x86
     quantized engine, and ``q4`` to int8 where the runner's C kernels do not build, with a
     warning). Off the CPU only ``dense`` (``auto`` means it): the others are CPU kernels."""
     if device.type != "cpu":

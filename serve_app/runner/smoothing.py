@@ -9,7 +9,8 @@ weights are quantized as ``W * s`` once, and a call multiplies its rows by ``1 /
 come from reading ``data/calibration.txt`` on the dense weights when the int8 weights are made
 (the text is part of their file's format: changing it needs a new version). ALPHA 0.5 won back
 most of what int8 prompts lost on FIM first lines (``bench.fim_quality``; docs/benchmarks.md,
-"Figures behind the defaults").
+"Figures behind the defaults"). fbgemm's int8 only: the runner's q8 (``weights_q8``) rounds
+activations per 32 inputs, so an outlier channel coarsens its own group, not the row.
 """
 
 from __future__ import annotations
