@@ -4,8 +4,9 @@
         [--threads 2] [--llama-url http://127.0.0.1:8091]
 
 A kernel is ``WEIGHTS[:INT8_KERNEL]`` (``EngineConfig.weights`` and ``int8_kernel``: the
-8-bit weights prompts are read on). ``RUNNER_KERNEL_ISA=avx2`` in the environment measures
-an AVX2-only CPU's C kernels on an AVX-512 one (torch's own kernels still use what they find).
+8-bit weights prompts are read on). To measure an AVX2-only CPU's kernels on an AVX-512 one,
+set ``RUNNER_KERNEL_ISA=avx2`` (the runner's C kernels), ``FBGEMM_ENABLE_INSTRUCTIONS=AVX2``
+(fbgemm's) and ``ATEN_CPU_CAPABILITY=avx2`` (torch's) in the environment.
 
 Start llama-server on the model's own GGUF (``bench/llama_side_by_side.sh`` says how to
 assemble it) with one thread, as a replica decodes: ``llama-server -m MODEL.gguf -t 1 -c 4096
