@@ -225,10 +225,11 @@ def prepare_weights(
     q4: dict[str, torch.Tensor] = {}
     if choice.decode == "int4":
         packs = int4_packs(matrices, cache_path(model, cache_dir, "int4"))
-    eight_bit = choice.decode in ("int8", "q4")
-    kernel = NativeMatmul() if choice.decode == "q4" or choice.int8_kernel == "q8" else None
+    eight_bit = choice.decode in ("int8", "q4")  # never on a GPU (dense there)
+    own_eight_bit = eight_bit and choice.int8_kernel == "q8"
+    kernel = NativeMatmul() if choice.decode == "q4" or own_eight_bit else None
     q8: dict[str, torch.Tensor] = {}
-    if eight_bit and choice.int8_kernel == "q8":
+    if own_eight_bit:
         q8 = q8_packs(matrices, cache_path(model, cache_dir, Q8_FILE))
     if eight_bit and set(matrices) - set(q8):  # fbgemm, or a shape q8 does not take
         path = cache_path(model, cache_dir, INT8_FILE if calibration else UNSMOOTHED_INT8_FILE)
