@@ -10,6 +10,8 @@ torch's intra-op threads; the result is the same for any count.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from serve_app.runner.native import ISA_NAMES, KernelUnavailable, load
@@ -48,7 +50,7 @@ class NativeMatmul:
 
     def _call(
         self,
-        function,
+        function: Callable[..., int],
         x: torch.Tensor,
         packed: torch.Tensor,
         out_features: int,
