@@ -37,9 +37,11 @@ models: install
 
 # The bootstrap step prints a new local key here, once (Ray would copy a replica's print
 # into its log files); the key is also kept in $(SERVE_APP_DATA_DIR)/local-api-key (0600).
+# Serve runs on a Ray without its dashboard (serve_app/launch.py: ~0.3 GB less);
+# DASHBOARD=1 keeps it (`serve status`, the Ray dashboard on 127.0.0.1:8265).
 run: models
 	$(PY) -m serve_app.prepare local-key --config $(CONFIG)
-	$(VENV)/bin/serve run $(CONFIG)
+	$(if $(DASHBOARD),$(VENV)/bin/serve run,$(PY) -m serve_app.launch) $(CONFIG)
 
 test: model
 	$(PY) -m pytest -q -ra

@@ -1,6 +1,6 @@
 """Memory of a running local graph: proportional set size (PSS) summed over all its processes.
 
-    .venv/bin/serve run configs/local.yaml &           # or: make run
+    make run &                                         # or: .venv/bin/serve run configs/local.yaml
     .venv/bin/python -m bench.memory                   # the one `serve run` on this machine
     .venv/bin/python -m bench.memory --pid 12345       # a given root (several graphs running)
 
@@ -68,10 +68,12 @@ def find_serve_run() -> int:
 
 
 def _is_serve_run(command: str) -> bool:
-    """``serve run ...`` however ``serve`` was named (``.venv/bin/serve``, a full path)."""
+    """``serve run ...`` however ``serve`` was named (``.venv/bin/serve``, a full path), or
+    ``python -m serve_app.launch ...`` (``make run``'s)."""
     words = command.split()
     return any(
-        Path(word).name == "serve" and following == "run"
+        (Path(word).name == "serve" and following == "run")
+        or (word == "-m" and following == "serve_app.launch")
         for word, following in zip(words, words[1:], strict=False)
     )
 

@@ -126,9 +126,10 @@ def kill_session(leader: subprocess.Popen) -> None:
 
 
 def serve_run(config_path: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
-    serve_bin = Path(sys.executable).with_name("serve")
+    """``serve run`` as ``make run`` starts it (``serve_app.launch``: Ray without its
+    dashboard)."""
     return subprocess.Popen(
-        [str(serve_bin), "run", str(config_path)],
+        [sys.executable, "-m", "serve_app.launch", str(config_path)],
         cwd=ROOT,
         env=env,
         stdout=log.open("w"),

@@ -7,7 +7,9 @@ hold in total across replicas, not per process.
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -76,6 +78,28 @@ def test_each_endpoint_answers_through_the_graph(graph):
     ):
         response = httpx.get(url + path, headers=auth(), timeout=30)
         assert response.status_code == 200 and response.json()["data"][0]["id"] == MODEL
+
+
+def test_the_graph_runs_without_the_dashboard(graph):
+    """``make run``'s launcher (``serve_app.launch``): Serve up, none of the dashboard's
+    module processes, and its head (Ray keeps one for usage stats) without its web frontend."""
+    commands = session_commands(graph["pid"])
+    assert any("ServeController" in command for command in commands)
+    assert not [c for c in commands if "ray-dashboard-" in c]
+    heads = [c for c in commands if "dashboard/dashboard.py" in c]
+    assert all("--disable-frontend" in c for c in heads)
+
+
+def session_commands(session: int) -> list[str]:
+    """The command lines of the processes in ``session`` (Linux /proc)."""
+    commands = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.getsid(int(entry.name)) == session:
+                commands.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:  # gone meanwhile
+            continue
+    return commands
 
 
 def test_fim_stream_through_the_graph(graph):
