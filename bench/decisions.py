@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.decisions --key $SERVE_APP_API_KEY     # against a running service
     .venv/bin/python -m bench.decisions --in-process [--threads 2]   # the scorer, no HTTP
     .venv/bin/python -m bench.decisions --in-process --runner both   # HF vs the engine's runner
-    .venv/bin/python -m bench.decisions --in-process --int8-kernels fbgemm,q8   # 8-bit kernels
+    .venv/bin/python -m bench.decisions --in-process --vary int8_kernel=fbgemm,q8   # side by side
 
 p50/p95 latency of one request about one ~1,700-token prompt (state ~1,600 tokens) with 1, 5, 10 and
 64 questions, and one 255-label choice; then the baselines: the same 10 questions sent as 10
@@ -19,6 +19,7 @@ other in this run, with a last table comparing them.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import os
@@ -158,14 +159,15 @@ async def run_http(args) -> list[list[str]]:
 
 async def run_in_process(args) -> list[list[str]]:
     """The same requests through the decision service on the embedded model, no HTTP, to a
-    scorer per forward asked for (``--runner``) or per 8-bit kernel (``--int8-kernels``);
+    scorer per forward asked for (``--runner``) or per value of one engine setting (``--vary``);
     with several, their figures side by side against the first."""
     from serve_app.engine_config import EngineConfig
     from serve_app.models.loader import load_model
 
     loaded = load_model(f"embedded:{args.model}", dtype="float32", threads=args.threads)
-    if args.int8_kernels:
-        kinds = {f"int8_kernel {k}": EngineConfig(int8_kernel=k) for k in args.int8_kernels}
+    if args.vary:
+        field, values = args.vary
+        kinds = {f"{field} {v}": EngineConfig(**{field: v}) for v in values}
     else:
         runners = ["hf", "auto"] if args.runner == "both" else [args.runner]
         kinds = {runner: EngineConfig(runner=runner) for runner in runners}
@@ -213,6 +215,14 @@ def in_process_sender(loaded, engine: EngineConfig, cpu_time: bool = False) -> S
     return send
 
 
+def engine_values(text: str) -> tuple[str, list[str]]:
+    """``FIELD=A,B`` -> (FIELD, [A, B])."""
+    field, _, values = text.partition("=")
+    if not field or not values:
+        raise argparse.ArgumentTypeError(f"expected FIELD=A,B, got {text!r}")
+    return field, values.split(",")
+
+
 def main() -> None:
     parser = base_parser(__doc__, "decisions")
     parser.add_argument("--repeats", type=int, default=5)
@@ -223,10 +233,12 @@ def main() -> None:
         "--runner", choices=["auto", "hf", "both"], default="auto", help="(--in-process)"
     )
     parser.add_argument(
-        "--int8-kernels",
-        type=lambda text: text.split(","),
+        "--vary",
+        type=engine_values,
         default=None,
-        help="(--in-process) engine.int8_kernel values, comma-separated, side by side",
+        metavar="FIELD=A,B",
+        help="(--in-process) a scorer per value of engine setting FIELD, side by side "
+        "(int8_kernel=fbgemm,q8; prompt_weights=decode,q4)",
     )
     parser.add_argument(
         "--cpu-time", action="store_true", help="process CPU seconds, not wall (--in-process)"

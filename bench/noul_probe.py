@@ -34,6 +34,7 @@ from typing import Any
 from bench.noul_cases import CHOICES, HELD_OUT, LADDERS, PAIRS, Pair
 from serve_app.engine_config import EngineConfig
 from serve_app.models.loader import load_model
+from serve_app.runner.builder import PROMPT_WEIGHTS
 from serve_app.serving.scoring import (
     DecisionQuestion,
     LikelihoodScorer,
@@ -159,7 +160,7 @@ def main() -> None:
     )
     parser.add_argument("--runner", choices=("auto", "hf"), default="auto")
     parser.add_argument("--weights", choices=("auto", "int4", "int8", "dense"), default="auto")
-    parser.add_argument("--prompt-weights", choices=("auto", "dense", "decode"), default="auto")
+    parser.add_argument("--prompt-weights", choices=PROMPT_WEIGHTS, default="auto")
     parser.add_argument("--int8-kernel", choices=("auto", "q8", "fbgemm"), default="auto")
     args = parser.parse_args()
     pairs = HELD_OUT if args.held_out else PAIRS

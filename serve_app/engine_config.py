@@ -102,7 +102,8 @@ class EngineConfig(_Strict):
         description="The runner's decode weights: auto (q4 wherever torch has its "
         "fbgemm/x86 int8 engine and the runner's C kernels build, int8 where only the first "
         "holds, else int4; on a GPU dense), q4 (the runner's own 4-bit kernel, 5 bits a "
-        "weight, decoding faster than int8; prompts on 8 bits, int8_kernel's; needs a C "
+        "weight, decoding faster than int8; prompts as prompt_weights says, its LM head on "
+        "8 bits, int8_kernel's; needs a C "
         "compiler, else int8), int4 (torch's groupwise kernel, packed once next to the model "
         "and shared by replicas), int8 (8 bits, int8_kernel's: faster decode than fp32 on "
         "AVX2) or dense (the model's own numbers). q4, int4 and "
@@ -114,13 +115,14 @@ class EngineConfig(_Strict):
         "the dense weights, else fp32 (the model's own tensors, no copy); on a GPU the "
         "model's dtype.",
     )
-    prompt_weights: Literal["auto", "dense", "decode"] = Field(
+    prompt_weights: Literal["auto", "dense", "decode", "q4"] = Field(
         default="auto",
         description="The runner's weights for reading prompts (prefill chunks and decision "
-        "scoring): decode (the decode weights; the prompt's first token on dense weights, "
-        "once per token id), dense, or auto (decode where the decode weights are int8: one "
-        "scale per row reads prompts faster than fp32 on AVX2 at the same measured quality; "
-        "dense elsewhere; docs/benchmarks.md).",
+        "scoring): q4 (q4's 4-bit layers themselves, the LM head on 8 bits: one copy of the "
+        "layers in memory for decode steps, prompts and the scorer), decode (the decode "
+        "weights, on q4 its 8-bit copy), in both the prompt's first token on dense weights, "
+        "once per token id; dense; or auto (q4 where the decode weights are q4, decode where "
+        "int8, dense elsewhere; docs/benchmarks.md).",
     )
     int8_kernel: Literal["auto", "q8", "fbgemm"] = Field(
         default="auto",

@@ -1,6 +1,7 @@
 """The runner's own 4-bit kernel (``weights_q4``, ``kernels/q4.c``): it computes exactly the
 math it documents on every path the CPU has, its rows do not depend on their batch, and a
-runner on ``weights: q4`` decodes on it (prompts on int8) and falls back where it cannot."""
+runner on ``weights: q4`` decodes and reads prompts on it (``prompt_weights: decode``: prompts
+on 8 bits) and falls back where it cannot."""
 
 from __future__ import annotations
 
@@ -114,12 +115,40 @@ def test_greedy_output_is_the_same_alone_and_batched(loaded) -> None:
 
 
 @needs_simd
-def test_the_decision_scorer_never_holds_q4(loaded) -> None:
-    config = engine_config(weights="q4", prompt_weights="auto")
-    runner = configured_runner(loaded, config.for_scoring(0), "scorer")
-    assert runner is not None and runner.decode_weights == "int8"
-    dense_prompts = engine_config(weights="q4", prompt_weights="dense").for_scoring(0)
-    assert configured_runner(loaded, dense_prompts, "scorer").decode_weights == "dense"
+def test_the_decision_scorer_holds_only_the_weights_its_prompts_read(loaded) -> None:
+    expected = {"auto": "q4", "q4": "q4", "decode": "int8", "dense": "dense"}
+    for prompts, weights in expected.items():
+        config = engine_config(weights="q4", prompt_weights=prompts).for_scoring(0)
+        runner = configured_runner(loaded, config, "scorer")
+        assert runner is not None and runner.decode_weights == weights, prompts
+
+
+@needs_simd
+@pytest.mark.parametrize("prompts", ["auto", "q4"])
+def test_prompts_on_q4_read_the_decode_weights_and_map_no_8bit_layers(loaded, prompts) -> None:
+    """``prompt_weights: q4`` (and ``auto``): a prompt computes the model whose layers are q4's
+    (as a decode pass does; one copy of the layers for both), the head alone keeps 8 bits, and
+    the decision scorer reads its prompts on q4 too instead of an 8-bit copy."""
+    runner = build_runner(loaded.model, weights="q4", prompt_weights=prompts)
+    assert all(layer.qkv.q8 is None and layer.qkv.int8 is None for layer in runner.layers)
+    prompt = encode(loaded, PROMPTS[1])[:12]
+    with torch.inference_mode():
+        read = runner.forward(runner.new_cache(1, 16, 4096), 0, [prompt], [0], decode=False)
+        expected = q4_numbers(loaded).model(torch.tensor([prompt])).logits[0, -1]
+        fp32 = loaded.model(torch.tensor([prompt])).logits[0, -1]
+    # Position 0 is read on the dense weights (``first_token``), the rest on q4's.
+    assert (read[0] - expected).abs().max() < (expected - fp32).abs().max() / 3
+    scorer = configured_runner(
+        loaded, engine_config(weights="q4", prompt_weights=prompts).for_scoring(0), "scorer"
+    )
+    assert scorer is not None and scorer.decode_weights == "q4"
+    assert all(layer.down.q4 is not None and layer.down.q8 is None for layer in scorer.layers)
+
+
+def test_prompts_on_q4_without_q4_decode_weights_stay_on_8_bits() -> None:
+    assert builder.prompt_bits("q4", "int8") == builder.prompt_bits("auto", "int8") == 8
+    assert builder.prompt_bits("q4", "q4") == builder.prompt_bits("auto", "q4") == 4
+    assert builder.prompt_bits("decode", "q4") == 8
 
 
 def test_without_a_compiler_q4_falls_back_to_int8(monkeypatch, tmp_path) -> None:

@@ -5,15 +5,16 @@ Which weights run where is decided at run time, from what the CPU computes nativ
 (``choose_weights``, the one place; its figures per CPU: docs/benchmarks.md, "Figures behind
 the defaults"):
 
-- decode steps (few rows): the runner's own 4-bit kernel (``weights_q4``; its prompts on
-  8 bits) wherever torch has its fbgemm/x86 int8 engine and the runner's C kernels build
-  (``native``), 8 bits where only the first holds, torch's int4 elsewhere; or what ``weights``
-  names;
-- 8 bits (prompts, scores, q4's LM head): the runner's q8 (``weights_q8``: a scale per 32
-  inputs, rounded once, one mapped file every replica shares) where its C kernels run on SIMD,
-  else fbgemm's int8 per channel (a private pack per replica); or what ``int8_kernel`` names;
-- prompts: on the decode weights where those are 8-bit (faster than fp32 GEMM, at the same
-  measured quality), the prompt's first token on the dense weights
+- decode steps (few rows): the runner's own 4-bit kernel (``weights_q4``; prompts and scores
+  on the same weights, its LM head on 8 bits) wherever torch has its fbgemm/x86 int8 engine
+  and the runner's C kernels build (``native``), 8 bits where only the first holds, torch's
+  int4 elsewhere; or what ``weights`` names;
+- 8 bits (prompts and scores on int8 or with ``prompt_weights: decode``, q4's LM head): the
+  runner's q8 (``weights_q8``: a scale per 32 inputs, rounded once, one mapped file every
+  replica shares) where its C kernels run on SIMD, else fbgemm's int8 per channel (a private
+  pack per replica); or what ``int8_kernel`` names;
+- prompts: on the decode weights where those are quantized (faster than fp32 GEMM, at the
+  same measured quality), the prompt's first token on the dense weights
   (``Qwen2Runner.first_token``); elsewhere on the dense weights: the HF parameters as they are
   (fp32) on CPUs without bf16 compute, a bf16 copy where the CPU has AVX512-BF16 or AMX.
 
@@ -68,7 +69,7 @@ logger = logging.getLogger(__name__)
 
 WEIGHTS = ("auto", "q4", "int4", "int8", "dense")
 INT8_KERNELS = ("auto", "q8", "fbgemm")
-PROMPT_WEIGHTS = ("auto", "dense", "decode")
+PROMPT_WEIGHTS = ("auto", "dense", "decode", "q4")
 CPU = torch.device("cpu")
 LINEARS = ("qkv", "o", "gate_up", "down", "lm_head")
 # int8 linears whose activations are rounded twice (``int8_linear``'s ``precise``) when a runner
@@ -125,7 +126,7 @@ def prefill_dtype(
 
 def decode_weights(requested: str, device: torch.device = CPU) -> str:
     """The decode weights ``requested`` means on this CPU (``auto`` resolved; ``int8`` and
-    ``q4``, which reads prompts on 8 bits, fall back to int4 where torch has no fbgemm/x86
+    ``q4``, whose LM head is 8-bit, fall back to int4 where torch has no fbgemm/x86
     quantized engine, and ``q4`` to int8 where the runner's C kernels do not build, with a
     warning). Off the CPU only ``dense`` (``auto`` means it): the others are CPU kernels."""
     if device.type != "cpu":
@@ -150,13 +151,28 @@ def decode_weights(requested: str, device: torch.device = CPU) -> str:
 
 
 def quantized_prompts(requested: str, decode: str) -> bool:
-    """Whether prompts run on the ``decode`` weights (resolved): ``auto`` where they are int8
-    (``q4`` reads prompts on its int8 copy)."""
+    """Whether prompts run on the ``decode`` weights (resolved): ``auto`` where they are q4 or
+    int8 (``prompt_bits``: on q4's 4 bits or its 8-bit copy)."""
     if requested not in PROMPT_WEIGHTS:
         raise ValueError(f"unknown prompt weights {requested!r}; use one of {PROMPT_WEIGHTS}")
     if requested == "auto":
         return decode in ("int8", "q4")
-    return requested == "decode" and decode != "dense"
+    return requested in ("decode", "q4") and decode != "dense"
+
+
+def prompt_bits(requested: str, decode: str) -> int:
+    """4 where quantized prompts read the q4 decode weights themselves (``auto`` and ``q4``;
+    the LM head stays on 8 bits), 8 on q4's 8-bit copy (``decode``) and on int8. ``q4`` asked
+    for on other decode weights: their 8 bits, with a warning.
+
+    4 bits by default: one copy of the layers per model serves decode steps and prompts (the
+    1.5B's 8-bit copy was 1.6 GB more of a laptop's memory), at the same measured quality and
+    a faster prompt on AVX2 (docs/benchmarks.md)."""
+    if decode != "q4":
+        if requested == "q4":
+            logger.warning("runner: prompts on q4 need q4 decode weights, not %s", decode)
+        return 8
+    return 4 if requested in ("auto", "q4") else 8
 
 
 def choose_weights(
@@ -184,13 +200,14 @@ def choose_weights(
     device = model_device(model)
     decode = decode_weights(weights, device)
     prompts_quantized = quantized_prompts(prompt_weights, decode)
-    if scoring:
+    bits = prompt_bits(prompt_weights, decode) if prompts_quantized else 8
+    if scoring and bits == 8:
         decode = ("int8" if decode == "q4" else decode) if prompts_quantized else "dense"
     if isinstance(dense_dtype, str):
         model_dtype = next(model.parameters()).dtype
         dense_dtype = prefill_dtype(dense_dtype, device, model_dtype, prompts_quantized)
     kernel = resolved_int8_kernel(int8_kernel)
-    return WeightChoice(decode, prompts_quantized, dense_dtype, tuple(precise), kernel)
+    return WeightChoice(decode, prompts_quantized, dense_dtype, tuple(precise), kernel, bits)
 
 
 def resolved_int8_kernel(requested: str) -> str:
@@ -229,11 +246,15 @@ def prepare_weights(
     own_eight_bit = eight_bit and choice.int8_kernel == "q8"
     kernel = NativeMatmul() if choice.decode == "q4" or own_eight_bit else None
     q8: dict[str, torch.Tensor] = {}
+    # With prompts on q4 only the LM head needs 8 bits: the layers' pages of the (whole) file
+    # are never read, so every replica of the model maps one 4-bit copy of them.
+    eight_bit_names = {"lm_head"} if choice.prompt_bits == 4 else set(matrices)
     if own_eight_bit:
         q8 = q8_packs(matrices, cache_path(model, cache_dir, Q8_FILE))
-    if eight_bit and set(matrices) - set(q8):  # fbgemm, or a shape q8 does not take
+        q8 = {k: v for k, v in q8.items() if k in eight_bit_names}
+    rest = {k: v for k, v in matrices.items() if k in eight_bit_names and k not in q8}
+    if eight_bit and rest:  # fbgemm, or a shape q8 does not take
         path = cache_path(model, cache_dir, INT8_FILE if calibration else UNSMOOTHED_INT8_FILE)
-        rest = {k: v for k, v in matrices.items() if k not in q8}
         int8 = int8_packs(rest, path, model, calibration)
     if choice.decode == "q4":
         # q4 takes the decoder layers' linears; the LM head stays on 8 bits (as llama.cpp's

@@ -37,6 +37,7 @@ class WeightChoice:
     dense_dtype: torch.dtype
     precise: tuple[str, ...] = ()  # ``LINEARS`` whose fbgemm activations are rounded twice
     int8_kernel: str = "fbgemm"  # "q8" (the runner's own) or "fbgemm": never "auto"
+    prompt_bits: int = 8  # 4: quantized prompts read the q4 decode weights (the head: 8 bits)
 
 
 @dataclass(frozen=True)

@@ -188,9 +188,11 @@ class Linear:
 
     def __call__(self, x: torch.Tensor, quantized: bool, decode: bool = False) -> torch.Tensor:
         """``x`` is ``[rows, in]`` fp32; the result is ``[rows, out]`` fp32. ``quantized``: use
-        the q8, int8 or int4 copy when there is one, else the dense weights; ``decode`` (a
-        decode step's rows, quantized): the q4 copy first where there is one."""
-        if decode and self.q4 is not None:
+        the q8, int8 or int4 copy when there is one (q4 where it has no 8-bit one), else the
+        dense weights; ``decode`` (a decode step's rows, quantized): the q4 copy first where
+        there is one."""
+        eight_bit = self.q8 is not None or self.int8 is not None
+        if self.q4 is not None and (decode or (quantized and not eight_bit)):
             kernel, packed = self.q4
             y = kernel.q4(x, packed, self.out_features)
             return y if self.quantized_bias is None else y.add_(self.quantized_bias)
