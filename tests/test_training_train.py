@@ -204,6 +204,9 @@ def test_a_seed_goes_on_where_the_run_paused_on_another_machine(
     assert "resumed at step 1 from the seed" in err and "step 2/4" in err and "step 1/" not in err
     record = json.loads((tmp_path / "b" / "training.json").read_text())
     assert record["steps"] == 4 and record["rank"] == 4 and record["batch"] == 1
+    # The same run went on: it started from no adapter, not from its own seed (whose record,
+    # nested in every save of a run going on from it, grew without end).
+    assert record["init_adapter"] is None and record["init_record"] is None
 
 
 def test_a_seed_refuses_data_of_another_version(

@@ -57,15 +57,35 @@ def run_record(args: argparse.Namespace, progress: Mapping[str, Any]) -> dict[st
         "detach_prompt": args.detach_prompt,
         "objective": args.objective,
         **({"beta": args.beta, "sft_weight": args.sft_weight} if args.objective == "dpo" else {}),
-        "init_adapter": str(args.init_adapter) if args.init_adapter else None,
         # A continued adapter learned part of what it knows from the one it started from:
-        # that adapter's own record (data, steps, scores) is kept with it.
-        "init_record": starting_record(args.init_adapter) or None,
+        # that adapter's own record (data, steps, scores) is kept with it. A run going on from
+        # its own seed is the same run: it started where the seed's run started.
+        **(getattr(args, "run_start", None) or run_start(args.init_adapter)),
         "validation_loss": progress["validation"],
         "validation_loss_changed_tokens": progress["validation_changed"],
         "hours": round(progress["seconds"] / 3600, 3),
         "seconds": round(progress["seconds"], 3),
     }
+
+
+def run_start(init_adapter: Path | None) -> dict[str, Any]:
+    """What a run starting from ``init_adapter`` records of it: its path and its record."""
+    return {
+        "init_adapter": str(init_adapter) if init_adapter else None,
+        "init_record": starting_record(init_adapter) or None,
+    }
+
+
+def seed_run_start(record: Mapping[str, Any], seed: Path) -> dict[str, Any]:
+    """Where the run that wrote ``seed`` (its ``record``) started: past the records of its own
+    seed that runs going on from it nested (seeds written before ``seed.json`` kept it)."""
+    while record.get("init_record") and _same(record.get("init_adapter"), seed):
+        record = record["init_record"]
+    return {"init_adapter": record.get("init_adapter"), "init_record": record.get("init_record")}
+
+
+def _same(path: str | None, folder: Path) -> bool:
+    return path is not None and Path(path).resolve() == folder.resolve()
 
 
 def starting_record(init_adapter: Path | None) -> dict[str, Any]:

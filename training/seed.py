@@ -20,9 +20,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from serve_app.models.loader import TRAINING_RECORD
+from serve_app.models.loader import TRAINING_RECORD, training_record
 from training.export import write_adapter
-from training.record import data_record, run_record
+from training.record import data_record, run_record, seed_run_start
 
 SEED_FILE = "seed.json"
 # What a run is: the settings its pairs, their order and its learning-rate schedule follow
@@ -41,12 +41,13 @@ def is_seed(folder: Path | None) -> bool:
 def save_seed(folder: Path, model: Any, progress: Any, args: argparse.Namespace) -> None:
     """``model``'s adapter and the run's settings and ``progress`` in ``folder``, replaced
     whole, with the run's record so far beside them."""
+    record = run_record(args, asdict(progress))
     seed = {
         "data_version": data_record(args.data)["data_version"],
         "settings": {name: getattr(args, name) for name in RUN_SETTINGS},
         "progress": asdict(progress),
+        "start": {key: record[key] for key in ("init_adapter", "init_record")},
     }
-    record = run_record(args, asdict(progress))
     files = {SEED_FILE: json.dumps(seed) + "\n", TRAINING_RECORD: json.dumps(record, indent=1)}
     with tempfile.TemporaryDirectory() as saved:
         model.save_pretrained(saved)
@@ -71,6 +72,8 @@ def adopt_seed(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
     for name, value in seed["settings"].items():
         setattr(args, name, value)
+    # The same run goes on: its record names where it started, not this seed.
+    args.run_start = seed.get("start") or seed_run_start(training_record(folder), folder)
     if changed:
         print(f"the seed's settings replace the command line's: {changed}", file=sys.stderr)
     return seed["progress"]
