@@ -1,15 +1,17 @@
 #!/bin/bash
 # The local graph and llama.cpp's server side by side, in one run (docs/benchmarks.md):
-# `serve run configs/local.yaml` (on $PORT, its own Ray temp dir and auth store) and
-# `llama-server` on the FIM model's own GGUF with the FIM replica's thread count (1) and
-# nice level (Ray runs replicas at nice 15), then bench.fim with both columns, bench.edit and
-# bench.memory (after a warm-up request to each model endpoint, and after the benchmarks);
-# bench.keystroke and bench.readme_examples too (BENCHES picks which run).
+# `make run`'s launcher (serve_app.launch) on configs/local.yaml (on $PORT, its own Ray temp dir
+# and auth store) and `llama-server` on the FIM model's own GGUF with the FIM replica's thread
+# count (1) and nice level (Ray runs replicas at nice 15), then bench.fim with both columns,
+# bench.edit and bench.memory (after a warm-up request to each model endpoint, and after the benchmarks);
+# bench.readme_examples too; bench.keystroke where BENCHES names it (llama.cpp reads each
+# keystroke's prompt again: ~20 s a keystroke on a 2-core AVX2 box, over an hour in all).
 # Stops everything it started. Run from the repository root:
-#   LLAMA_SERVER=/path/to/llama-server bench/llama_side_by_side.sh
+#   bench/llama_side_by_side.sh   (LLAMA_SERVER: default where ../shared/tools/build-llama-server
+#                                  puts it)
 set -u
 VENV=${VENV:-.venv}
-LLAMA_SERVER=${LLAMA_SERVER:-$HOME/.cache/llama-server/llama.cpp/build/bin/llama-server}
+LLAMA_SERVER=${LLAMA_SERVER:-$HOME/.cache/llama-server-noamx/llama.cpp/build/bin/llama-server}
 # Each role's model as configs/local.yaml names it; llama.cpp serves the FIM model's GGUF.
 role() { "$VENV/bin/python" -c "import sys; from bench.common import local_role_model; print(local_role_model(sys.argv[1]))" "$1"; }
 FIM_MODEL=$(role fim) EDIT_MODEL=$(role edit) DECISIONS_MODEL=$(role decisions)
@@ -17,7 +19,7 @@ GGUF=${GGUF:-$HOME/.cache/llama-server/$FIM_MODEL-q4_k_m.gguf}
 PORT=${PORT:-8123}
 LLAMA_PORT=${LLAMA_PORT:-8090}
 WORK=${WORK:-/tmp/side-by-side}
-BENCHES=${BENCHES:-fim keystroke edit readme}  # bench.fim, .keystroke, .edit, .readme_examples
+BENCHES=${BENCHES:-fim edit readme}  # bench.fim, .keystroke, .edit, .readme_examples
 KEYSTROKE_ARGS=${KEYSTROKE_ARGS:-}  # e.g. "--seed 956705" to replay the same sessions
 export PYTHONPATH=$PWD RAY_TMPDIR=$WORK/ray SERVE_APP_DATA_DIR=$WORK/data RAY_AUTH_MODE=disabled
 mkdir -p "$WORK/ray" "$WORK/data"
@@ -29,11 +31,11 @@ fi
 sed "s/port: 8000/port: $PORT/" configs/local.yaml > "$WORK/local.yaml"
 echo "== $(date -u +%T) CPU flags: $(grep -m1 -o -w -E 'avx|avx2|fma|f16c|avx512[a-z_0-9]*|avx_vnni|amx[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 uptime
-"$VENV/bin/python" -m serve_app.auth.cli bootstrap --config "$WORK/local.yaml" > /dev/null
+"$VENV/bin/python" -m serve_app.prepare local-key --config "$WORK/local.yaml" > /dev/null
 KEY=$(cat "$WORK/data/local-api-key")
 (while true; do echo "$(date -u +%T) $(cut -d' ' -f1-3 /proc/loadavg)"; sleep 10; done) > "$WORK/load.log" &
 LOAD_PID=$!
-"$VENV/bin/serve" run "$WORK/local.yaml" > "$WORK/serve.log" 2>&1 &
+"$VENV/bin/python" -m serve_app.launch "$WORK/local.yaml" > "$WORK/serve.log" 2>&1 &  # as `make run` starts it
 SERVE_PID=$!
 nice -n 15 "$LLAMA_SERVER" -m "$GGUF" -t 1 -c 32768 -np 8 --port "$LLAMA_PORT" > "$WORK/llama.log" 2>&1 &
 LLAMA_PID=$!
