@@ -323,10 +323,17 @@ def test_chat_shows_a_tool_call_as_it_streams(page):
     expect(page.locator("#chat-stats")).to_contain_text("tokens in", timeout=EXPECT_TIMEOUT_MS)
     shown = page.locator("#chat-log .message.assistant .call").all_inner_texts()
     assert shown, "no tool call was drawn"
-    # The tiny model writes noise, but the grammar makes each a call of the one tool offered.
-    for call in shown:
+    # The tiny model writes noise, but the grammar makes each a call of the one tool offered;
+    # noise may run a string to max_tokens, and then the page says the answer was cut there
+    # and only the last call may be unfinished.
+    cut = "cut at max_tokens" in page.locator("#chat-stats").inner_text()
+    for number, call in enumerate(shown, start=1):
         assert call.startswith("→ get_weather(") and call.endswith(")"), call
-        assert isinstance(json.loads(call[len("→ get_weather(") : -1])["city"], str)
+        arguments = call[len("→ get_weather(") : -1]
+        if cut and number == len(shown):
+            assert arguments.startswith('{"city": "'), call
+        else:
+            assert isinstance(json.loads(arguments)["city"], str)
     chat = [r for r in page.sent if r.url.endswith("/v1/chat/completions")][-1]
     assert chat.post_data_json["tool_choice"] == "required"
     assert chat.post_data_json["tools"][0]["function"]["name"] == "get_weather"

@@ -1,6 +1,8 @@
 // Chat: streamed answers, and tool calls drawn as they stream.
 import { $, isAbort, modelFor, showError, streamApi } from "./api.js";
 
+const MAX_TOKENS = 512;
+
 // The tool calls of a streamed answer, drawn as `name(arguments)` lines as their pieces come:
 // a call's first piece has its index and name, the next ones pieces of its arguments.
 class ToolCalls {
@@ -67,18 +69,21 @@ export function setupChat() {
     const started = performance.now();
     let firstAt = null;
     let usage = null;
+    let finish = null;
     try {
       const body = {
         model: modelFor("chat"),
         messages,
         stream: true,
         stream_options: { include_usage: true },
-        max_tokens: 512,
+        max_tokens: MAX_TOKENS,
         ...tools,
       };
       for await (const chunk of streamApi("/v1/chat/completions", body, controller.signal)) {
         if (chunk.usage) usage = chunk.usage;
-        const delta = chunk.choices.length ? chunk.choices[0].delta : null;
+        const choice = chunk.choices.length ? chunk.choices[0] : null;
+        if (choice && choice.finish_reason) finish = choice.finish_reason;
+        const delta = choice ? choice.delta : null;
         if (!delta || !(delta.content || delta.tool_calls)) continue;
         firstAt = firstAt ?? performance.now();
         if (delta.content) reply.append(delta.content);
@@ -92,8 +97,10 @@ export function setupChat() {
       messages.push({ role: "assistant", content: reply.textContent });
       const total = (performance.now() - started) / 1000;
       const first = firstAt === null ? "-" : ((firstAt - started) / 1000).toFixed(2);
+      // An answer cut at max_tokens says so: its last tool call's arguments may be unfinished.
+      const cut = finish === "length" ? ` · cut at max_tokens (${MAX_TOKENS})` : "";
       stats.textContent = usage
-        ? `first token ${first} s · ${usage.completion_tokens} tokens in ${total.toFixed(2)} s`
+        ? `first token ${first} s · ${usage.completion_tokens} tokens in ${total.toFixed(2)} s${cut}`
         : `stopped after ${total.toFixed(2)} s`;
     }
   });
