@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import cpu_flags, percentile, table
+from bench.edit_adapter import adapter_record, adapter_style
 from bench.edit_scores import delta_chrf, drops_kept_line, normalized, reverses
 from tests.fixtures.edit_clients import (
     ClientCall,
@@ -408,27 +409,6 @@ def latency(seconds: list[float]) -> str:
     if not seconds:
         return "-"
     return f"{percentile(seconds, 50):.2f}/{percentile(seconds, 90):.2f}"
-
-
-def adapter_training(source: str) -> dict[str, Any]:
-    """The adapter's training record ({} when it has none)."""
-    from serve_app.models.loader import adapter_path, training_record
-
-    return training_record(adapter_path(source))
-
-
-def adapter_style(source: str) -> str:
-    """The prompt style the adapter was trained on (chat_split where its record is silent)."""
-    return adapter_training(source).get("style", "chat_split")
-
-
-def adapter_record(source: str) -> str:
-    """What the adapter was trained on and how long (its ``training.json``), in one line."""
-    fields = adapter_training(source)
-    if not fields:
-        return "(no training.json)"
-    keys = ("base_model", "data_version", "style", "steps", "batch", "layers", "rank", "hours")
-    return " ".join(f"{key}={fields.get(key)}" for key in keys)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
