@@ -272,6 +272,34 @@ def test_pairs_read_in_one_padded_forward_lose_what_they_lose_alone(tiny_source:
     assert read == len(short.ids) + len(long.ids)
 
 
+def test_a_step_weighs_every_answer_token_alike(tiny_source: str) -> None:
+    """A step's loss is the mean over its answer tokens: the one token of a "no change"
+    answer (end of turn first) counts as one of an edit's, not as a whole example. Weighed
+    per example, adapters learned to end the turn first where edits were due."""
+    import torch
+
+    from training.losses import token_losses
+
+    model = train.with_lora(train.load_base(tiny_source, "cpu", torch.float32), 4, 0)
+    tokenizer = train.load_tokenizer(tiny_source)
+    keep = training_pair(example("cart.py", "\nprint(total(cart))"), "\nprint(total(cart))",
+                         tokenizer, "chat_span")  # fmt: skip
+    edit = training_pair(example("c.py"), "\nprint(subtotal(cart))", tokenizer, "chat_span")
+    assert sum(label != IGNORED for label in keep.labels) == 1
+    assert sum(label != IGNORED for label in edit.labels) > 3
+    args = train.parse_args(["--data", "unused", "--change-weight", "1", "--micro", "1"])
+    model.eval()
+    with torch.no_grad():
+        step = sum(
+            float(loss)
+            for loss, _ in train.step_losses(model, args, [keep, edit], [0, 1], {}, None)
+        )
+        every, _, rows = token_losses(model, [keep, edit], "cpu")
+    assert step == pytest.approx(float(every.mean()), rel=1e-4)
+    per_example = (float(every[rows == 0].mean()) + float(every[rows == 1].mean())) / 2
+    assert step != pytest.approx(per_example, rel=1e-3)
+
+
 def test_a_detached_prompt_loses_the_same_and_trains_through_the_answer(tiny_source: str) -> None:
     """--detach-prompt: the same losses as the whole forward, and a gradient that reaches
     the adapter (through the answer's positions alone)."""

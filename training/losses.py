@@ -63,6 +63,19 @@ def detached_losses(model: Any, pairs: list[TrainingPair], device: str) -> tuple
     return torch.cat(losses), torch.cat(changed), torch.cat(rows)
 
 
+def answer_weight(pair: TrainingPair, change_weight: float = 1.0) -> float:
+    """What ``pair``'s answer tokens weigh in a step: one each, ``change_weight`` for those
+    that write a change. A step's loss is its answer tokens' weighted mean (``answer_loss``
+    over this): a mean per example instead would give the one token of a "no change"
+    answer the weight of an edit's ~20, and a CPU-recipe adapter trained so put 0.7 on
+    ending the turn first where an edit was due (docs/next_edit.md)."""
+    return sum(
+        1.0 + (change_weight - 1.0) * changed
+        for label, changed in zip(pair.labels, pair.changed, strict=True)
+        if label != IGNORED
+    )
+
+
 def answer_loss(
     model: Any,
     pairs: list[TrainingPair],
@@ -70,15 +83,13 @@ def answer_loss(
     change_weight: float = 1.0,
     detach_prompt: bool = False,
 ) -> tuple[Any, int]:
-    """The sum over ``pairs`` of each one's answer cross-entropy, tokens that write a change
-    weighing ``change_weight`` times the rest, and how many tokens were read. Nearly every
-    token of a rewritten region copies it, so at weight 1 a step's loss is mostly copying: the
-    weight is what makes the few changed tokens count."""
-    losses, changed, rows = token_losses(model, pairs, device, detach_prompt)
+    """The weighted sum of ``pairs``' answer-token cross-entropies, tokens that write a change
+    weighing ``change_weight`` times the rest (``answer_weight``), and how many tokens were
+    read. Nearly every token of a rewritten region copies it, so at weight 1 a step's loss is
+    mostly copying: the weight is what makes the few changed tokens count."""
+    losses, changed, _ = token_losses(model, pairs, device, detach_prompt)
     weights = 1.0 + (change_weight - 1.0) * changed.float()
-    totals = torch.zeros(len(pairs), device=device).index_add(0, rows, losses * weights)
-    sums = torch.zeros(len(pairs), device=device).index_add(0, rows, weights)
-    return (totals / sums).sum(), sum(len(pair.ids) for pair in pairs)
+    return (losses * weights).sum(), sum(len(pair.ids) for pair in pairs)
 
 
 def sequence_log_probs(losses: torch.Tensor, rows: torch.Tensor, count: int) -> torch.Tensor:

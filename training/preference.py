@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from training.edits import EditExample
-from training.losses import answer_loss, sequence_log_probs, token_losses
+from training.losses import answer_loss, answer_weight, sequence_log_probs, token_losses
 from training.render import TrainingPair, training_pair
 
 
@@ -78,7 +78,8 @@ def preference_loss(
     """One example's loss and the tokens it read: DPO's with the chosen answer's
     cross-entropy beside it, or where nothing is rejected, the cross-entropy alone."""
     if rejected is None:
-        return answer_loss(model, [chosen], device)
+        loss, read = answer_loss(model, [chosen], device)
+        return loss / answer_weight(chosen), read
     pair = [chosen, rejected]
     before = reference.log_probs(model, pair, device)
     losses, _, rows = token_losses(model, pair, device)

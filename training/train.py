@@ -39,7 +39,7 @@ import torch
 
 from serve_app.models.loader import TRAINING_RECORD
 from serve_app.prompts.next_edit.messages import PROMPT_STYLES
-from training.losses import answer_loss, token_losses
+from training.losses import answer_loss, answer_weight, token_losses
 from training.mix import encode_all, load_examples, training_mix
 from training.preference import Reference, preference_loss, preference_pairs
 from training.record import data_record, run_record
@@ -266,7 +266,7 @@ def run(args: argparse.Namespace) -> dict:
         tokens, loss_sum = 0, 0.0
         chosen = next_examples(progress, args.batch)
         for loss, read in step_losses(model, args, train_pairs, chosen, rejected, reference):
-            (loss / args.batch).backward()
+            loss.backward()
             tokens, loss_sum = tokens + read, loss_sum + float(loss.detach())
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
@@ -276,7 +276,7 @@ def run(args: argparse.Namespace) -> dict:
         progress.seconds += seconds
         left = (args.steps - progress.step) * progress.seconds / progress.step
         log(
-            f"step {progress.step}/{args.steps} loss {loss_sum / args.batch:.4f} "
+            f"step {progress.step}/{args.steps} loss {loss_sum:.4f} "
             f"{seconds:.1f} s, {tokens / seconds:.0f} tok/s, {left / 60:.1f} min left"
         )
         if (fit := clock.steps_that_fit(progress.step)) < args.steps:
@@ -310,18 +310,24 @@ def step_losses(
     rejected: dict[int, TrainingPair],
     reference: Reference | None,
 ) -> Iterator[tuple[Any, int]]:
-    """The losses of a step's examples ``chosen`` (each a sum over the pairs it read), and the
-    tokens read: by cross-entropy, ``--micro`` pairs a forward, or by DPO, one example's
-    answers (the expected, the no-op) a forward."""
+    """A step's loss in parts that add up to it, each with the tokens it read: by
+    cross-entropy, the mean over the step's answer tokens (``answer_weight``), ``--micro``
+    pairs a forward; by DPO, the mean over examples, one example's answers (the expected, the
+    no-op) a forward."""
     if reference is None:
+        weight = sum(answer_weight(pairs[index], args.change_weight) for index in chosen)
         for group in micro_batches([pairs[index] for index in chosen], args.micro):
-            yield answer_loss(model, group, args.device, args.change_weight, args.detach_prompt)
+            loss, read = answer_loss(
+                model, group, args.device, args.change_weight, args.detach_prompt
+            )
+            yield loss / weight, read
         return
     for index in chosen:
-        yield preference_loss(
+        loss, read = preference_loss(
             model, reference, pairs[index], rejected.get(index), args.device, args.beta,
             args.sft_weight,
         )  # fmt: skip
+        yield loss / len(chosen), read
 
 
 def micro_batches(pairs: list[TrainingPair], size: int) -> list[list[TrainingPair]]:
