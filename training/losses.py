@@ -70,10 +70,16 @@ def answer_weight(pair: TrainingPair, change_weight: float = 1.0) -> float:
     answer the weight of an edit's ~20, and a CPU-recipe adapter trained so put 0.7 on
     ending the turn first where an edit was due (docs/next_edit.md)."""
     return sum(
-        1.0 + (change_weight - 1.0) * changed
+        token_weight(changed, change_weight)
         for label, changed in zip(pair.labels, pair.changed, strict=True)
         if label != IGNORED
     )
+
+
+def token_weight(changed: Any, change_weight: float) -> Any:
+    """An answer token's weight (a bool, or a tensor of them): ``change_weight`` where it
+    writes a change, else one."""
+    return 1.0 + (change_weight - 1.0) * changed
 
 
 def answer_loss(
@@ -88,8 +94,8 @@ def answer_loss(
     read. Nearly every token of a rewritten region copies it, so at weight 1 a step's loss is
     mostly copying: the weight is what makes the few changed tokens count."""
     losses, changed, _ = token_losses(model, pairs, device, detach_prompt)
-    weights = 1.0 + (change_weight - 1.0) * changed.float()
-    return (losses * weights).sum(), sum(len(pair.ids) for pair in pairs)
+    weighted = losses * token_weight(changed.float(), change_weight)
+    return weighted.sum(), sum(len(pair.ids) for pair in pairs)
 
 
 def sequence_log_probs(losses: torch.Tensor, rows: torch.Tensor, count: int) -> torch.Tensor:
