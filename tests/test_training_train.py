@@ -173,6 +173,10 @@ def test_a_run_resumes_from_its_checkpoint_and_records_the_adapter(
     assert first["repositories"] == {"train": ["shop/cart"], "validation": ["shop/store"]}
     assert first["provenance"]["shop/store"] == {"licence": "Apache-2.0", "commit": "b" * 40}
     assert [step for step, _ in first["validation_loss"]] == [0, 2]  # the base model first
+    assert [(step, quiet) for step, _, quiet in first["validation_first_token"]] == [
+        (0, None),
+        (2, None),
+    ]  # one held-out example, an edit
     train.main([*common, "--steps", "3"])
     err = capsys.readouterr().err
     assert "resumed at step 2" in err and "step 3/3" in err and "step 1/3" not in err
@@ -298,6 +302,32 @@ def test_a_step_weighs_every_answer_token_alike(tiny_source: str) -> None:
     assert step == pytest.approx(float(every.mean()), rel=1e-4)
     per_example = (float(every[rows == 0].mean()) + float(every[rows == 1].mean())) / 2
     assert step != pytest.approx(per_example, rel=1e-3)
+
+
+def test_validation_reads_the_first_answer_tokens_decision_for_edits_and_no_change(
+    tiny_source: str,
+) -> None:
+    """The held-out figures include the probability the adapter gives each answer's first
+    token (in ``chat_span``: ``@@`` to edit, the end of the turn for no change), by kind:
+    the figure that shows an adapter answering "no change" where edits were due."""
+    import torch
+
+    model = train.with_lora(train.load_base(tiny_source, "cpu", torch.float32), 4, 0)
+    tokenizer = train.load_tokenizer(tiny_source)
+    keep = training_pair(example("cart.py", "\nprint(total(cart))"), "\nprint(total(cart))",
+                         tokenizer, "chat_span")  # fmt: skip
+    edit = training_pair(example("c.py"), "\nprint(subtotal(cart))", tokenizer, "chat_span")
+    model.eval()
+    with torch.no_grad():
+        expected = []
+        for pair in (edit, keep):
+            start = next(i for i, label in enumerate(pair.labels) if label != IGNORED)
+            logits = model(torch.tensor([pair.ids[:start]])).logits[0, -1].float()
+            expected.append(float(logits.softmax(-1)[pair.labels[start]]))
+    held_out = train.validate(model, [keep, edit, keep], "cpu")
+    assert held_out.first_token_edit == pytest.approx(expected[0], rel=1e-3)
+    assert held_out.first_token_no_change == pytest.approx(expected[1], rel=1e-3)
+    assert train.validate(model, [edit], "cpu").first_token_no_change is None
 
 
 def test_a_detached_prompt_loses_the_same_and_trains_through_the_answer(tiny_source: str) -> None:

@@ -16,7 +16,8 @@ cache folder outside the work tree by default), and a later run with the same ``
 resumes from there. ``--session-minutes`` pauses a run before a session ends;
 ``--seed-out`` keeps a small copy to commit, from which ``--init-adapter`` goes on on another
 machine (``training.seed``). A line per step shows the loss, tokens
-a second and what is left; every ``--eval-every`` steps, the loss on the validation split.
+a second and what is left; every ``--eval-every`` steps, the loss on the validation split
+and the first answer token's probability for edits and for no change (``validate``).
 The finished adapter is ``OUT/adapter`` (peft's files), with ``OUT/training.json`` beside it:
 the data's version, the seed, the steps, the style, the base model and every validation loss.
 """
@@ -61,6 +62,10 @@ class Progress:
     position: int = 0  # next index into ``order``
     validation: list[tuple[int, float]] = field(default_factory=list)  # (step, loss)
     validation_changed: list[tuple[int, float]] = field(default_factory=list)  # changed tokens
+    # (step, mean probability of an edit's first answer token, of a no-change answer's)
+    validation_first_token: list[tuple[int, float | None, float | None]] = field(
+        default_factory=list
+    )
     seconds: float = 0.0
 
     @classmethod
@@ -68,6 +73,7 @@ class Progress:
         progress = cls(**fields)
         progress.validation = [tuple(pair) for pair in progress.validation]
         progress.validation_changed = [tuple(pair) for pair in progress.validation_changed]
+        progress.validation_first_token = [tuple(t) for t in progress.validation_first_token]
         return progress
 
 
@@ -125,18 +131,36 @@ def with_lora(model: Any, rank: int, layers: int) -> Any:
     return get_peft_model(model, config)
 
 
+@dataclass(frozen=True)
+class Validation:
+    """The held-out split's figures: the mean cross-entropy over every answer token and over
+    those that write a change, and the mean probability of the right first answer token for
+    edits and for "no change" answers (None where the split has none). In ``chat_span`` that
+    token decides whether to edit at all (``@@`` or the end of the turn), so the pair tells an
+    adapter that edits everywhere, or nowhere, from one that tells the two apart."""
+
+    loss: float
+    changed_loss: float
+    first_token_edit: float | None
+    first_token_no_change: float | None
+
+
 @torch.no_grad()
-def validation_loss(model: Any, pairs: list[TrainingPair], device: str) -> tuple[float, float]:
-    """Mean cross-entropy over every answer token, and over those that write a change."""
+def validate(model: Any, pairs: list[TrainingPair], device: str) -> Validation:
+    """``pairs``' ``Validation``, one pair a forward. A pair with no token that writes a change
+    is a "no change" answer."""
     model.eval()
     total, count, changed_total, changed_count = 0.0, 0, 0.0, 0
+    first: dict[bool, list[float]] = {True: [], False: []}
     for pair in pairs:
         losses, changed, _ = token_losses(model, [pair], device)
         total, count = total + float(losses.sum()), count + len(losses)
         changed_total += float(losses[changed].sum())
         changed_count += int(changed.sum())
+        first[bool(changed.any())].append(float(torch.exp(-losses[0])))
     model.train()
-    return total / max(count, 1), changed_total / max(changed_count, 1)
+    edit, quiet = (sum(p) / len(p) if p else None for p in (first[True], first[False]))
+    return Validation(total / max(count, 1), changed_total / max(changed_count, 1), edit, quiet)
 
 
 def save_checkpoint(out: Path, model: Any, optimizer: Any, progress: Progress) -> None:
@@ -338,10 +362,20 @@ def micro_batches(pairs: list[TrainingPair], size: int) -> list[list[TrainingPai
 
 
 def evaluate(model: Any, pairs: list[TrainingPair], progress: Progress, device: str) -> None:
-    every, changed = validation_loss(model, pairs, device)
-    progress.validation.append((progress.step, every))
-    progress.validation_changed.append((progress.step, changed))
-    log(f"step {progress.step} validation loss {every:.4f}, on changed tokens {changed:.4f}")
+    held_out = validate(model, pairs, device)
+    progress.validation.append((progress.step, held_out.loss))
+    progress.validation_changed.append((progress.step, held_out.changed_loss))
+    edit, quiet = held_out.first_token_edit, held_out.first_token_no_change
+    progress.validation_first_token.append((progress.step, edit, quiet))
+    log(
+        f"step {progress.step} validation loss {held_out.loss:.4f}, on changed tokens "
+        f"{held_out.changed_loss:.4f}; first answer token P: edits {_figure(edit)}, "
+        f"no change {_figure(quiet)}"
+    )
+
+
+def _figure(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def finish(args: argparse.Namespace, model: Any, progress: Progress) -> dict:
