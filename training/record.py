@@ -63,7 +63,7 @@ def run_record(args: argparse.Namespace, progress: Mapping[str, Any]) -> dict[st
         **(getattr(args, "run_start", None) or run_start(args.init_adapter)),
         "validation_loss": progress["validation"],
         "validation_loss_changed_tokens": progress["validation_changed"],
-        "validation_first_token": progress.get("validation_first_token", []),
+        "validation_first_token": progress["validation_first_token"],
         "hours": round(progress["seconds"] / 3600, 3),
         "seconds": round(progress["seconds"], 3),
     }
